@@ -1,0 +1,27 @@
+// What the GPU at hand can do, read once before any kernel is chosen: a kernel or tile configuration that
+// needs more than this is refused at start with a message, never launched to crash.
+#pragma once
+
+#include <string>
+
+namespace ms::cuda {
+
+struct DeviceCaps {
+  int device = 0;
+  std::string name;
+  int sm_major = 0, sm_minor = 0;
+  int multiprocessors = 0;
+  size_t smem_per_block_optin = 0;  // bytes a block may use after opting in
+  size_t smem_per_sm = 0;
+  size_t global_mem = 0;
+  int l2_bytes = 0;
+  int arch() const { return sm_major * 10 + sm_minor; }
+};
+
+// Number of visible CUDA devices; 0 when there is no driver or device (never throws).
+int device_count();
+DeviceCaps query_device(int device);
+// Throws ms::Error naming the kernel and the limit when `smem_bytes` exceeds what `caps` allows.
+void check_smem(const DeviceCaps& caps, const char* kernel, size_t smem_bytes);
+
+}  // namespace ms::cuda
