@@ -119,6 +119,7 @@ class Sampler {
 
   // The distribution step 7 draws from, after penalties and truncation: (token, probability), most likely
   // first; probabilities sum to 1. Greedy gives the argmax with probability 1. Does not advance the state.
+  // Allocates its result (up to the whole vocabulary): for tests and debugging, not the decode loop.
   std::vector<TokenProbability> kept_distribution(std::span<const float> logits, const SamplingParams& params,
                                                   const SamplerState& state);
 

@@ -505,7 +505,8 @@ TEST(Sampler, LargeVocabularyRuns) {
   EXPECT_EQ(out[0].token, std::max_element(row0, row0 + vocab) - row0);
   ASSERT_EQ(out[5].top_logprobs.size(), 20u);
   for (int i = 1; i < 20; ++i) EXPECT_GE(out[5].top_logprobs[i - 1].logprob, out[5].top_logprobs[i].logprob);
-  EXPECT_EQ(states[6].output_count(out[6].token) >= 1, true);
+  EXPECT_GE(states[6].output_count(out[6].token), 1);
+  EXPECT_EQ(states[6].step(), 20);
 }
 
 TEST(Sampler, BadInputNamesWhatIsWrong) {
