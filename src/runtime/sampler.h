@@ -7,9 +7,8 @@
 //   3. temperature T: T < 1e-5 means greedy (argmax of the penalised logits, ties to the lowest id);
 //      otherwise probabilities softmax(x / T);
 //   4. top_k (0 or -1: off): the k most likely tokens (ties to the lowest id);
-//   5. top_p: the smallest most-likely-first prefix of the top-k distribution (renormalised) whose mass
-//   reaches
-//      top_p; at least one token;
+//   5. top_p: the smallest most-likely-first prefix of the renormalised top-k distribution whose mass
+//      reaches top_p; at least one token;
 //   6. min_p: drop tokens whose probability is below min_p times the largest probability;
 //   7. draw from what is left, renormalised.
 //
