@@ -54,18 +54,8 @@ void route_oea_fill_cpu(const RouterConfig& cfg, const OeaConfig& oea, const Rou
     for (int t = 0; t < p.n_tokens; ++t) {
       tr.score(p.logits + static_cast<int64_t>(t) * cfg.n_experts, bias);
       const auto& cand = tr.candidates();
-      int used = 0;
-      if (kmax == oea.k0) {
-        tr.order_first(oea.k0);
-        for (; used < oea.k0; ++used) ids[used] = cand[used].id;
-      } else {
-        // The fill walks the whole selection order: a base-set expert may sit anywhere in it.
-        tr.order_first(static_cast<int>(cand.size()));
-        for (; used < oea.k0; ++used) ids[used] = cand[used].id;
-        for (size_t i = oea.k0; i < cand.size() && used < kmax; ++i) {
-          if (base_set[cand[i].id]) ids[used++] = cand[i].id;
-        }
-      }
+      const int used = oea.k0 + tr.order_fill(oea.k0, kmax - oea.k0, base_set);
+      for (int i = 0; i < used; ++i) ids[i] = cand[i].id;
       const int64_t off = static_cast<int64_t>(t) * cfg.top_k;
       detail::write_slots(cfg, tr.scores(), ids.data(), used, p.topk_ids + off, p.topk_weights + off);
     }

@@ -78,6 +78,16 @@ void TokenRoute::order_first(int n) {
   }
 }
 
+int TokenRoute::order_fill(int k0, int n_fill, const uint8_t* base_set) {
+  order_first(k0);
+  const auto rest = candidates_.begin() + std::min<size_t>(k0, candidates_.size());
+  const auto in_set_end =
+      std::partition(rest, candidates_.end(), [base_set](const Candidate& c) { return base_set[c.id] != 0; });
+  const int filled = static_cast<int>(std::min<ptrdiff_t>(n_fill, in_set_end - rest));
+  std::partial_sort(rest, rest + filled, in_set_end, before);
+  return filled;
+}
+
 void write_slots(const RouterConfig& cfg, const std::vector<float>& scores, const int32_t* ids, int n_used,
                  int32_t* out_ids, float* out_weights) {
   float sum = 0.0f;

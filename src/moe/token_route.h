@@ -34,6 +34,11 @@ class TokenRoute {
   // Puts the first n candidates in selection order (n clipped to the candidate count).
   void order_first(int n);
 
+  // OEA fill: the first k0 candidates in selection order, followed by the best (up to n_fill) of the others
+  // whose base_set flag is set, in selection order. Returns how many were filled. O(n_experts + b log n_fill)
+  // for b base-set candidates, instead of sorting every candidate.
+  int order_fill(int k0, int n_fill, const uint8_t* base_set);
+
   const std::vector<float>& scores() const { return scores_; }
   const std::vector<Candidate>& candidates() const { return candidates_; }
 
