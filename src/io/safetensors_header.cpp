@@ -45,7 +45,8 @@ std::string supported_dtypes() {
 std::string shown(std::string_view name) {
   std::string out = "'";
   size_t n = 0;
-  for (unsigned char c : name) {
+  for (char ch : name) {
+    const auto c = static_cast<unsigned char>(ch);
     if (++n > 200) {
       out += "...";
       break;
@@ -53,7 +54,7 @@ std::string shown(std::string_view name) {
     if (c < 0x20 || c == 0x7f)
       out += fmt::format("\\x{:02x}", c);
     else
-      out += static_cast<char>(c);
+      out += ch;
   }
   return out + "'";
 }
