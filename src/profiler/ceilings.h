@@ -1,6 +1,7 @@
 // The ceilings of the roofline, measured at start on the machine at hand (not taken from datasheets):
 // memory bandwidth from multi-threaded reads and copies of a buffer far larger than the last-level cache,
-// and a matrix rate from a blocked fp32 GEMM. Both are best-of-several figures: what this machine can do.
+// and a matrix rate from a blocked fp32 GEMM on every thread. Both are best-of-several figures: what this
+// machine can do.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +18,7 @@ struct Ceilings {
   // How the measured figures came about (0 when given).
   double mem_read_gbps = 0, mem_copy_gbps = 0;  // copy counts bytes read + bytes written
   size_t mem_buffer_bytes = 0;
-  int gemm_n = 0;  // square fp32 GEMM size
+  int gemm_n = 0;  // square fp32 GEMM size, one per thread
   int threads = 0;
   double measure_seconds = 0;
 };
@@ -43,9 +44,10 @@ Ceilings parse_ceilings(std::string_view spec);
 std::string describe(const Ceilings& c);
 
 namespace detail {
-// C[m,n] += A[m,k] * B[k,n], all row-major fp32 with leading dimensions k, n, n. The GEMM the matrix
-// ceiling is measured with; exposed so tests can check it computes what it claims to.
-void gemm_f32(int m, int n, int k, const float* a, const float* b, float* c);
+// C[m,n] += A[m,k] * B[k,n], all row-major fp32 with leading dimensions k, n, n; on all OpenMP threads or
+// on the calling one. The GEMM the matrix ceiling is measured with; exposed so tests can check it computes
+// what it claims to.
+void gemm_f32(int m, int n, int k, const float* a, const float* b, float* c, bool parallel = true);
 // Bytes of the last-level cache (L3, else L2), 0 when unknown.
 size_t last_level_cache_bytes();
 }  // namespace detail
