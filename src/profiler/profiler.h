@@ -1,8 +1,8 @@
 // The Profiler: an OpSink that times every op of the steps it records. Steps are bracketed by
 // begin_step/end_step; the first `warmup_steps` are run but not recorded, and after `max_steps` recorded
-// steps it stops recording (ops then cost a branch). Ops must not nest (op_begin while an op is open throws):
-// every microsecond of a step is charged to exactly one op or to the gaps between ops. One thread drives a
-// Profiler (the executor's); it is not safe to share.
+// steps it stops recording (ops then cost a branch). Ops must not nest (in a recorded step, op_begin while an
+// op is open throws): every microsecond of a step is charged to exactly one op or to the gaps between ops.
+// One thread drives a Profiler (the executor's); it is not safe to share.
 #pragma once
 
 #include <cstdint>
