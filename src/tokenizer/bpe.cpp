@@ -45,6 +45,7 @@ Bpe::Bpe(const nlohmann::json& m, const std::string& where) {
   }
 
   const auto& merges = m.contains("merges") ? m.at("merges") : nlohmann::json::array();
+  MS_CHECK(merges.is_array(), "{}.merges: not a list", where);
   merges_.reserve(merges.size() * 2);
   for (size_t r = 0; r < merges.size(); ++r) {
     std::string a, b;

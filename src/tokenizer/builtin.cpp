@@ -133,19 +133,21 @@ const std::string& builtin_tokenizer_json() {
 }
 
 const std::string& builtin_chat_template() {
+  // Newlines are written as '\n' literals because "-%}" eats the whitespace that follows it.
   static const std::string text =
       "[gMASK]<sop>"
       "{%- for m in messages -%}"
-      "{%- if m.role == 'system' -%}<|system|>\n{{ m.content }}"
-      "{%- elif m.role == 'user' -%}<|user|>\n{{ m.content }}"
-      "{%- elif m.role == 'assistant' -%}<|assistant|>\n"
+      "{%- if m.role == 'system' -%}<|system|>{{ '\n' + m.content }}"
+      "{%- elif m.role == 'user' -%}<|user|>{{ '\n' + m.content }}"
+      "{%- elif m.role == 'assistant' -%}<|assistant|>{{ '\n' }}"
       "{%- if m.reasoning_content -%}<think>{{ m.reasoning_content | trim }}</think>"
-      "{%- else -%}<think></think>{%- endif -%}\n{{ m.content | trim }}"
-      "{%- elif m.role == 'tool' -%}<|observation|>\n<tool_response>\n{{ m.content }}\n</tool_response>"
+      "{%- else -%}<think></think>{%- endif -%}{{ '\n' + (m.content | trim) }}"
+      "{%- elif m.role == 'tool' -%}<|observation|>{{ '\n<tool_response>\n' + m.content + "
+      "'\n</tool_response>' }}"
       "{%- endif -%}"
       "{%- endfor -%}"
       "{%- if add_generation_prompt -%}<|assistant|>"
-      "{%- if enable_thinking is defined and not enable_thinking -%}\n<think></think>{%- endif -%}"
+      "{%- if enable_thinking is defined and not enable_thinking -%}{{ '\n<think></think>' }}{%- endif -%}"
       "{%- endif -%}";
   return text;
 }

@@ -68,7 +68,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json_text(const std::string& json_tex
   MS_CHECK(j.is_object(), "{}: top level is not an object", where);
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   MS_CHECK(j.contains("model"), "{}: no \"model\"", where);
-  t->model_ = std::make_unique<Bpe>(j.at("model"), where + ": model");
+  try {
+    t->model_ = std::make_unique<Bpe>(j.at("model"), where + ": model");
+  } catch (const nlohmann::json::exception& e) {
+    MS_THROW("{}: model: {}", where, e.what());
+  }
   if (j.contains("truncation"))
     MS_CHECK(j.at("truncation").is_null(), "{}: truncation is not supported", where);
   if (j.contains("padding")) MS_CHECK(j.at("padding").is_null(), "{}: padding is not supported", where);
