@@ -31,6 +31,50 @@ float time_ms(F&& f, int iters) {
   return ms / static_cast<float>(iters);
 }
 
+// Time per call of `f(stream)` replayed from a CUDA graph of `iters` captured calls (how decode runs: no host
+// launch cost between kernels). Falls back to plain launches when capture is refused; `graphed` says which.
+template <typename F>
+float time_graph_ms(F&& f, int iters, bool& graphed) {
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < 3; ++i) f(s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  graphed = false;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+    try {
+      for (int i = 0; i < iters; ++i) f(s);
+    } catch (const ms::Error&) {
+    }
+    if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph &&
+        cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess)
+      graphed = true;
+  }
+  cudaGetLastError();
+  float ms = 0;
+  if (graphed) {
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CUDA_CHECK(cudaEventRecord(a, s));
+    for (int r = 0; r < 3; ++r) CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    ms /= 3.f * static_cast<float>(iters);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(exec);
+  } else {
+    ms = time_ms([&] { f(nullptr); }, iters);  // the legacy stream, where time_ms records its events
+  }
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return ms;
+}
+
 double measure_copy_gbs() {
   const size_t bytes = size_t{2} << 30;
   void *src, *dst;
@@ -109,14 +153,17 @@ void bench_mla_decode(const ms::cuda::DeviceCaps& caps, double bw) {
     p.split_target = caps.multiprocessors;
     p.workspace = ws;
     ms::cuda::mla_decode_plan(p, nullptr);  // once per step, shared by every layer: not in the timing
+    CUDA_CHECK(cudaDeviceSynchronize());
     int which = 0;
-    float t = time_ms(
-        [&] {
+    bool graphed = false;
+    float t = time_graph_ms(
+        [&](cudaStream_t st) {
           p.block_table = tables[which];
-          ms::cuda::mla_decode(p, nullptr);
+          ms::cuda::mla_decode(p, st);
           which = (which + 1) % reps;
         },
-        20);
+        20, graphed);
+    if (!graphed) std::printf("(graph capture refused: plain launches)\n");
     const double bytes = static_cast<double>(s.batch) * s.len * kMlaHeadDim + q_elems * 2.0 + out_elems * 4.0;
     const double floor_us = bytes / (bw * 1e9) * 1e6;
     const double flops = 2.0 * s.batch * s.len * s.heads * (kMlaHeadDim + ms::cuda::kMlaLatentDim);
@@ -144,7 +191,8 @@ int main() {
   double bw = measure_copy_gbs();
   std::printf("device: %s (sm_%d, %d SMs, %zu KiB smem/block opt-in)\n", caps.name.c_str(), caps.arch(),
               caps.multiprocessors, caps.smem_per_block_optin / 1024);
-  std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n\n", bw);
+  std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", bw);
+  std::printf("times: per call, replayed from a CUDA graph of 20-50 calls (decode runs under graphs)\n\n");
   std::printf("%-34s %8s %10s %10s %10s %8s\n", "kernel", "MB", "floor us", "time us", "GB/s", "% floor");
 
   struct Shape {
@@ -182,13 +230,15 @@ int main() {
     const size_t ws_bytes = ms::cuda::nvfp4_gemv_workspace_bytes(s.m, s.n, s.k);
     if (ws_bytes) CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
     int which = 0;
-    float t = time_ms(
-        [&] {
+    bool graphed = false;
+    float t = time_graph_ms(
+        [&](cudaStream_t st) {
           ms::cuda::Nvfp4GemvParams p{dw[which], ds[which], 1.f, x, y, s.m, s.n, s.k, ws};
-          ms::cuda::nvfp4_gemv(p, nullptr);
+          ms::cuda::nvfp4_gemv(p, st);
           which = (which + 1) % s.reps;
         },
-        50);
+        50, graphed);
+    if (!graphed) std::printf("(graph capture refused: plain launches)\n");
     double bytes = static_cast<double>(wbytes + sbytes) + s.m * s.k * 2.0 + s.m * s.n * 4.0;
     double floor_us = bytes / (bw * 1e9) * 1e6;
     std::printf("%-34s %8.1f %10.2f %10.2f %10.0f %7.0f%%\n", s.name, bytes / 1e6, floor_us, t * 1e3,

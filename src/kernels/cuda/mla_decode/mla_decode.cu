@@ -74,8 +74,30 @@ __global__ void mla_plan_kernel(const int32_t* __restrict__ seq_lens, int batch,
   for (int b = threadIdx.x; b < batch; b += blockDim.x) local += seq_pages(seq_lens, b, stride);
   atomicAdd(&total, local);  // integer sum: the same result in any order
   __syncthreads();
+  // Smallest chunk size (>= kMinPagesPerSplit) whose chunk count fits `target`: one wave of blocks, not a
+  // second wave for the few chunks that per-sequence rounding adds. Binary search; each probe counts in
+  // parallel (integer sums: order-independent).
+  __shared__ int probe_count;
+  int max_pages = 0;
+  for (int b = 0; b < batch; ++b) max_pages = max(max_pages, seq_pages(seq_lens, b, stride));
+  int lo = max(kMinPagesPerSplit, (total + target - 1) / target), hi = max(lo, max_pages);
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    __syncthreads();
+    if (threadIdx.x == 0) probe_count = 0;
+    __syncthreads();
+    int c = 0;
+    for (int b = threadIdx.x; b < batch; b += blockDim.x)
+      c += (seq_pages(seq_lens, b, stride) + mid - 1) / mid;
+    atomicAdd(&probe_count, c);
+    __syncthreads();
+    if (probe_count <= target)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
   if (threadIdx.x == 0) {
-    per_split = max(kMinPagesPerSplit, (total + target - 1) / target);
+    per_split = lo;
     int off = 0;
     for (int b = 0; b < batch; ++b) {
       const int n = seq_pages(seq_lens, b, stride);

@@ -72,7 +72,7 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 template <int M, int KW>
 __global__ void __launch_bounds__(kThreads, 2)
     nvfp4_gemv_splitk_kernel(Nvfp4GemvParams p, int rows_per_block, int splits) {
-  constexpr int R = 4 / KW;
+  constexpr int R = 2 / KW;
   extern __shared__ uint4 smem[];
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);      // [256][32]
   float* red = reinterpret_cast<float*>(lut + 256 * 32);  // [kWarps][M][rows_per_block]
@@ -106,9 +106,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t* lut_lane = lut + lane;
   const size_t row_bytes = static_cast<size_t>(p.k) / 2, scale_bytes = static_cast<size_t>(p.k) / 16;
 
-  for (int tile0 = 0; tile0 < rows_per_block; tile0 += 16 * R) {
-    uint4 wv[R][2][KW];
-    uint32_t sv[R][2][KW];
+  // Loads of the next row tiles are issued before the current ones are decoded (two register buffers), so
+  // every warp keeps its weight loads in flight while it computes.
+  auto load = [&](int tile0, uint4(&wv)[R][2][KW], uint32_t(&sv)[R][2][KW]) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -123,6 +123,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           sv[r][h][kw] =
               in ? __ldg(reinterpret_cast<const uint16_t*>(p.w_scale + row * scale_bytes + kk / 16)) : 0u;
         }
+  };
+  auto compute = [&](int tile0, const uint4(&wv)[R][2][KW], const uint32_t(&sv)[R][2][KW]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (tile0 + 16 * r >= rows_per_block) break;
@@ -155,6 +157,17 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
+  };
+  uint4 wa[R][2][KW], wb[R][2][KW];
+  uint32_t sa[R][2][KW], sb[R][2][KW];
+  constexpr int kStep = 16 * R;
+  load(0, wa, sa);
+  for (int tile0 = 0; tile0 < rows_per_block; tile0 += 2 * kStep) {
+    if (tile0 + kStep < rows_per_block) load(tile0 + kStep, wb, sb);
+    compute(tile0, wa, sa);
+    if (tile0 + kStep >= rows_per_block) break;
+    if (tile0 + 2 * kStep < rows_per_block) load(tile0 + 2 * kStep, wa, sa);
+    compute(tile0 + kStep, wb, sb);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < M * rows_per_block; i += kThreads) {
