@@ -30,7 +30,7 @@ constexpr int kRowStride =
     kMlaHeadDim + 8;  // bf16 elements per shared row: 1168 bytes, ldmatrix conflict-free
 constexpr int kPageBytes = kMlaPageSize * kMlaHeadDim;
 constexpr int kSStride = kMlaPageSize + 4;  // floats per row of the shared score tile
-constexpr int kMinPagesPerSplit = 4;        // below this the partial outputs cost more than the pages
+constexpr int kMinPagesPerSplit = 2;        // below this the partial outputs cost more than the pages
 constexpr size_t kQBytes = size_t{kHeadsPerBlock} * kRowStride * 2;
 constexpr size_t kKvBytes = size_t{kMlaPageSize} * kRowStride * 2;
 constexpr size_t kSmemBytes = kQBytes + kKvBytes + kPageBytes + size_t{kHeadsPerBlock} * kSStride * 4;

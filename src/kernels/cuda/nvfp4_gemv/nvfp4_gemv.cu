@@ -63,6 +63,16 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// 16 weight bytes, read once: not kept in L1; a miss fetches the whole 256-byte L2 line window, which the
+// block's other warps (the neighbouring k of the same rows) then find in L2: more bytes in flight per load.
+__device__ __forceinline__ uint4 ld_weights(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -118,8 +128,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           const int row = min(row_base + tile0 + 16 * r + g + 8 * h, p.n - 1);
           const int kk = k_warp + kw * kWarpK + 32 * t;
           const bool in = active && kk < p.k && tile0 + 16 * r < rows_per_block;
-          wv[r][h][kw] = in ? __ldg(reinterpret_cast<const uint4*>(p.w + row * row_bytes + kk / 2))
-                            : make_uint4(0, 0, 0, 0);
+          wv[r][h][kw] = in ? ld_weights(p.w + row * row_bytes + kk / 2) : make_uint4(0, 0, 0, 0);
           sv[r][h][kw] =
               in ? __ldg(reinterpret_cast<const uint16_t*>(p.w_scale + row * scale_bytes + kk / 16)) : 0u;
         }
