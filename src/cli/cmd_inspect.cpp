@@ -140,7 +140,7 @@ int run_inspect(const Options& o) {
     io::Checkpoint ck = io::Checkpoint::open(dir);
     std::map<std::string, const model::WeightSpec*> by_name;
     for (const auto& s : specs) by_name[s.name] = &s;
-    std::vector<std::string> missing, unexpected, mismatched;
+    std::vector<std::string> missing, unexpected, mismatched, kv_scales;
     bytes.clear();
     auto names = ck.names();
     std::set<std::string> present(names.begin(), names.end());
@@ -148,7 +148,12 @@ int run_inspect(const Options& o) {
       const io::TensorInfo& t = ck.info(n);
       bytes[std::string(dtype_name(t.dtype))] += t.end - t.begin;
       auto it = by_name.find(n);
-      if (it == by_name.end())
+      auto ends_with = [&](std::string_view x) {
+        return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
+      };
+      if (it == by_name.end() && (ends_with(".k_scale") || ends_with(".v_scale")))
+        kv_scales.push_back(n);  // FP8 KV cache scales (self_attn.k_proj.k_scale, ...), not weights
+      else if (it == by_name.end())
         unexpected.push_back(n);
       else if (it->second->shape != t.shape ||
                dtype_safetensors_name(it->second->dtype) != dtype_safetensors_name(t.dtype))
@@ -162,7 +167,8 @@ int run_inspect(const Options& o) {
     r["checkpoint"] = {{"tensors", names.size()},
                        {"missing", missing},
                        {"unexpected", unexpected},
-                       {"mismatched", mismatched}};
+                       {"mismatched", mismatched},
+                       {"kv_scales", kv_scales.size()}};
   }
   r["bytes_by_dtype"] = bytes;
   uint64_t bytes_total = 0;

@@ -169,8 +169,10 @@ QuantConfig parse_fp8_section(const json& s, const std::string& source) {
   for (const char* key : {"modules_to_not_convert", "ignored_layers", "ignore"})
     if (s.contains(key))
       for (auto& m : string_list(s.at(key), source, key)) q.exclude_modules.push_back(m);
-  // DeepSeek's FP8 checkpoints keep lm_head and the indexer's weights_proj in BF16 without saying so.
+  // DeepSeek's FP8 checkpoints keep lm_head (and the MTP layer's copy of it) and the indexer's weights_proj
+  // in BF16 without saying so.
   q.exclude_modules.push_back("lm_head");
+  q.exclude_modules.push_back("*.shared_head.head");
   q.exclude_modules.push_back("*.indexer.weights_proj");
   return q;
 }

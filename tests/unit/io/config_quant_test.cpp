@@ -99,6 +99,8 @@ TEST(QuantConfig, DeepseekFp8) {
   EXPECT_TRUE(q.is_quantized("model.layers.0.self_attn.q_a_proj"));
   EXPECT_TRUE(q.is_quantized("model.layers.5.self_attn.indexer.wk"));
   EXPECT_FALSE(q.is_quantized("lm_head"));
+  EXPECT_FALSE(q.is_quantized("model.layers.61.shared_head.head"));
+  EXPECT_TRUE(q.is_quantized("model.layers.61.mlp.experts.3.up_proj"));
   EXPECT_FALSE(q.is_quantized("model.layers.5.self_attn.indexer.weights_proj"));
 
   json bad = cfg;
