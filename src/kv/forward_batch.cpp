@@ -24,8 +24,8 @@ int ForwardBatchBuilder::add_sequence(const std::vector<int32_t>& pages, int32_t
     b_.token_ids.push_back(tokens[i]);
     b_.positions.push_back(pos);
     b_.token_seq.push_back(seq);
-    b_.slot_mapping.push_back(static_cast<int64_t>(pages[static_cast<size_t>(pos / page_size_)]) * page_size_ +
-                              pos % page_size_);
+    b_.slot_mapping.push_back(
+        static_cast<int64_t>(pages[static_cast<size_t>(pos / page_size_)]) * page_size_ + pos % page_size_);
   }
   if (want_last_logits) b_.logit_rows.push_back(b_.n_tokens() - 1);
   b_.seq_lens.push_back(static_cast<int32_t>(end));

@@ -8,11 +8,11 @@
 namespace ms::kv {
 
 struct ForwardBatch {
-  std::vector<int32_t> token_ids;     // [n_tokens] sequences back to back
-  std::vector<int32_t> positions;     // [n_tokens] position of each token in its sequence
-  std::vector<int32_t> token_seq;     // [n_tokens] batch sequence index of each token
-  std::vector<int32_t> seq_lens;      // [n_seqs] context length after this step (cached + new)
-  std::vector<int32_t> block_table;   // [n_seqs, max_blocks] page ids, -1 past the end
+  std::vector<int32_t> token_ids;    // [n_tokens] sequences back to back
+  std::vector<int32_t> positions;    // [n_tokens] position of each token in its sequence
+  std::vector<int32_t> token_seq;    // [n_tokens] batch sequence index of each token
+  std::vector<int32_t> seq_lens;     // [n_seqs] context length after this step (cached + new)
+  std::vector<int32_t> block_table;  // [n_seqs, max_blocks] page ids, -1 past the end
   int32_t max_blocks = 0;
   std::vector<int64_t> slot_mapping;  // [n_tokens] page * page_size + offset of each new token
   std::vector<int32_t> logit_rows;    // token indices whose logits are wanted, ascending

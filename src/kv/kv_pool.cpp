@@ -33,7 +33,7 @@ KvPool::KvPool(const KvPoolConfig& cfg) : cfg_(cfg), alloc_(cfg.num_pages) {
            cfg.page_size, cfg.width, cfg.num_layers);
   MS_CHECK(cfg.scales.empty() || static_cast<int>(cfg.scales.size()) == cfg.num_layers,
            "KV pool: {} scales for {} layers", cfg.scales.size(), cfg.num_layers);
-  const DType dt = cfg.dtype == KvCacheDType::F32 ? DType::F32
+  const DType dt = cfg.dtype == KvCacheDType::F32    ? DType::F32
                    : cfg.dtype == KvCacheDType::BF16 ? DType::BF16
                                                      : DType::F8_E4M3;
   const DType idt = cfg.dtype == KvCacheDType::F32 ? DType::F32 : DType::BF16;

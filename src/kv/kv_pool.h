@@ -1,7 +1,7 @@
-// The paged KV pool: per layer, the MLA cache of kv_cache_width (576 for GLM-5 / DeepSeek-V3) values per token
-// (normalised latent, then rotated k_pe) and, for DSA models, the indexer's key cache; pages of page_size
-// tokens handed out by a PageAllocator. The pool is allocated once and never converted: FP8 pages are read in
-// place with the layer's scale.
+// The paged KV pool: per layer, the MLA cache of kv_cache_width (576 for GLM-5 / DeepSeek-V3) values per
+// token (normalised latent, then rotated k_pe) and, for DSA models, the indexer's key cache; pages of
+// page_size tokens handed out by a PageAllocator. The pool is allocated once and never converted: FP8 pages
+// are read in place with the layer's scale.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +21,12 @@ std::string_view kv_cache_dtype_name(KvCacheDType d);
 
 struct KvPoolConfig {
   int num_layers = 0;
-  int64_t width = 0;          // kv_lora_rank + qk_rope_head_dim
-  int64_t index_width = 0;    // indexer head dim (0: no indexer cache)
+  int64_t width = 0;        // kv_lora_rank + qk_rope_head_dim
+  int64_t index_width = 0;  // indexer head dim (0: no indexer cache)
   int32_t num_pages = 0;
   int32_t page_size = 64;
   KvCacheDType dtype = KvCacheDType::BF16;  // Auto must be resolved before
-  std::vector<float> scales;  // [num_layers] fp8 scale per layer (empty: 1.0)
+  std::vector<float> scales;                // [num_layers] fp8 scale per layer (empty: 1.0)
 };
 
 class KvPool {
@@ -38,7 +38,9 @@ class KvPool {
   PageAllocator& allocator() { return alloc_; }
   const PageAllocator& allocator() const { return alloc_; }
 
-  const Tensor& latent(int layer) const { return latent_[static_cast<size_t>(layer)]; }  // [pages, page_size, width]
+  const Tensor& latent(int layer) const {
+    return latent_[static_cast<size_t>(layer)];
+  }  // [pages, page_size, width]
   float scale(int layer) const { return scales_[static_cast<size_t>(layer)]; }
   // [pages, page_size, index_width]: f32 when the pool is f32, bf16 otherwise; undefined without an indexer.
   const Tensor& index_keys(int layer) const { return index_[static_cast<size_t>(layer)]; }

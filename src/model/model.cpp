@@ -15,12 +15,14 @@ namespace ms::model {
 
 namespace {
 
-constexpr float kLoraNormEps = 1e-6f;  // q_a_layernorm, kv_a_layernorm, indexer k_norm: the modules' default eps
+constexpr float kLoraNormEps =
+    1e-6f;  // q_a_layernorm, kv_a_layernorm, indexer k_norm: the modules' default eps
 
 // A profiler scope whose name lives as long as the op; costs nothing when no sink is attached.
 class NamedOp {
  public:
-  NamedOp(profiler::OpSink* sink, int layer, std::string_view kind, profiler::OpCost cost, std::string shapes = {})
+  NamedOp(profiler::OpSink* sink, int layer, std::string_view kind, profiler::OpCost cost,
+          std::string shapes = {})
       : sink_(sink) {
     if (!sink_) return;
     name_ = layer >= 0 ? fmt::format("layer.{}.{}", layer, kind) : std::string(kind);
@@ -48,8 +50,8 @@ profiler::OpCost linear_cost(const ops::LinearWeight& w, int64_t m) {
   return c;
 }
 
-void run_linear(profiler::OpSink* sink, int layer, std::string_view kind, const Tensor& x, const ops::LinearWeight& w,
-                const Tensor& y) {
+void run_linear(profiler::OpSink* sink, int layer, std::string_view kind, const Tensor& x,
+                const ops::LinearWeight& w, const Tensor& y) {
   NamedOp op(sink, layer, kind, linear_cost(w, x.size(0)));
   ops::linear(x, w, y);
 }
@@ -71,25 +73,29 @@ void run_mlp(profiler::OpSink* sink, int layer, std::string_view prefix, const T
     ops::linear(x, w.up, gu.slice(1, inter, 2 * inter));
   }
   {
-    NamedOp op(sink, layer, fmt::format("{}.silu_mul", prefix), {12.0 * m * inter, 12.0 * m * inter, 4.0 * m * inter});
+    NamedOp op(sink, layer, fmt::format("{}.silu_mul", prefix),
+               {12.0 * m * inter, 12.0 * m * inter, 4.0 * m * inter});
     ops::silu_mul(gu, act);
   }
   run_linear(sink, layer, fmt::format("{}.down", prefix), act, w.down, out);
 }
 
-double cache_elem_bytes(const Tensor& t) { return static_cast<double>(dtype_bits(t.dtype())) / 8.0; }
+double cache_elem_bytes(const Tensor& t) {
+  return static_cast<double>(dtype_bits(t.dtype())) / 8.0;
+}
 
 }  // namespace
 
 Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
     : cfg_(std::move(cfg)), w_(std::move(weights)), opt_(opt) {
   scales_ = make_attention_scales(cfg_, opt_.indexer_rope_interleaved);
-  MS_CHECK(static_cast<int>(w_.layers.size()) == cfg_.num_hidden_layers, "model: {} layers of weights for {} in config",
-           w_.layers.size(), cfg_.num_hidden_layers);
+  MS_CHECK(static_cast<int>(w_.layers.size()) == cfg_.num_hidden_layers,
+           "model: {} layers of weights for {} in config", w_.layers.size(), cfg_.num_hidden_layers);
   if (cfg_.has_indexer)
-    MS_CHECK(cfg_.indexer_types.empty() || static_cast<int>(cfg_.indexer_types.size()) == cfg_.num_hidden_layers,
-             "model config: indexer_types has {} entries for {} layers", cfg_.indexer_types.size(),
-             cfg_.num_hidden_layers);
+    MS_CHECK(
+        cfg_.indexer_types.empty() || static_cast<int>(cfg_.indexer_types.size()) == cfg_.num_hidden_layers,
+        "model config: indexer_types has {} entries for {} layers", cfg_.indexer_types.size(),
+        cfg_.num_hidden_layers);
 }
 
 kv::KvPoolConfig Model::kv_pool_config(int32_t num_pages, int32_t page_size, kv::KvCacheDType dtype) const {
@@ -107,18 +113,19 @@ void Model::check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool) const
   const size_t m = b.token_ids.size();
   MS_CHECK(m > 0, "forward: the batch has no tokens");
   MS_CHECK(b.positions.size() == m && b.token_seq.size() == m && b.slot_mapping.size() == m,
-           "forward: batch arrays disagree ({} tokens, {} positions, {} seq ids, {} slots)", m, b.positions.size(),
-           b.token_seq.size(), b.slot_mapping.size());
+           "forward: batch arrays disagree ({} tokens, {} positions, {} seq ids, {} slots)", m,
+           b.positions.size(), b.token_seq.size(), b.slot_mapping.size());
   MS_CHECK(b.max_blocks > 0 && b.block_table.size() == static_cast<size_t>(b.max_blocks) * b.seq_lens.size(),
            "forward: block table of {} entries is not [{} seqs, {}]", b.block_table.size(), b.seq_lens.size(),
            b.max_blocks);
   const auto& pc = pool.config();
   MS_CHECK(pc.num_layers == cfg_.num_hidden_layers && pc.width == cfg_.kv_cache_width(),
-           "forward: KV pool of {} layers x {} wide does not fit the model ({} x {})", pc.num_layers, pc.width,
-           cfg_.num_hidden_layers, cfg_.kv_cache_width());
+           "forward: KV pool of {} layers x {} wide does not fit the model ({} x {})", pc.num_layers,
+           pc.width, cfg_.num_hidden_layers, cfg_.kv_cache_width());
   for (size_t i = 0; i < m; ++i) {
     const int32_t s = b.token_seq[i];
-    MS_CHECK(s >= 0 && static_cast<size_t>(s) < b.seq_lens.size(), "forward: token {} names sequence {}", i, s);
+    MS_CHECK(s >= 0 && static_cast<size_t>(s) < b.seq_lens.size(), "forward: token {} names sequence {}", i,
+             s);
     MS_CHECK(b.positions[i] >= 0 && b.positions[i] < b.seq_lens[static_cast<size_t>(s)],
              "forward: token {} at position {} beyond its sequence length {}", i, b.positions[i],
              b.seq_lens[static_cast<size_t>(s)]);
@@ -183,7 +190,8 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     Tensor kv = Tensor::empty({m, r + dr}, DType::F32);
     run_linear(sink, l, "attn.kv_a_proj", xn, a.kv_a_proj, kv);
     {
-      NamedOp op(sink, l, "attn.rope", {8.0 * m * (Hn + 1) * dr, 8.0 * m * (Hn + 1) * dr, 6.0 * m * (Hn + 1) * dr});
+      NamedOp op(sink, l, "attn.rope",
+                 {8.0 * m * (Hn + 1) * dr, 8.0 * m * (Hn + 1) * dr, 6.0 * m * (Hn + 1) * dr});
       ops::rms_norm(kv.slice(1, 0, r), a.kv_a_norm, kLoraNormEps, kv.slice(1, 0, r));
       ops::rope(q3, dn, b.positions, scales_.rope);
       ops::rope(kv.view({m, 1, r + dr}), r, b.positions, scales_.rope);
@@ -191,13 +199,15 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     const ops::PagedCacheLayer cache{pool.latent(l), pool.scale(l)};
     const double row_bytes = static_cast<double>(r + dr) * cache_elem_bytes(cache.data);
     {
-      NamedOp op(sink, l, "attn.kv_store", {m * (4.0 * (r + dr) + row_bytes), m * (4.0 * (r + dr) + row_bytes), 0});
+      NamedOp op(sink, l, "attn.kv_store",
+                 {m * (4.0 * (r + dr) + row_bytes), m * (4.0 * (r + dr) + row_bytes), 0});
       ops::cache_write(kv, cache, meta);
     }
 
     // DSA: choose index_topk keys per query (a shared layer reuses the last full layer's choice).
     if (a.has_indexer) {
-      const bool full = c.indexer_types.empty() || c.indexer_types[static_cast<size_t>(l)] == io::IndexerKind::Full;
+      const bool full =
+          c.indexer_types.empty() || c.indexer_types[static_cast<size_t>(l)] == io::IndexerKind::Full;
       if (full || !have_topk) {
         const IndexerWeights& iw = a.indexer;
         const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
@@ -243,8 +253,9 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     }
     Tensor lat = Tensor::empty({m, Hn, r}, DType::F32);
     {
-      const double keys = a.has_indexer ? static_cast<double>(m) * std::min<int64_t>(c.index_topk, meta.max_position + 1)
-                                        : static_cast<double>(keys_total);
+      const double keys =
+          a.has_indexer ? static_cast<double>(m) * std::min<int64_t>(c.index_topk, meta.max_position + 1)
+                        : static_cast<double>(keys_total);
       profiler::OpCost cost{static_cast<double>(ctx_total) * row_bytes + 4.0 * m * Hn * (2 * r + dr),
                             2.0 * keys * row_bytes + 4.0 * m * Hn * (2 * r + dr),
                             2.0 * keys * Hn * (2 * r + dr)};
@@ -305,8 +316,9 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
         const ops::ExpertWeights& e0 = mw.experts.front();
         const double per_expert = e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
         const double slots = static_cast<double>(m) * K;
-        profiler::OpCost cost{distinct * per_expert + 8.0 * m * H, distinct * per_expert + 8.0 * slots * H,
-                              slots * 6.0 * static_cast<double>(H) * static_cast<double>(c.moe_intermediate_size)};
+        profiler::OpCost cost{
+            distinct * per_expert + 8.0 * m * H, distinct * per_expert + 8.0 * slots * H,
+            slots * 6.0 * static_cast<double>(H) * static_cast<double>(c.moe_intermediate_size)};
         NamedOp op(sink, l, "moe.experts", cost);
         ops::moe_experts(xn, scratch_.topk_ids, scratch_.topk_weights, K, mw.experts, ffn, scratch_.moe);
       }

@@ -33,7 +33,8 @@ class Model {
   // The KvPool layout this model needs.
   kv::KvPoolConfig kv_pool_config(int32_t num_pages, int32_t page_size, kv::KvCacheDType dtype) const;
 
-  // Runs one step: writes the new tokens' keys into `pool` and returns logits f32 [b.logit_rows.size(), vocab].
+  // Runs one step: writes the new tokens' keys into `pool` and returns logits f32 [b.logit_rows.size(),
+  // vocab].
   Tensor forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpSink* sink = nullptr);
 
  private:

@@ -21,14 +21,14 @@ struct IndexerWeights {
 };
 
 struct AttentionWeights {
-  ops::LinearWeight q_a_proj;    // [qr, H] (q_lora_rank set)
-  Tensor q_a_norm;               // f32 [qr]
-  ops::LinearWeight q_b_proj;    // [Hn * (dn + dr), qr]
-  ops::LinearWeight q_proj;      // [Hn * (dn + dr), H] (q_lora_rank null)
-  ops::LinearWeight kv_a_proj;   // [r + dr, H] kv_a_proj_with_mqa
-  Tensor kv_a_norm;              // f32 [r]
-  ops::LinearWeight kv_b_proj;   // [Hn * (dn + dv), r]: per head dn rows (W_UK) then dv rows (W_UV)
-  ops::LinearWeight o_proj;      // [H, Hn * dv]
+  ops::LinearWeight q_a_proj;   // [qr, H] (q_lora_rank set)
+  Tensor q_a_norm;              // f32 [qr]
+  ops::LinearWeight q_b_proj;   // [Hn * (dn + dr), qr]
+  ops::LinearWeight q_proj;     // [Hn * (dn + dr), H] (q_lora_rank null)
+  ops::LinearWeight kv_a_proj;  // [r + dr, H] kv_a_proj_with_mqa
+  Tensor kv_a_norm;             // f32 [r]
+  ops::LinearWeight kv_b_proj;  // [Hn * (dn + dv), r]: per head dn rows (W_UK) then dv rows (W_UV)
+  ops::LinearWeight o_proj;     // [H, Hn * dv]
   bool has_indexer = false;
   IndexerWeights indexer;
 };
@@ -39,8 +39,8 @@ struct MlpWeights {
 };
 
 struct MoeWeights {
-  ops::LinearWeight router;                // [E, H] mlp.gate (run in fp32)
-  Tensor correction_bias;                  // f32 [E] e_score_correction_bias, or undefined
+  ops::LinearWeight router;                 // [E, H] mlp.gate (run in fp32)
+  Tensor correction_bias;                   // f32 [E] e_score_correction_bias, or undefined
   std::vector<ops::ExpertWeights> experts;  // [E]: gate/up [I, H], down [H, I]
   bool has_shared = false;
   MlpWeights shared;  // [I * n_shared_experts, H]
@@ -56,7 +56,7 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  ops::LinearWeight embed;    // [vocab, H] (rows gathered)
+  ops::LinearWeight embed;  // [vocab, H] (rows gathered)
   std::vector<LayerWeights> layers;
   Tensor final_norm;          // f32 [H]
   ops::LinearWeight lm_head;  // [vocab, H] (the embedding when tied)

@@ -38,7 +38,8 @@ ops::RopeTable make_table(const io::RopeConfig& rc, int64_t dim, bool interleave
     high = std::min(high, static_cast<double>(dim - 1));
     if (low == high) high += 0.001;
     for (int64_t i = 0; i < dim / 2; ++i) {
-      const float ramp = std::clamp(static_cast<float>((static_cast<double>(i) - low) / (high - low)), 0.0f, 1.0f);
+      const float ramp =
+          std::clamp(static_cast<float>((static_cast<double>(i) - low) / (high - low)), 0.0f, 1.0f);
       const float extrap_factor = 1.0f - ramp;
       const float pos_freq = std::pow(base, static_cast<float>(2 * i) / static_cast<float>(dim));
       const float extrap = 1.0f / pos_freq;
@@ -63,12 +64,14 @@ AttentionScales make_attention_scales(const io::ModelConfig& c, bool indexer_int
   double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
   // DeepSeek-V3's attention multiplies its softmax scale by mscale(factor, mscale_all_dim)^2 under YaRN; the
   // Hugging Face GlmMoeDsa attention keeps 1/sqrt(qk_head_dim).
-  if (c.rope.type == io::RopeType::Yarn && c.rope.mscale_all_dim != 0.0 && c.arch != io::ModelArch::GlmMoeDsa) {
+  if (c.rope.type == io::RopeType::Yarn && c.rope.mscale_all_dim != 0.0 &&
+      c.arch != io::ModelArch::GlmMoeDsa) {
     const double m = yarn_get_mscale(c.rope.factor, c.rope.mscale_all_dim);
     scale *= m * m;
   }
   s.softmax_scale = static_cast<float>(scale);
-  if (c.has_indexer) s.indexer_softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.index_head_dim)));
+  if (c.has_indexer)
+    s.indexer_softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.index_head_dim)));
   return s;
 }
 

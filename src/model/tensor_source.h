@@ -1,5 +1,5 @@
-// Where weights come from, by checkpoint name: a checkpoint directory, or tensors made in memory (the built-in
-// model, tests, quantised variants of a checkpoint).
+// Where weights come from, by checkpoint name: a checkpoint directory, or tensors made in memory (the
+// built-in model, tests, quantised variants of a checkpoint).
 #pragma once
 
 #include <map>

@@ -44,7 +44,8 @@ Tensor load_vector(const TensorSource& src, const std::string& name, int64_t n) 
       for (int64_t i = 0; i < n; ++i) o[i] = quant::f16_to_f32(t.data<uint16_t>()[i]);
       break;
     default:
-      MS_THROW("{}: tensor '{}' has dtype {}, expected f32, bf16 or f16", src.describe(), name, dtype_name(t.dtype()));
+      MS_THROW("{}: tensor '{}' has dtype {}, expected f32, bf16 or f16", src.describe(), name,
+               dtype_name(t.dtype()));
   }
   return out;
 }
@@ -52,7 +53,8 @@ Tensor load_vector(const TensorSource& src, const std::string& name, int64_t n) 
 float load_scalar(const TensorSource& src, const std::string& name) {
   Tensor t = require(src, name);
   check_dtype(src, name, t, DType::F32);
-  if (t.numel() != 1) MS_THROW("{}: tensor '{}' has shape {}, expected a scalar", src.describe(), name, shape_str(t.shape()));
+  if (t.numel() != 1)
+    MS_THROW("{}: tensor '{}' has shape {}, expected a scalar", src.describe(), name, shape_str(t.shape()));
   return t.data<float>()[0];
 }
 
@@ -102,19 +104,22 @@ ops::LinearWeight load_linear(const TensorSource& src, const std::string& prefix
       break;
     }
     default:
-      MS_THROW("{}: tensor '{}' has dtype {}, expected bf16, f32, fp8_e4m3 (+ weight_scale_inv) or u8 nvfp4 "
-               "(+ weight_scale, weight_scale_2)",
-               src.describe(), wname, dtype_name(w.weight.dtype()));
+      MS_THROW(
+          "{}: tensor '{}' has dtype {}, expected bf16, f32, fp8_e4m3 (+ weight_scale_inv) or u8 nvfp4 "
+          "(+ weight_scale, weight_scale_2)",
+          src.describe(), wname, dtype_name(w.weight.dtype()));
   }
   MS_CHECK(w.weight.is_contiguous(), "{}: tensor '{}' is not contiguous", src.describe(), wname);
   return w;
 }
 
 ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
-  MS_CHECK(c.hidden_size > 0 && c.vocab_size > 0 && c.num_hidden_layers > 0 && c.num_attention_heads > 0,
-           "model config: hidden_size, vocab_size, num_hidden_layers and num_attention_heads must be positive");
+  MS_CHECK(
+      c.hidden_size > 0 && c.vocab_size > 0 && c.num_hidden_layers > 0 && c.num_attention_heads > 0,
+      "model config: hidden_size, vocab_size, num_hidden_layers and num_attention_heads must be positive");
   MS_CHECK(static_cast<int>(c.layer_is_moe.size()) == c.num_hidden_layers,
-           "model config: layer_is_moe has {} entries for {} layers", c.layer_is_moe.size(), c.num_hidden_layers);
+           "model config: layer_is_moe has {} entries for {} layers", c.layer_is_moe.size(),
+           c.num_hidden_layers);
   const int64_t H = c.hidden_size, Hn = c.num_attention_heads;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank;
   ModelWeights w;

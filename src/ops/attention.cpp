@@ -11,8 +11,8 @@ namespace ms::ops {
 namespace {
 
 kernels::cpu::PagedCacheView cache_view(const PagedCacheLayer& c, std::string_view what) {
-  MS_CHECK(c.data.dim() == 3 && c.data.is_contiguous(), "{} cache must be [pages, page_size, width], got {}", what,
-           c.data.desc());
+  MS_CHECK(c.data.dim() == 3 && c.data.is_contiguous(), "{} cache must be [pages, page_size, width], got {}",
+           what, c.data.desc());
   kernels::cpu::PagedCacheView v;
   switch (c.data.dtype()) {
     case DType::F32:
@@ -37,17 +37,19 @@ kernels::cpu::PagedCacheView cache_view(const PagedCacheLayer& c, std::string_vi
 }
 
 void check_meta(const AttentionMeta& meta, int64_t m, const kernels::cpu::PagedCacheView& v) {
-  MS_CHECK(static_cast<int64_t>(meta.token_seq.size()) == m && static_cast<int64_t>(meta.positions.size()) == m,
-           "attention metadata covers {} tokens, expected {}", meta.positions.size(), m);
+  MS_CHECK(
+      static_cast<int64_t>(meta.token_seq.size()) == m && static_cast<int64_t>(meta.positions.size()) == m,
+      "attention metadata covers {} tokens, expected {}", meta.positions.size(), m);
   MS_CHECK(meta.max_blocks > 0 && meta.block_table.size() % static_cast<size_t>(meta.max_blocks) == 0,
            "block table of {} entries is not [n_seqs, {}]", meta.block_table.size(), meta.max_blocks);
-  MS_CHECK(meta.max_blocks * v.page_size > meta.max_position, "block table of {} pages of {} cannot hold position {}",
-           meta.max_blocks, v.page_size, meta.max_position);
+  MS_CHECK(meta.max_blocks * v.page_size > meta.max_position,
+           "block table of {} pages of {} cannot hold position {}", meta.max_blocks, v.page_size,
+           meta.max_position);
 }
 
 void check_f32(const Tensor& t, int dims, std::string_view what) {
-  MS_CHECK(t.dtype() == DType::F32 && t.dim() == dims && t.is_contiguous(), "{} must be contiguous f32 {}-D, got {}",
-           what, dims, t.desc());
+  MS_CHECK(t.dtype() == DType::F32 && t.dim() == dims && t.is_contiguous(),
+           "{} must be contiguous f32 {}-D, got {}", what, dims, t.desc());
 }
 
 }  // namespace
@@ -74,10 +76,10 @@ void mla_absorb_q(const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64
   check_f32(q, 3, "mla q");
   check_f32(q_cat, 3, "mla q_cat");
   const int64_t m = q.size(0), heads = q.size(1), rope = q.size(2) - nope, r = kv_b.in;
-  MS_CHECK(kv_b.out == heads * (nope + v), "{}: {} rows, expected heads {} x (nope {} + v {})", kv_b.name, kv_b.out,
-           heads, nope, v);
-  MS_CHECK(q_cat.size(0) == m && q_cat.size(1) == heads && q_cat.size(2) == r + rope, "mla q_cat must be [{}, {}, {}], got {}",
-           m, heads, r + rope, q_cat.desc());
+  MS_CHECK(kv_b.out == heads * (nope + v), "{}: {} rows, expected heads {} x (nope {} + v {})", kv_b.name,
+           kv_b.out, heads, nope, v);
+  MS_CHECK(q_cat.size(0) == m && q_cat.size(1) == heads && q_cat.size(2) == r + rope,
+           "mla q_cat must be [{}, {}, {}], got {}", m, heads, r + rope, q_cat.desc());
   kernels::cpu::MlaAbsorbQParams p;
   p.q = q.data<float>();
   p.kv_b = kv_b.cpu_view();
@@ -98,8 +100,8 @@ void mla_attention(const Tensor& q_cat, const PagedCacheLayer& cache, const Atte
   check_f32(lat, 3, "mla output");
   const int64_t m = q_cat.size(0), heads = q_cat.size(1);
   MS_CHECK(q_cat.size(2) == v.width, "mla: q width {} vs cache width {}", q_cat.size(2), v.width);
-  MS_CHECK(lat.size(0) == m && lat.size(1) == heads && lat.size(2) < v.width, "mla output {} does not fit q {}",
-           lat.desc(), q_cat.desc());
+  MS_CHECK(lat.size(0) == m && lat.size(1) == heads && lat.size(2) < v.width,
+           "mla output {} does not fit q {}", lat.desc(), q_cat.desc());
   check_meta(meta, m, v);
   kernels::cpu::MlaAttentionParams p;
   p.q_cat = q_cat.data<float>();
@@ -122,7 +124,8 @@ void mla_attention(const Tensor& q_cat, const PagedCacheLayer& cache, const Atte
     p.max_keys = topk.size(1);
   }
   const int threads = omp_get_max_threads();
-  const auto need = static_cast<size_t>(kernels::cpu::mla_attention_scratch_floats(heads, p.max_keys, v.width, threads));
+  const auto need =
+      static_cast<size_t>(kernels::cpu::mla_attention_scratch_floats(heads, p.max_keys, v.width, threads));
   if (scratch.size() < need) scratch.resize(need);
   p.scratch = scratch.data();
   kernels::cpu::mla_attention(p);
@@ -154,7 +157,8 @@ void dsa_indexer(const Tensor& q, const Tensor& w, const PagedCacheLayer& keys, 
   check_f32(w, 2, "indexer weights");
   const int64_t m = q.size(0), heads = q.size(1), dim = q.size(2);
   MS_CHECK(dim == v.width, "indexer: q dim {} vs key cache width {}", dim, v.width);
-  MS_CHECK(w.size(0) == m && w.size(1) == heads, "indexer weights must be [{}, {}], got {}", m, heads, w.desc());
+  MS_CHECK(w.size(0) == m && w.size(1) == heads, "indexer weights must be [{}, {}], got {}", m, heads,
+           w.desc());
   MS_CHECK(topk.dtype() == DType::I32 && topk.dim() == 2 && topk.size(0) == m && topk.is_contiguous(),
            "indexer output must be i32 [{}, topk], got {}", m, topk.desc());
   check_meta(meta, m, v);
@@ -173,7 +177,8 @@ void dsa_indexer(const Tensor& q, const Tensor& w, const PagedCacheLayer& keys, 
   p.topk = topk.size(1);
   p.out = topk.data<int32_t>();
   p.max_keys = meta.max_position + 1;
-  const auto need = static_cast<size_t>(kernels::cpu::dsa_indexer_scratch_floats(p.max_keys, dim, omp_get_max_threads()));
+  const auto need =
+      static_cast<size_t>(kernels::cpu::dsa_indexer_scratch_floats(p.max_keys, dim, omp_get_max_threads()));
   if (scratch.size() < need) scratch.resize(need);
   p.scratch = scratch.data();
   kernels::cpu::dsa_indexer(p);

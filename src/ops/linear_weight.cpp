@@ -28,6 +28,8 @@ kernels::cpu::WeightView LinearWeight::cpu_view() const {
   return v;
 }
 
-double LinearWeight::bytes() const { return kernels::cpu::weight_bytes(cpu_view()); }
+double LinearWeight::bytes() const {
+  return kernels::cpu::weight_bytes(cpu_view());
+}
 
 }  // namespace ms::ops

@@ -17,8 +17,8 @@ struct LinearWeight {
   std::string name;  // checkpoint prefix, "model.layers.3.mlp.experts.7.down_proj"
   WeightFormat format = WeightFormat::BF16;
   int64_t out = 0, in = 0;
-  Tensor weight;       // F32/BF16: [out, in]; FP8Block: fp8_e4m3 [out, in]; NVFP4: u8 [out, in/2]
-  Tensor scale;        // FP8Block: f32 [ceil(out/128), ceil(in/128)]; NVFP4: fp8_e4m3 [out, in/16]
+  Tensor weight;        // F32/BF16: [out, in]; FP8Block: fp8_e4m3 [out, in]; NVFP4: u8 [out, in/2]
+  Tensor scale;         // FP8Block: f32 [ceil(out/128), ceil(in/128)]; NVFP4: fp8_e4m3 [out, in/16]
   float scale2 = 1.0f;  // NVFP4 weight_scale_2
   int block = 128;      // FP8Block block edge
 

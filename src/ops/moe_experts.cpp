@@ -5,12 +5,12 @@
 
 namespace ms::ops {
 
-int moe_experts(const Tensor& x, std::span<const int32_t> topk_ids, std::span<const float> topk_weights, int top_k,
-                std::span<const ExpertWeights> experts, const Tensor& out, MoeScratch& s) {
-  MS_CHECK(x.dtype() == DType::F32 && x.dim() == 2 && x.is_contiguous(), "moe input must be contiguous f32 [m, hidden], got {}",
-           x.desc());
-  MS_CHECK(out.dtype() == DType::F32 && out.shape() == x.shape() && out.is_contiguous(), "moe output {} vs input {}",
-           out.desc(), x.desc());
+int moe_experts(const Tensor& x, std::span<const int32_t> topk_ids, std::span<const float> topk_weights,
+                int top_k, std::span<const ExpertWeights> experts, const Tensor& out, MoeScratch& s) {
+  MS_CHECK(x.dtype() == DType::F32 && x.dim() == 2 && x.is_contiguous(),
+           "moe input must be contiguous f32 [m, hidden], got {}", x.desc());
+  MS_CHECK(out.dtype() == DType::F32 && out.shape() == x.shape() && out.is_contiguous(),
+           "moe output {} vs input {}", out.desc(), x.desc());
   const int64_t m = x.size(0), hidden = x.size(1);
   const int n_experts = static_cast<int>(experts.size());
   MS_CHECK(static_cast<int64_t>(topk_ids.size()) == m * top_k && topk_weights.size() == topk_ids.size(),
@@ -25,7 +25,8 @@ int moe_experts(const Tensor& x, std::span<const int32_t> topk_ids, std::span<co
   {
     std::vector<int32_t> fill(s.offsets.begin(), s.offsets.end() - 1);
     for (size_t slot = 0; slot < topk_ids.size(); ++slot)
-      if (topk_ids[slot] >= 0) s.order[static_cast<size_t>(fill[topk_ids[slot]]++)] = static_cast<int32_t>(slot);
+      if (topk_ids[slot] >= 0)
+        s.order[static_cast<size_t>(fill[topk_ids[slot]]++)] = static_cast<int32_t>(slot);
   }
   int used = 0;
   const float* xd = x.data<float>();

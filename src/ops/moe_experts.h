@@ -23,7 +23,7 @@ struct MoeScratch {
 
 // out [m, hidden] += sum_k topk_weights[t, k] * expert[topk_ids[t, k]](x[t]); ids < 0 are skipped.
 // Returns the number of distinct experts run (their weights are the bytes this op must read).
-int moe_experts(const Tensor& x, std::span<const int32_t> topk_ids, std::span<const float> topk_weights, int top_k,
-                std::span<const ExpertWeights> experts, const Tensor& out, MoeScratch& scratch);
+int moe_experts(const Tensor& x, std::span<const int32_t> topk_ids, std::span<const float> topk_weights,
+                int top_k, std::span<const ExpertWeights> experts, const Tensor& out, MoeScratch& scratch);
 
 }  // namespace ms::ops

@@ -9,15 +9,16 @@ namespace ms::ops {
 namespace {
 
 void check_rows_f32(const Tensor& t, int64_t cols, std::string_view what) {
-  MS_CHECK(t.dtype() == DType::F32 && t.dim() == 2, "{} must be f32 [rows, {}], got {}", what, cols, t.desc());
-  MS_CHECK(t.size(1) == cols && t.stride(1) == 1, "{} must be f32 [rows, {}] with unit column stride, got {}", what,
-           cols, t.desc());
+  MS_CHECK(t.dtype() == DType::F32 && t.dim() == 2, "{} must be f32 [rows, {}], got {}", what, cols,
+           t.desc());
+  MS_CHECK(t.size(1) == cols && t.stride(1) == 1, "{} must be f32 [rows, {}] with unit column stride, got {}",
+           what, cols, t.desc());
   MS_CHECK(t.device() == Device::CPU, "{}: only the CPU backend is built", what);
 }
 
 void check_vec_f32(const Tensor& t, int64_t n, std::string_view what) {
-  MS_CHECK(t.dtype() == DType::F32 && t.numel() == n && t.is_contiguous(), "{} must be f32 [{}], got {}", what, n,
-           t.desc());
+  MS_CHECK(t.dtype() == DType::F32 && t.numel() == n && t.is_contiguous(), "{} must be f32 [{}], got {}",
+           what, n, t.desc());
 }
 
 }  // namespace
@@ -27,9 +28,10 @@ void linear_rows(const Tensor& x, const LinearWeight& w, int64_t row0, const Ten
   MS_CHECK(y.dim() == 2, "linear {} output must be 2-D, got {}", w.name, y.desc());
   const int64_t n = y.size(1);
   check_rows_f32(y, n, "linear " + w.name + " output");
-  MS_CHECK(x.size(0) == y.size(0), "linear {}: {} input rows vs {} output rows", w.name, x.size(0), y.size(0));
-  MS_CHECK(row0 >= 0 && row0 + n <= w.out, "linear {}: rows [{}, {}) outside {} outputs", w.name, row0, row0 + n,
-           w.out);
+  MS_CHECK(x.size(0) == y.size(0), "linear {}: {} input rows vs {} output rows", w.name, x.size(0),
+           y.size(0));
+  MS_CHECK(row0 >= 0 && row0 + n <= w.out, "linear {}: rows [{}, {}) outside {} outputs", w.name, row0,
+           row0 + n, w.out);
   kernels::cpu::LinearParams p;
   p.x = x.data<float>();
   p.x_stride = x.stride(0);
@@ -63,8 +65,8 @@ void embedding(std::span<const int32_t> ids, const LinearWeight& table, const Te
   kernels::cpu::embedding(p);
 }
 
-static kernels::cpu::NormParams norm_params(const Tensor& x, const Tensor& weight, float eps, const Tensor& out,
-                                            std::string_view what) {
+static kernels::cpu::NormParams norm_params(const Tensor& x, const Tensor& weight, float eps,
+                                            const Tensor& out, std::string_view what) {
   MS_CHECK(x.dim() == 2, "{} input must be 2-D, got {}", what, x.desc());
   const int64_t n = x.size(1);
   check_rows_f32(x, n, what);
@@ -95,12 +97,12 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
 }
 
 void rope(const Tensor& x, int64_t offset, std::span<const int32_t> positions, const RopeTable& table) {
-  MS_CHECK(x.dtype() == DType::F32 && x.dim() == 3 && x.stride(2) == 1, "rope input must be f32 [m, heads, d], got {}",
-           x.desc());
+  MS_CHECK(x.dtype() == DType::F32 && x.dim() == 3 && x.stride(2) == 1,
+           "rope input must be f32 [m, heads, d], got {}", x.desc());
   MS_CHECK(x.size(0) == static_cast<int64_t>(positions.size()), "rope: {} rows but {} positions", x.size(0),
            positions.size());
-  MS_CHECK(offset >= 0 && offset + table.dim() <= x.size(2), "rope: channels [{}, {}) outside head of {}", offset,
-           offset + table.dim(), x.size(2));
+  MS_CHECK(offset >= 0 && offset + table.dim() <= x.size(2), "rope: channels [{}, {}) outside head of {}",
+           offset, offset + table.dim(), x.size(2));
   kernels::cpu::RopeParams p;
   p.x = x.data<float>();
   p.row_stride = x.stride(0);
@@ -133,8 +135,8 @@ void silu_mul(const Tensor& x, const Tensor& out) {
 }
 
 void add_inplace(const Tensor& y, const Tensor& x) {
-  MS_CHECK(y.dtype() == DType::F32 && x.dtype() == DType::F32 && y.shape() == x.shape() && y.is_contiguous() &&
-               x.is_contiguous(),
+  MS_CHECK(y.dtype() == DType::F32 && x.dtype() == DType::F32 && y.shape() == x.shape() &&
+               y.is_contiguous() && x.is_contiguous(),
            "add: {} += {}", y.desc(), x.desc());
   kernels::cpu::add_inplace(y.data<float>(), x.data<float>(), y.numel());
 }

@@ -1,6 +1,6 @@
 // The DSA lightning indexer's selection: for each query token, score every visible key position j of its
-// sequence, index[j] = sum_h w[h] * relu(scale * q[h] . k_j), and keep the top `topk` positions (ties go to the
-// lower position). When a token sees at most `topk` keys it keeps them all, so attention is then dense.
+// sequence, index[j] = sum_h w[h] * relu(scale * q[h] . k_j), and keep the top `topk` positions (ties go to
+// the lower position). When a token sees at most `topk` keys it keeps them all, so attention is then dense.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// A weight matrix [rows = out features, cols = in features] as a kernel sees it: raw pointers in the format it
-// is stored in. Kernels dequantise one row (or one tile of rows) at a time into a small f32 buffer; nothing
-// ever expands a whole matrix.
+// A weight matrix [rows = out features, cols = in features] as a kernel sees it: raw pointers in the format
+// it is stored in. Kernels dequantise one row (or one tile of rows) at a time into a small f32 buffer;
+// nothing ever expands a whole matrix.
 #pragma once
 
 #include <cstdint>

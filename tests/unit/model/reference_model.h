@@ -42,7 +42,8 @@ inline Mat matmul_t(const Mat& x, const Mat& w, int64_t n, int64_t in, int64_t o
   return y;
 }
 
-inline void rmsnorm(Mat& x, const Mat& w, int64_t n, int64_t d, double eps, int64_t stride = -1, int64_t off = 0) {
+inline void rmsnorm(Mat& x, const Mat& w, int64_t n, int64_t d, double eps, int64_t stride = -1,
+                    int64_t off = 0) {
   if (stride < 0) stride = d;
   for (int64_t i = 0; i < n; ++i) {
     double ss = 0;
@@ -67,7 +68,16 @@ inline void hf_rope(double* v, int64_t d, int pos, const float* inv_freq, double
   std::copy(o.begin(), o.end(), v);
 }
 
-inline double silu(double g) { return g / (1.0 + std::exp(-g)); }
+inline double round_bf16(double v) {
+  return quant::bf16_to_f32(quant::f32_to_bf16(static_cast<float>(v)));
+}
+inline double round_fp8(double v) {
+  return quant::fp8_e4m3_to_f32(quant::f32_to_fp8_e4m3(static_cast<float>(v), true));
+}
+
+inline double silu(double g) {
+  return g / (1.0 + std::exp(-g));
+}
 
 // HF routing (sigmoid, correction bias for choice, group-limited, normalised, scaled).
 inline void hf_route(const io::ModelConfig& c, const double* logits, const Mat& bias, std::vector<int>& ids,
@@ -95,10 +105,12 @@ inline void hf_route(const io::ModelConfig& c, const double* logits, const Mat& 
   double sum = 0;
   for (int k = 0; k < K; ++k) sum += sc[ids[k]];
   wts.resize(K);
-  for (int k = 0; k < K; ++k) wts[k] = (c.norm_topk_prob ? sc[ids[k]] / (sum + 1e-20) : sc[ids[k]]) * c.routed_scaling_factor;
+  for (int k = 0; k < K; ++k)
+    wts[k] = (c.norm_topk_prob ? sc[ids[k]] / (sum + 1e-20) : sc[ids[k]]) * c.routed_scaling_factor;
 }
 
-inline Mat mlp(const model::TensorSource& src, const std::string& p, const Mat& x, int64_t n, int64_t H, int64_t I) {
+inline Mat mlp(const model::TensorSource& src, const std::string& p, const Mat& x, int64_t n, int64_t H,
+               int64_t I) {
   Mat g = matmul_t(x, load_mat(src, p + ".gate_proj.weight", I, H), n, H, I);
   Mat u = matmul_t(x, load_mat(src, p + ".up_proj.weight", I, H), n, H, I);
   for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
@@ -106,15 +118,18 @@ inline Mat mlp(const model::TensorSource& src, const std::string& p, const Mat& 
 }
 
 // Logits [T, vocab] of the full forward over `ids`.
-inline Mat reference_forward(const io::ModelConfig& c, const model::TensorSource& src, const std::vector<int32_t>& ids,
-                             bool indexer_interleaved = false) {
+inline Mat reference_forward(const io::ModelConfig& c, const model::TensorSource& src,
+                             const std::vector<int32_t>& ids, bool indexer_interleaved = false,
+                             double (*kv_round)(double) = nullptr,
+                             double (*index_key_round)(double) = nullptr) {
   const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size, Hn = c.num_attention_heads;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank;
   const int64_t qr = *c.q_lora_rank, qd = dn + dr;
   const auto sc = model::make_attention_scales(c, indexer_interleaved);
   Mat emb = load_mat(src, "model.embed_tokens.weight", c.vocab_size, H);
   Mat x(static_cast<size_t>(T * H));
-  for (int64_t t = 0; t < T; ++t) std::copy(emb.begin() + ids[t] * H, emb.begin() + (ids[t] + 1) * H, x.begin() + t * H);
+  for (int64_t t = 0; t < T; ++t)
+    std::copy(emb.begin() + ids[t] * H, emb.begin() + (ids[t] + 1) * H, x.begin() + t * H);
   std::vector<std::vector<char>> prev_sel;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}", l), a = p + ".self_attn";
@@ -125,14 +140,22 @@ inline Mat reference_forward(const io::ModelConfig& c, const model::TensorSource
     Mat q = matmul_t(qa, load_mat(src, a + ".q_b_proj.weight", Hn * qd, qr), T, qr, Hn * qd);
     Mat ckv = matmul_t(xn, load_mat(src, a + ".kv_a_proj_with_mqa.weight", r + dr, H), T, H, r + dr);
     rmsnorm(ckv, load_mat(src, a + ".kv_a_layernorm.weight", 1, r), T, r, 1e-6, r + dr, 0);
+    if (kv_round)  // the cache stores the normalised latent (the rotated k_pe is rounded below)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < r; ++k) ckv[t * (r + dr) + k] = kv_round(ckv[t * (r + dr) + k]);
     Mat lat(static_cast<size_t>(T * r));
-    for (int64_t t = 0; t < T; ++t) std::copy(ckv.begin() + t * (r + dr), ckv.begin() + t * (r + dr) + r, lat.begin() + t * r);
+    for (int64_t t = 0; t < T; ++t)
+      std::copy(ckv.begin() + t * (r + dr), ckv.begin() + t * (r + dr) + r, lat.begin() + t * r);
     Mat kvb = matmul_t(lat, load_mat(src, a + ".kv_b_proj.weight", Hn * (dn + dv), r), T, r, Hn * (dn + dv));
     const float* invf = sc.rope.inv_freq.data<float>();
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = 0; h < Hn; ++h)
-        hf_rope(&q[(t * Hn + h) * qd + dn], dr, static_cast<int>(t), invf, sc.rope.attention_scaling, c.rope.interleaved);
-      hf_rope(&ckv[t * (r + dr) + r], dr, static_cast<int>(t), invf, sc.rope.attention_scaling, c.rope.interleaved);
+        hf_rope(&q[(t * Hn + h) * qd + dn], dr, static_cast<int>(t), invf, sc.rope.attention_scaling,
+                c.rope.interleaved);
+      hf_rope(&ckv[t * (r + dr) + r], dr, static_cast<int>(t), invf, sc.rope.attention_scaling,
+              c.rope.interleaved);
+      if (kv_round)
+        for (int64_t k = 0; k < dr; ++k) ckv[t * (r + dr) + r + k] = kv_round(ckv[t * (r + dr) + r + k]);
     }
     // DSA selection as a mask [T, T].
     std::vector<std::vector<char>> sel(static_cast<size_t>(T), std::vector<char>(static_cast<size_t>(T), 1));
@@ -152,13 +175,19 @@ inline Mat reference_forward(const io::ModelConfig& c, const model::TensorSource
           mean /= Di;
           for (int64_t k = 0; k < Di; ++k) var += (ik[t * Di + k] - mean) * (ik[t * Di + k] - mean);
           var /= Di;
-          for (int64_t k = 0; k < Di; ++k) ik[t * Di + k] = (ik[t * Di + k] - mean) / std::sqrt(var + 1e-6) * kw[k] + kb[k];
+          for (int64_t k = 0; k < Di; ++k)
+            ik[t * Di + k] = (ik[t * Di + k] - mean) / std::sqrt(var + 1e-6) * kw[k] + kb[k];
         }
         Mat wts = matmul_t(xn, load_mat(src, ip + ".weights_proj.weight", Hi, H), T, H, Hi);
         const float* ifr = sc.indexer_rope.inv_freq.data<float>();
         for (int64_t t = 0; t < T; ++t) {
-          for (int64_t h = 0; h < Hi; ++h) hf_rope(&iq[(t * Hi + h) * Di], dr, static_cast<int>(t), ifr, sc.indexer_rope.attention_scaling, indexer_interleaved);
-          hf_rope(&ik[t * Di], dr, static_cast<int>(t), ifr, sc.indexer_rope.attention_scaling, indexer_interleaved);
+          for (int64_t h = 0; h < Hi; ++h)
+            hf_rope(&iq[(t * Hi + h) * Di], dr, static_cast<int>(t), ifr, sc.indexer_rope.attention_scaling,
+                    indexer_interleaved);
+          hf_rope(&ik[t * Di], dr, static_cast<int>(t), ifr, sc.indexer_rope.attention_scaling,
+                  indexer_interleaved);
+          if (index_key_round)
+            for (int64_t k = 0; k < Di; ++k) ik[t * Di + k] = index_key_round(ik[t * Di + k]);
         }
         for (int64_t s = 0; s < T; ++s) {
           std::vector<double> score(static_cast<size_t>(s + 1));
@@ -174,7 +203,8 @@ inline Mat reference_forward(const io::ModelConfig& c, const model::TensorSource
           }
           std::vector<int64_t> order(static_cast<size_t>(s + 1));
           for (int64_t t = 0; t <= s; ++t) order[t] = t;
-          std::stable_sort(order.begin(), order.end(), [&](int64_t u, int64_t v) { return score[u] > score[v]; });
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int64_t u, int64_t v) { return score[u] > score[v]; });
           std::fill(sel[s].begin(), sel[s].end(), 0);
           for (int64_t k = 0; k < std::min<int64_t>(c.index_topk, s + 1); ++k) sel[s][order[k]] = 1;
         }
@@ -197,7 +227,8 @@ inline Mat reference_forward(const io::ModelConfig& c, const model::TensorSource
         double sum = 0;
         for (int64_t t = 0; t <= s; ++t) sum += (w[t] = w[t] == -INFINITY ? 0 : std::exp(w[t] - mx));
         for (int64_t t = 0; t <= s; ++t)
-          for (int64_t k = 0; k < dv; ++k) attn[(s * Hn + h) * dv + k] += w[t] / sum * kvb[(t * Hn + h) * (dn + dv) + dn + k];
+          for (int64_t k = 0; k < dv; ++k)
+            attn[(s * Hn + h) * dv + k] += w[t] / sum * kvb[(t * Hn + h) * (dn + dv) + dn + k];
       }
     Mat o = matmul_t(attn, load_mat(src, a + ".o_proj.weight", H, Hn * dv), T, Hn * dv, H);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
@@ -208,7 +239,9 @@ inline Mat reference_forward(const io::ModelConfig& c, const model::TensorSource
       const std::string mp = p + ".mlp";
       const int E = c.n_routed_experts;
       Mat lg = matmul_t(xn, load_mat(src, mp + ".gate.weight", E, H), T, H, E);
-      Mat bias = src.contains(mp + ".gate.e_score_correction_bias") ? load_mat(src, mp + ".gate.e_score_correction_bias", 1, E) : Mat{};
+      Mat bias = src.contains(mp + ".gate.e_score_correction_bias")
+                     ? load_mat(src, mp + ".gate.e_score_correction_bias", 1, E)
+                     : Mat{};
       f = mlp(src, mp + ".shared_experts", xn, T, H, c.moe_intermediate_size * c.n_shared_experts);
       for (int64_t t = 0; t < T; ++t) {
         std::vector<int> eid;

@@ -1,6 +1,6 @@
 // Test-only stand-in for moe::route_cpu until the moe room's router is merged: Hugging Face's
-// DeepseekV3 / GlmMoeDsa routing (sigmoid or softmax scores, correction bias for selection only, group-limited
-// top-k, normalisation, scaling). Remove when moe/router.cpp lands.
+// DeepseekV3 / GlmMoeDsa routing (sigmoid or softmax scores, correction bias for selection only,
+// group-limited top-k, normalisation, scaling). Remove when moe/router.cpp lands.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -23,7 +23,8 @@ void route_cpu(const RouterConfig& cfg, const OeaConfig&, const RouterParams& p)
       for (int e = 0; e < E; ++e) s += (score[e] = std::exp(lg[e] - mx));
       for (int e = 0; e < E; ++e) score[e] /= s;
     }
-    for (int e = 0; e < E; ++e) choice[e] = score[e] + (cfg.use_correction_bias && p.correction_bias ? p.correction_bias[e] : 0.0f);
+    for (int e = 0; e < E; ++e)
+      choice[e] = score[e] + (cfg.use_correction_bias && p.correction_bias ? p.correction_bias[e] : 0.0f);
     for (int g = 0; g < G; ++g) {
       std::vector<float> v(choice.begin() + g * per, choice.begin() + (g + 1) * per);
       std::sort(v.rbegin(), v.rend());
