@@ -10,7 +10,7 @@ debs=(
   libomp-dev clang libclang-rt-14-dev clang-format
   python3 python3-pip
 )
-py_pkgs=(pytest openai requests)
+py_pkgs=(pytest openai requests safetensors numpy)
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
