@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,7 @@
 namespace ms::model {
 
 struct ModelOptions {
-  bool indexer_rope_interleaved = false;  // see make_attention_scales
+  std::optional<bool> indexer_rope_interleaved;  // default: default_indexer_interleaved(config)
 };
 
 class Model {
