@@ -5,10 +5,13 @@
 // only the state below the mutex, and stop() waits for the step in flight to end before it takes the
 // Profiler away.
 //
-//   ProfileController prof;                  // one per engine
-//   engine.set_step_hook(&prof);             // engine thread setup, once
-//   prof.start({.steps = 20, .trace_path = "/tmp/t.json"});   // HTTP thread
-//   ProfileResult r = prof.stop();           // HTTP thread: r.table, r.summary_json, r.trace_path
+//   ProfileController prof;         // one per engine, outliving it
+//   engine.set_step_hook(&prof);    // before the engine loop starts
+//   ProfileRequest req;             // HTTP thread: POST /start_profile
+//   req.steps = 20;
+//   req.trace_path = "trace.json";
+//   prof.start(req);
+//   ProfileResult r = prof.stop();  // HTTP thread: POST /stop_profile -> r.table, r.summary_json, r.trace
 #pragma once
 
 #include <nlohmann/json.hpp>
