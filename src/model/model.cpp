@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 
 #include "core/error.h"
+#include "kernels/cpu/paged_cache.h"
 #include "moe/router.h"
 #include "ops/attention.h"
 #include "ops/ops.h"
@@ -84,12 +86,45 @@ double cache_elem_bytes(const Tensor& t) {
   return static_cast<double>(dtype_bits(t.dtype())) / 8.0;
 }
 
+// An elementwise f32 op over n values reading `reads` and writing `writes` arrays of n, plus `extra` bytes.
+profiler::OpCost elementwise_cost(double n, double reads, double writes, double flops_per, double extra = 0) {
+  const double bytes = 4.0 * n * (reads + writes) + extra;
+  return {bytes, bytes, flops_per * n};
+}
+
+// The planted bug (ModelOptions::debug_cast_whole_pool): every slot of the layer's pool cast to f32. What
+// the step needs is the rows of its own sequences (ctx_rows); what this moves is the whole pool.
+void debug_pool_cast(profiler::OpSink* sink, int layer, const ops::PagedCacheLayer& cache, int64_t ctx_rows,
+                     std::vector<float>& out) {
+  const Tensor& d = cache.data;
+  const int64_t slots = d.size(0) * d.size(1), width = d.size(2);
+  const double per_row = static_cast<double>(width) * (cache_elem_bytes(d) + 4.0);
+  NamedOp op(sink, layer, "attn.debug_pool_cast",
+             {static_cast<double>(ctx_rows) * per_row, static_cast<double>(slots) * per_row, 0},
+             sink ? fmt::format("kv {}[{},{},{}] -> f32", dtype_name(d.dtype()), d.size(0), d.size(1), width)
+                  : std::string());
+  kernels::cpu::PagedCacheView v;
+  v.data = d.raw();
+  v.format = d.dtype() == DType::F32    ? kernels::cpu::CacheFormat::F32
+             : d.dtype() == DType::BF16 ? kernels::cpu::CacheFormat::BF16
+                                        : kernels::cpu::CacheFormat::FP8E4M3;
+  v.scale = cache.scale;
+  v.num_pages = d.size(0);
+  v.page_size = d.size(1);
+  v.width = width;
+  out.resize(static_cast<size_t>(slots * width));
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < slots; ++s) kernels::cpu::cache_read_row(v, s, out.data() + s * width);
+}
+
 }  // namespace
 
 Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
     : cfg_(std::move(cfg)), w_(std::move(weights)), opt_(opt) {
   scales_ =
       make_attention_scales(cfg_, opt_.indexer_rope_interleaved.value_or(default_indexer_interleaved(cfg_)));
+  if (const char* e = std::getenv("MOESERVE_DEBUG_PLANT_POOL_CAST"); e && std::string_view(e) == "1")
+    opt_.debug_cast_whole_pool = true;
   MS_CHECK(static_cast<int>(w_.layers.size()) == cfg_.num_hidden_layers,
            "model: {} layers of weights for {} in config", w_.layers.size(), cfg_.num_hidden_layers);
   if (cfg_.has_indexer)
@@ -158,7 +193,8 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
 
   Tensor h = Tensor::empty({m, H}, DType::F32);
   {
-    NamedOp op(sink, -1, "embed", {8.0 * m * H, 8.0 * m * H, 0});
+    const double row = w_.embed.bytes() / static_cast<double>(w_.embed.out);  // one table row, stored
+    NamedOp op(sink, -1, "embed", {m * (row + 4.0 * H), m * (row + 4.0 * H), 0});
     ops::embedding(b.token_ids, w_.embed, h);
   }
   Tensor xn = Tensor::empty({m, H}, DType::F32);
@@ -169,7 +205,7 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     const LayerWeights& L = w_.layers[static_cast<size_t>(l)];
     const AttentionWeights& a = L.attn;
     {
-      NamedOp op(sink, l, "attn.norm", {8.0 * m * H, 8.0 * m * H, 3.0 * m * H});
+      NamedOp op(sink, l, "attn.norm", elementwise_cost(m * H, 1, 1, 3, 4.0 * H));
       ops::rms_norm(h, L.input_norm, eps, xn);
     }
     // Queries: [m, Hn, dn + dr], rope channels last.
@@ -179,7 +215,8 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
       qa = Tensor::empty({m, *c.q_lora_rank}, DType::F32);
       run_linear(sink, l, "attn.q_a_proj", xn, a.q_a_proj, qa);
       {
-        NamedOp op(sink, l, "attn.q_a_norm", {8.0 * qa.numel(), 8.0 * qa.numel(), 3.0 * qa.numel()});
+        NamedOp op(sink, l, "attn.q_a_norm",
+                   elementwise_cost(static_cast<double>(qa.numel()), 1, 1, 3, 4.0 * qa.size(1)));
         ops::rms_norm(qa, a.q_a_norm, kLoraNormEps, qa);
       }
       run_linear(sink, l, "attn.q_b_proj", qa, a.q_b_proj, q);
@@ -191,8 +228,13 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     Tensor kv = Tensor::empty({m, r + dr}, DType::F32);
     run_linear(sink, l, "attn.kv_a_proj", xn, a.kv_a_proj, kv);
     {
-      NamedOp op(sink, l, "attn.rope",
-                 {8.0 * m * (Hn + 1) * dr, 8.0 * m * (Hn + 1) * dr, 6.0 * m * (Hn + 1) * dr});
+      // kv_a_norm over the r latent channels, then rope on the dr channels of Hn query heads and the key.
+      profiler::OpCost cost = elementwise_cost(m * r, 1, 1, 3, 4.0 * r);
+      const profiler::OpCost rot = elementwise_cost(m * (Hn + 1) * dr, 1, 1, 6);
+      cost.bytes_floor += rot.bytes_floor;
+      cost.bytes_moved += rot.bytes_moved;
+      cost.flops += rot.flops;
+      NamedOp op(sink, l, "attn.rope", cost);
       ops::rms_norm(kv.slice(1, 0, r), a.kv_a_norm, kLoraNormEps, kv.slice(1, 0, r));
       ops::rope(q3, dn, b.positions, scales_.rope);
       ops::rope(kv.view({m, 1, r + dr}), r, b.positions, scales_.rope);
@@ -204,6 +246,7 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
                  {m * (4.0 * (r + dr) + row_bytes), m * (4.0 * (r + dr) + row_bytes), 0});
       ops::cache_write(kv, cache, meta);
     }
+    if (opt_.debug_cast_whole_pool) debug_pool_cast(sink, l, cache, ctx_total, scratch_.pool_cast);
 
     // DSA: choose index_topk keys per query (a shared layer reuses the last full layer's choice).
     if (c.has_indexer) {
@@ -222,7 +265,11 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
         const ops::PagedCacheLayer keys{pool.index_keys(l), 1.0f};
         const double key_bytes = static_cast<double>(Di) * cache_elem_bytes(keys.data);
         {
-          NamedOp op(sink, l, "indexer.k_norm_rope", {8.0 * m * Di * (Hi + 1), 8.0 * m * Di * (Hi + 1), 0});
+          // LayerNorm of the key, rope of Hi query heads and the key (in place), weights scaled, the key
+          // stored into the index cache.
+          const double bytes =
+              8.0 * m * Di + 8.0 * Di + 8.0 * m * Di * (Hi + 1) + 8.0 * m * Hi + m * (4.0 * Di + key_bytes);
+          NamedOp op(sink, l, "indexer.k_norm_rope", {bytes, bytes, 8.0 * m * Di + 6.0 * m * Di * (Hi + 1)});
           ops::layer_norm(ik, iw.k_norm_weight, iw.k_norm_bias, kLoraNormEps, ik);
           ops::rope(iq.view({m, Hi, Di}), 0, b.positions, scales_.indexer_rope);
           ops::rope(ik.view({m, 1, Di}), 0, b.positions, scales_.indexer_rope);
@@ -233,8 +280,11 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
         }
         topk = Tensor::empty({m, c.index_topk}, DType::I32);
         {
-          profiler::OpCost cost{static_cast<double>(ctx_total) * key_bytes + 4.0 * m * Hi * Di,
-                                static_cast<double>(keys_total) * key_bytes + 4.0 * m * Hi * Di,
+          // Every key of each sequence once (floor), each token's visible keys (moved: a prefill chunk
+          // re-reads its sequence's keys per token); q, head weights in, the selection out.
+          const double act = 4.0 * m * (Hi * Di + Hi + c.index_topk);
+          profiler::OpCost cost{static_cast<double>(ctx_total) * key_bytes + act,
+                                static_cast<double>(keys_total) * key_bytes + act,
                                 2.0 * static_cast<double>(keys_total) * Hi * Di};
           NamedOp op(sink, l, "indexer.topk", cost);
           ops::dsa_indexer(iq.view({m, Hi, Di}), iwt, keys, meta, scales_.indexer_softmax_scale, topk,
@@ -246,21 +296,30 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
 
     Tensor q_cat = Tensor::empty({m, Hn, r + dr}, DType::F32);
     {
-      profiler::OpCost cost = linear_cost(a.kv_b_proj, m);
-      cost.bytes_floor *= static_cast<double>(dn) / static_cast<double>(dn + dv);
-      cost.bytes_moved = cost.bytes_floor;
-      cost.flops *= static_cast<double>(dn) / static_cast<double>(dn + dv);
-      NamedOp op(sink, l, "attn.absorb_q", cost);
+      // The W_UK rows of kv_b_proj (dn of every dn + dv per head); q in, q_cat out.
+      const double bytes = a.kv_b_proj.bytes() * static_cast<double>(dn) / static_cast<double>(dn + dv) +
+                           4.0 * m * Hn * (dn + dr) + 4.0 * m * Hn * (r + dr);
+      NamedOp op(sink, l, "attn.absorb_q", {bytes, bytes, 2.0 * m * Hn * dn * r});
       ops::mla_absorb_q(q3, a.kv_b_proj, dn, dv, q_cat);
     }
     Tensor lat = Tensor::empty({m, Hn, r}, DType::F32);
     {
-      const double keys =
-          c.has_indexer ? static_cast<double>(m) * std::min<int64_t>(c.index_topk, meta.max_position + 1)
-                        : static_cast<double>(keys_total);
-      profiler::OpCost cost{static_cast<double>(ctx_total) * row_bytes + 4.0 * m * Hn * (2 * r + dr),
-                            2.0 * keys * row_bytes + 4.0 * m * Hn * (2 * r + dr),
-                            2.0 * keys * Hn * (2 * r + dr)};
+      // Rows read per token: its visible keys, or its DSA selection. Floor: each needed row once per
+      // sequence (with DSA at most the sequence's tokens x index_topk); moved: once per token (a prefill
+      // chunk re-reads its sequence's rows for every token).
+      double keys = 0, rows = 0;
+      if (c.has_indexer) {
+        for (int32_t p : b.positions) keys += static_cast<double>(std::min<int64_t>(c.index_topk, p + 1));
+        std::vector<int64_t> per_seq(b.seq_lens.size(), 0);
+        for (int32_t s : b.token_seq) per_seq[static_cast<size_t>(s)] += c.index_topk;
+        for (size_t s = 0; s < per_seq.size(); ++s)
+          rows += static_cast<double>(std::min<int64_t>(per_seq[s], b.seq_lens[s]));
+      } else {
+        keys = static_cast<double>(keys_total);
+        rows = static_cast<double>(ctx_total);
+      }
+      const double act = 4.0 * m * Hn * (2 * r + dr);
+      profiler::OpCost cost{rows * row_bytes + act, keys * row_bytes + act, 2.0 * keys * Hn * (2 * r + dr)};
       NamedOp op(sink, l, m == b.n_seqs() ? "attn.mla_decode" : "attn.mla", cost,
                  sink ? fmt::format("q f32[{},{},{}] kv {}[pages {} x {} x {}]", m, Hn, r + dr,
                                     dtype_name(cache.data.dtype()), cache.data.size(0), cache.data.size(1),
@@ -271,19 +330,21 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     }
     Tensor o = Tensor::empty({m, Hn * dv}, DType::F32);
     {
-      profiler::OpCost cost = linear_cost(a.kv_b_proj, m);
-      cost.bytes_floor *= static_cast<double>(dv) / static_cast<double>(dn + dv);
-      cost.bytes_moved = cost.bytes_floor;
-      cost.flops *= static_cast<double>(dv) / static_cast<double>(dn + dv);
-      NamedOp op(sink, l, "attn.out_v", cost);
+      // The W_UV rows of kv_b_proj; latent in, per-head values out.
+      const double bytes = a.kv_b_proj.bytes() * static_cast<double>(dv) / static_cast<double>(dn + dv) +
+                           4.0 * m * Hn * r + 4.0 * m * Hn * dv;
+      NamedOp op(sink, l, "attn.out_v", {bytes, bytes, 2.0 * m * Hn * r * dv});
       ops::mla_out_v(lat, a.kv_b_proj, dn, dv, o);
     }
     Tensor attn_out = Tensor::empty({m, H}, DType::F32);
     run_linear(sink, l, "attn.o_proj", o, a.o_proj, attn_out);
-    ops::add_inplace(h, attn_out);
+    {
+      NamedOp op(sink, l, "attn.residual", elementwise_cost(m * H, 2, 1, 1));
+      ops::add_inplace(h, attn_out);
+    }
 
     {
-      NamedOp op(sink, l, "ffn.norm", {8.0 * m * H, 8.0 * m * H, 3.0 * m * H});
+      NamedOp op(sink, l, "ffn.norm", elementwise_cost(m * H, 1, 1, 3, 4.0 * H));
       ops::rms_norm(h, L.post_attn_norm, eps, xn);
     }
     Tensor ffn = Tensor::zeros({m, H}, DType::F32);
@@ -295,7 +356,7 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
       scratch_.topk_ids.resize(static_cast<size_t>(m * K));
       scratch_.topk_weights.resize(static_cast<size_t>(m * K));
       {
-        NamedOp op(sink, l, "moe.route", {4.0 * m * E, 4.0 * m * E, 4.0 * m * E});
+        NamedOp op(sink, l, "moe.route", {4.0 * m * E + 8.0 * m * K, 4.0 * m * E + 8.0 * m * K, 4.0 * m * E});
         moe::RouterConfig rc;
         rc.n_experts = E;
         rc.top_k = K;
@@ -318,8 +379,10 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
         const ops::ExpertWeights& e0 = mw.experts.front();
         const double per_expert = e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
         const double slots = static_cast<double>(m) * K;
+        // Floor: the weights of the experts routed to (not all E), x read, out read and written. Moved: each
+        // (token, expert) slot gathers its row, writes its result and adds it into out.
         profiler::OpCost cost{
-            distinct * per_expert + 8.0 * m * H, distinct * per_expert + 8.0 * slots * H,
+            distinct * per_expert + 12.0 * m * H, distinct * per_expert + 20.0 * slots * H,
             slots * 6.0 * static_cast<double>(H) * static_cast<double>(c.moe_intermediate_size)};
         NamedOp op(sink, l, "moe.experts", cost);
         ops::moe_experts(xn, scratch_.topk_ids, scratch_.topk_weights, K, mw.experts, ffn, scratch_.moe);
@@ -327,12 +390,16 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
       if (mw.has_shared) {
         Tensor sh = Tensor::empty({m, H}, DType::F32);
         run_mlp(sink, l, "moe.shared", xn, mw.shared, sh);
+        NamedOp op(sink, l, "moe.shared_add", elementwise_cost(m * H, 2, 1, 1));
         ops::add_inplace(ffn, sh);
       }
     } else {
       run_mlp(sink, l, "mlp", xn, L.mlp, ffn);
     }
-    ops::add_inplace(h, ffn);
+    {
+      NamedOp op(sink, l, "ffn.residual", elementwise_cost(m * H, 2, 1, 1));
+      ops::add_inplace(h, ffn);
+    }
   }
 
   const int64_t n_out = static_cast<int64_t>(b.logit_rows.size());
@@ -344,7 +411,7 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     std::copy(src, src + H, last.data<float>() + i * H);
   }
   {
-    NamedOp op(sink, -1, "final_norm", {8.0 * n_out * H, 8.0 * n_out * H, 3.0 * n_out * H});
+    NamedOp op(sink, -1, "final_norm", elementwise_cost(n_out * H, 1, 1, 3, 4.0 * H));
     ops::rms_norm(last, w_.final_norm, eps, last);
   }
   run_linear(sink, -1, "lm_head", last, w_.lm_head, logits);

@@ -21,6 +21,10 @@ namespace ms::model {
 
 struct ModelOptions {
   std::optional<bool> indexer_rope_interleaved;  // default: default_indexer_interleaved(config)
+  // Test switch, off in normal use: on every layer of every step, read the layer's whole KV pool and cast it
+  // to an f32 scratch buffer (op `attn.debug_pool_cast`), the needless work the profiler must catch. Also
+  // turned on by the environment variable MOESERVE_DEBUG_PLANT_POOL_CAST=1.
+  bool debug_cast_whole_pool = false;
 };
 
 class Model {
@@ -44,6 +48,7 @@ class Model {
     ops::MoeScratch moe;
     std::vector<int32_t> topk_ids;
     std::vector<float> topk_weights, router_logits;
+    std::vector<float> pool_cast;  // debug_cast_whole_pool only
   };
   void check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool) const;
 

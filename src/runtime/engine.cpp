@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -105,9 +107,25 @@ std::vector<RequestOutput> Engine::step() {
     if (last) wants.push_back(s);
   }
   kv::ForwardBatch batch = bb.finish();
+  // The hook sees the whole step, token choice included; ok stays false if the step throws.
+  struct HookBracket {
+    profiler::StepHook* hook;
+    bool ok = false;
+    ~HookBracket() {
+      if (hook) hook->step_end(ok);
+    }
+  } bracket{hook_};
+  profiler::OpSink* sink = sink_;
+  if (hook_) {
+    const int32_t n = batch.n_tokens(), seqs = batch.n_seqs();
+    const std::string label =
+        fmt::format("{} tokens={} seqs={} ctx={}", n == seqs ? "decode" : "prefill", n, seqs,
+                    *std::max_element(batch.seq_lens.begin(), batch.seq_lens.end()));
+    if (profiler::OpSink* s = hook_->step_begin(label)) sink = s;
+  }
   Tensor logits;
   try {
-    logits = model_->forward(batch, pool_, sink_);
+    logits = model_->forward(batch, pool_, sink);
   } catch (const Error& e) {
     MS_LOG_ERROR("engine step failed: {}", e.what());
     for (const ScheduledSeq& p : plan) finish(*p.seq, FinishReason::Error, out, e.message());
@@ -138,6 +156,7 @@ std::vector<RequestOutput> Engine::step() {
     else if (s.generated >= r.max_tokens || static_cast<int64_t>(s.tokens.size()) >= cfg_.max_context)
       finish(s, FinishReason::Length, out);
   }
+  bracket.ok = true;
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include "kv/kv_pool.h"
 #include "model/model.h"
 #include "profiler/op_record.h"
+#include "profiler/step_hook.h"
 #include "runtime/engine_types.h"
 #include "runtime/fcfs_scheduler.h"
 #include "runtime/sequence.h"
@@ -41,6 +42,9 @@ class Engine {
   const model::Model& model() const { return *model_; }
   const kv::KvPool& kv_pool() const { return pool_; }
   void set_op_sink(profiler::OpSink* sink) { sink_ = sink; }
+  // Brackets every step that runs the model (e.g. a profiler::ProfileController); its sink, when it gives
+  // one, replaces set_op_sink's for that step.
+  void set_step_hook(profiler::StepHook* hook) { hook_ = hook; }
 
  private:
   void finish(Sequence& s, FinishReason why, std::vector<RequestOutput>& out, std::string error = {});
@@ -54,6 +58,7 @@ class Engine {
   uint64_t next_id_ = 1;
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0;
   profiler::OpSink* sink_ = nullptr;
+  profiler::StepHook* hook_ = nullptr;
 };
 
 }  // namespace ms::runtime
