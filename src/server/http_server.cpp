@@ -72,6 +72,7 @@ HttpServer::HttpServer(ServerConfig config, EngineLoop& loop)
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(config_.max_body_bytes);
   http_->set_keep_alive_max_count(1000);
+  http_->set_tcp_nodelay(true);  // stream chunks are small: Nagle would hold them back for the peer's ACK
   routes();
 }
 
@@ -177,7 +178,8 @@ void HttpServer::routes() {
               {"object", "model"},
               {"created", 0},
               {"owned_by", "moeserve"},
-              {"max_model_len", loop_.backend().max_context()}};
+              {"max_model_len", loop_.backend().max_context()},
+              {"vocab_size", loop_.backend().vocab_size()}};
     reply_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
   });
 
