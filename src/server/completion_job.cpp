@@ -56,6 +56,7 @@ CompletionJob::~CompletionJob() {
 }
 
 void CompletionJob::cancel() {
+  cancelled_here_ = true;
   for (auto& c : choices_) {
     if (c.stream && !c.done) {
       loop_.cancel(c.stream->id());
@@ -270,6 +271,12 @@ bool CompletionJob::poll(std::vector<json>& chunks, std::chrono::milliseconds ti
       c.finished_chunk = true;
       chunks.push_back({{"error", ApiError(500, c.error, "", "engine_error").to_json()["error"]}});
     }
+    if (c.finish == runtime::FinishReason::Cancelled && !c.finished_chunk && !cancelled_here_) {
+      c.finished_chunk = true;  // the server cancelled it (shutting down): say so rather than end silently
+      chunks.push_back({{"error", ApiError(503, "request cancelled: the server is shutting down", "",
+                                           "service_unavailable")
+                                      .to_json()["error"]}});
+    }
     if (c.done && !c.finished_chunk) make(i, nullptr);
     all_done &= c.done;
   }
@@ -310,6 +317,8 @@ json CompletionJob::collect() {
       if (c.completion_tokens == 0) throw ApiError(400, c.error, leading_field(c.error));
       throw ApiError(500, c.error, "", "engine_error");
     }
+    if (c.finish == runtime::FinishReason::Cancelled)
+      throw ApiError(503, "request cancelled: the server is shutting down", "", "service_unavailable");
     json ch = {{"index", i}, {"finish_reason", runtime::finish_reason_name(c.finish)}};
     if (params_.chat) {
       json msg = {{"role", "assistant"}, {"content", c.content}};

@@ -67,6 +67,7 @@ class CompletionJob {
   Clock::time_point start_;
   int64_t created_ = 0;
   bool first_token_seen_ = false, usage_sent_ = false, metrics_done_ = false;
+  bool cancelled_here_ = false;  // cancel() was called: the client is gone
 };
 
 }  // namespace ms::server

@@ -19,6 +19,22 @@ void metric(std::string& out, const std::string& name, const char* type, const c
                      number(value));
 }
 
+// Label values escape backslash, double quote and newline.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char ch : v) {
+    if (ch == '\\' || ch == '"') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> upper_bounds)
@@ -97,7 +113,8 @@ std::string Metrics::render(const runtime::EngineStats& e, size_t active, const 
     out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", hs[i].second, helps[i], hs[i].second);
     hs[i].first->render(out, hs[i].second);
   }
-  metric(out, "moeserve_model_info", "gauge", "The served model.", 1, fmt::format("{{model=\"{}\"}}", model));
+  metric(out, "moeserve_model_info", "gauge", "The served model.", 1,
+         fmt::format("{{model=\"{}\"}}", label_value(model)));
   return out;
 }
 

@@ -367,6 +367,8 @@ TEST(HttpServer, DrainTimeoutCancelsWhatIsLeft) {
   while (f.loop.active() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   f.server->drain(std::chrono::milliseconds(100));
   t.join();
+  ASSERT_FALSE(s.events.empty());
+  EXPECT_EQ(s.events.back()["error"]["code"], "service_unavailable");  // told, not cut off silently
   EXPECT_EQ(f.loop.active(), 0u);
   EXPECT_TRUE(settles(f));
 }

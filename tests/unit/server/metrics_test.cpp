@@ -61,3 +61,9 @@ TEST(Metrics, ExpositionHasEngineGaugesAndEveryLineIsWellFormed) {
     EXPECT_NO_THROW((void)std::stod(value == "+Inf" ? "inf" : value)) << line;
   }
 }
+
+TEST(Metrics, LabelValuesAreEscaped) {
+  Metrics m;
+  const std::string out = m.render({}, 0, "a\"b\\c\nd");
+  EXPECT_NE(out.find("moeserve_model_info{model=\"a\\\"b\\\\c\\nd\"} 1\n"), std::string::npos) << out;
+}
