@@ -100,6 +100,10 @@ void HttpServer::start() {
 
 void HttpServer::stop() {
   loop_.cancel_all();
+  // Let cancelled streams send their last event before the sockets close.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (completions_in_flight_.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   http_->stop();
 }
 
@@ -289,6 +293,9 @@ void HttpServer::routes() {
         }
         auto job = std::make_shared<CompletionJob>(loop_, metrics_, p, std::move(ids), model_name(),
                                                    config_.reasoning_parser);
+        // Counted until the answer is written: for a stream, until httplib releases the provider.
+        ++completions_in_flight_;
+        std::shared_ptr<void> in_flight(nullptr, [this](void*) { --completions_in_flight_; });
         job->start();
         if (!p.stream) {
           reply_json(res, 200, job->collect());
@@ -316,7 +323,7 @@ void HttpServer::routes() {
               if (!more) sink.done();
               return true;
             },
-            [job](bool success) {
+            [job, in_flight](bool success) {
               if (!success) job->cancel();  // the client went away: free its pages now
             });
       } catch (const ApiError& e) {

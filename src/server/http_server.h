@@ -58,6 +58,7 @@ class HttpServer {
   std::thread thread_;
   int port_ = 0;
   std::atomic<bool> draining_{false};
+  std::atomic<int> completions_in_flight_{0};  // handlers (and their streams) not yet done
 };
 
 }  // namespace ms::server
