@@ -156,7 +156,7 @@ nlohmann::json parse_json_body(const std::string& text) {
   json body;
   try {
     body = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers too large for a double
     throw ApiError(400, fmt::format("request body is not valid JSON: {}", e.what()), "", "invalid_json");
   }
   if (!body.is_object()) throw ApiError(400, "request body must be a JSON object", "", "invalid_json");

@@ -118,6 +118,7 @@ TEST(OpenAiProtocol, MalformedBodies) {
   EXPECT_THROW(ms::server::parse_json_body("{not json"), ApiError);
   EXPECT_THROW(ms::server::parse_json_body("[1, 2]"), ApiError);
   EXPECT_THROW(ms::server::parse_json_body(""), ApiError);
+  EXPECT_THROW(ms::server::parse_json_body("{\"n\": 3E311}"), ApiError);  // number overflow
   EXPECT_NO_THROW(ms::server::parse_json_body("{}"));
   EXPECT_EQ(ms::server::dump_json(json("a\xC3")), "\"a\xEF\xBF\xBD\"");  // invalid UTF-8 does not throw
 }
