@@ -270,7 +270,9 @@ BenchSummary run_bench(const BenchConfig& c) {
   threads.reserve(jobs.size());
   const auto start = Clock::now();
   auto next_arrival = start;
+  size_t launched = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
+    if (c.duration_s > 0 && seconds_since(start) >= c.duration_s) break;
     if (!std::isinf(c.request_rate)) {
       next_arrival += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
       std::this_thread::sleep_until(next_arrival);
@@ -283,6 +285,7 @@ BenchSummary run_bench(const BenchConfig& c) {
       slot = free_clients.back();
       free_clients.pop_back();
     }
+    ++launched;
     threads.emplace_back([&, i, slot] {
       RequestResult r;
       try {
@@ -300,6 +303,7 @@ BenchSummary run_bench(const BenchConfig& c) {
   }
   for (auto& t : threads) t.join();
   bar.finish();
+  results.resize(launched);
   return summarize(results, seconds_since(start), c.max_concurrency, c.request_rate);
 }
 

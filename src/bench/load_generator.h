@@ -26,6 +26,7 @@ struct BenchConfig {
   uint64_t seed = 1;
   bool progress = true;
   double request_timeout_s = 600;
+  double duration_s = 0;  // > 0: stop sending new requests after this long (a soak run of bounded time)
 };
 
 struct Percentiles {

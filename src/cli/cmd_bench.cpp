@@ -60,6 +60,9 @@ ms::cli::Registration reg(
       sub.add_option("--seed", cfg->seed, "Random seed of prompts and arrivals")->capture_default_str();
       sub.add_option("--request-timeout", cfg->request_timeout_s, "Seconds per request")
           ->capture_default_str();
+      sub.add_option("--duration", cfg->duration_s,
+                     "Seconds: stop sending new requests after this long (0: off)")
+          ->capture_default_str();
       sub.add_option("--output-json", *out_json, "Write every setting's results as JSON");
       sub.add_option("--output-csv", *out_csv, "Write every setting's results as CSV");
       sub.add_option("--plot", *plot,

@@ -39,6 +39,9 @@ ms::cli::Registration reg(
       sub.add_option("--reasoning-parser", *reasoning, "glm45 or deepseek-r1")
           ->check(CLI::IsMember({"", "glm45", "deepseek-r1"}));
       sub.add_option("--max-body-bytes", sc->max_body_bytes)->capture_default_str();
+      sub.add_option("--http-threads", sc->http_threads,
+                     "HTTP worker threads (each streaming client holds one)")
+          ->capture_default_str();
       return [=]() -> int {
         bc->step_time = std::chrono::microseconds(*step_us);
         if (!reasoning->empty()) sc->reasoning_parser = ms::server::parse_reasoning_format(*reasoning);

@@ -11,10 +11,14 @@ import requests
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, env=None):
         binary = os.environ.get("MOESERVE_BIN", "build/moeserve")
         self.proc = subprocess.Popen(
-            [binary, *args, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [binary, *args, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         line = self.proc.stdout.readline()
         m = re.search(r"http://([\d.]+):(\d+)", line)
