@@ -7,8 +7,9 @@ debs=(
   build-essential cmake make pkg-config git
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libpcre2-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libomp-dev clang libclang-rt-14-dev clang-format gnuplot-nox
+  libomp-dev clang libclang-rt-14-dev clang-format
   python3 python3-pip
+  gnuplot-nox
 )
 py_pkgs=(pytest openai requests)
 
