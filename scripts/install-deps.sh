@@ -9,6 +9,7 @@ debs=(
   libpcre2-dev libicu-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
   libomp-dev clang libclang-rt-14-dev clang-format
   python3 python3-pip
+  gnuplot-nox
 )
 py_pkgs=(pytest openai requests safetensors numpy)
 

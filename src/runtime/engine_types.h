@@ -58,6 +58,8 @@ struct RequestOutput {
 struct EngineStats {
   int running = 0, waiting = 0;
   int kv_pages_total = 0, kv_pages_used = 0;
+  int kv_pages_cached =
+      0;  // of the used ones, held by the prefix cache (evictable once no request uses them)
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens
   int64_t max_context = 0;
