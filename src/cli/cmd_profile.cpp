@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "cli/command.h"
+#include "cli/synthetic_prompt.h"
 #include "core/error.h"
 #include "model/load_model.h"
 #include "profiler/profile_controller.h"
@@ -25,17 +26,6 @@ struct ProfileCliOptions {
   int64_t kv_cache_tokens = 0;
   bool per_layer = false, json = false;
 };
-
-// Deterministic prompt ids spread over the vocabulary (a Weyl sequence), different for each sequence.
-std::vector<int32_t> prompt_of(int seq, int len, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(len));
-  uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(seq + 1);
-  for (auto& id : ids) {
-    x += 0x9e3779b97f4a7c15ull;
-    id = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
-  }
-  return ids;
-}
 
 int64_t round_up(int64_t n, int64_t to) {
   return (n + to - 1) / to * to;
@@ -101,7 +91,7 @@ int run_profile(const ProfileCliOptions& o) {
                static_cast<long long>(ec.kv_cache_tokens));
   for (int s = 0; s < o.batch; ++s) {
     runtime::Request r;
-    r.prompt_ids = prompt_of(s, o.context, cfg.vocab_size);
+    r.prompt_ids = synthetic_prompt(s, o.context, cfg.vocab_size);
     r.max_tokens = max_tokens;
     r.ignore_eos = true;
     r.sampling.temperature = 0;
@@ -134,7 +124,7 @@ int run_profile(const ProfileCliOptions& o) {
   if (o.prefill_tokens > 0) {
     while (engine.has_work()) engine.step();  // the decode sequences end with their last timed step
     runtime::Request r;
-    r.prompt_ids = prompt_of(o.batch, o.prefill_tokens, cfg.vocab_size);
+    r.prompt_ids = synthetic_prompt(o.batch, o.prefill_tokens, cfg.vocab_size);
     r.max_tokens = 1;
     r.ignore_eos = true;
     r.sampling.temperature = 0;

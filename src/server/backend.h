@@ -11,6 +11,10 @@
 
 #include "runtime/engine_types.h"
 
+namespace ms::profiler {
+class ProfileController;
+}
+
 namespace ms::server {
 
 class Backend {
@@ -21,7 +25,9 @@ class Backend {
   virtual std::string model_name() const = 0;
   virtual int64_t max_context() const = 0;  // prompt + completion tokens
   virtual int32_t vocab_size() const = 0;
-  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // add_special_tokens: what the tokenizer adds around a plain prompt (a BOS, say); false for a rendered
+  // chat, whose template already wrote them.
+  virtual std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const = 0;
   // Text of ids, special tokens skipped. May end in an incomplete UTF-8 sequence (shown as U+FFFD).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // The prompt text of a chat: messages as the OpenAI API sends them, tools (array or null) and
@@ -39,6 +45,9 @@ class Backend {
   // Runs one step; returns the news of every request that produced a token or finished.
   virtual std::vector<runtime::RequestOutput> step() = 0;
   virtual runtime::EngineStats stats() const = 0;
+
+  // The profiler the backend's steps report to, or null when it has none. Its start/stop are thread-safe.
+  virtual profiler::ProfileController* profile_controller() { return nullptr; }
 };
 
 }  // namespace ms::server

@@ -24,7 +24,7 @@ EchoBackend::~EchoBackend() {
   cache_.reset();
 }
 
-std::vector<int32_t> EchoBackend::encode(const std::string& text) const {
+std::vector<int32_t> EchoBackend::encode(const std::string& text, bool /*add_special_tokens*/) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size());
   for (unsigned char c : text) ids.push_back(c);

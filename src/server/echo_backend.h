@@ -34,7 +34,7 @@ class EchoBackend : public Backend {
   std::string model_name() const override { return config_.model_name; }
   int64_t max_context() const override { return config_.max_context; }
   int32_t vocab_size() const override { return 257; }
-  std::vector<int32_t> encode(const std::string& text) const override;
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   std::string render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
                           const nlohmann::json& template_kwargs) const override;

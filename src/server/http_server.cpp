@@ -192,7 +192,9 @@ void HttpServer::routes() {
       json body = parse_json_body(req.body);
       Backend& b = loop_.backend();
       std::string text;
+      bool chat = false;
       if (body.contains("messages")) {
+        chat = true;
         CompletionParams p;
         json probe = {{"model", model_name()}, {"messages", body["messages"]}};
         p = parse_completion_request(probe, true, config_.limits);
@@ -207,7 +209,7 @@ void HttpServer::routes() {
       } else {
         throw ApiError(400, "prompt: expected a string (or send messages)", "prompt");
       }
-      auto ids = b.encode(text);
+      auto ids = b.encode(text, !chat);
       reply_json(res, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", b.max_context()}});
     } catch (const ApiError& e) {
       error(res, e);
@@ -253,9 +255,9 @@ void HttpServer::routes() {
           } catch (const ms::Error& e) {
             throw ApiError(400, e.message(), "messages");
           }
-          ids = b.encode(text);
+          ids = b.encode(text, false);
         } else if (p.prompt_text) {
-          ids = b.encode(*p.prompt_text);
+          ids = b.encode(*p.prompt_text, true);
         } else {
           ids = p.prompt_ids;
         }
@@ -333,6 +335,7 @@ void HttpServer::routes() {
   };
   h.Post("/v1/chat/completions", completion(true));
   h.Post("/v1/completions", completion(false));
+  profile_routes();
 }
 
 }  // namespace ms::server

@@ -49,6 +49,7 @@ class HttpServer {
 
  private:
   void routes();
+  void profile_routes();  // POST /start_profile, /stop_profile (profile_routes.cpp)
   std::string model_name() const;
 
   ServerConfig config_;

@@ -1,0 +1,182 @@
+// `moeserve bench-one-batch`: the engine without HTTP, one static batch at a time: the whole batch's prompts
+// prefilled together, then decode steps until every sequence has its output; prefill latency, median decode
+// step latency and tokens/s per batch size.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/command.h"
+#include "cli/synthetic_prompt.h"
+#include "core/error.h"
+#include "model/load_model.h"
+#include "runtime/engine.h"
+
+namespace ms::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct OneBatchOptions {
+  std::string model_dir, batch_sizes = "1,8,64", kv_dtype = "auto";
+  int input_len = 128, output_len = 32, page_size = 64;
+  bool json = false;
+};
+
+struct OneBatchResult {
+  int batch = 0, input_len = 0, output_len = 0, prefill_steps = 0, decode_steps = 0;
+  double prefill_s = 0, decode_step_median_s = 0, total_s = 0;
+  double prefill_tokens_per_s() const { return prefill_s > 0 ? batch * input_len / prefill_s : 0; }
+  // Tokens of the whole batch per second at the median decode step.
+  double decode_tokens_per_s() const { return decode_step_median_s > 0 ? batch / decode_step_median_s : 0; }
+  double total_tokens_per_s() const {
+    return total_s > 0 ? static_cast<double>(batch) * (input_len + output_len) / total_s : 0;
+  }
+};
+
+std::vector<int> parse_batch_sizes(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    int v = 0;
+    try {
+      size_t used = 0;
+      v = std::stoi(item, &used);
+      if (used != item.size()) v = 0;
+    } catch (const std::exception&) {
+      v = 0;
+    }
+    MS_CHECK(v >= 1, "--batch-size: '{}' is not a positive integer (expected a list such as 1,8,64)", item);
+    out.push_back(v);
+  }
+  MS_CHECK(!out.empty(), "--batch-size: no batch size given");
+  return out;
+}
+
+OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o, int batch) {
+  const io::ModelConfig& cfg = lm.model->config();
+  runtime::EngineConfig ec;
+  ec.page_size = o.page_size;
+  ec.kv_cache_dtype = kv::parse_kv_cache_dtype(o.kv_dtype);
+  if (ec.kv_cache_dtype == kv::KvCacheDType::Auto) ec.kv_cache_dtype = lm.kv_auto;
+  const int64_t seq_pages = (o.input_len + o.output_len + o.page_size - 1) / o.page_size;
+  ec.kv_cache_tokens = batch * seq_pages * o.page_size;
+  ec.max_running = batch;
+  // The whole batch's prompts in one step: the prefill figure is one forward pass over all of them.
+  ec.max_batch_tokens = static_cast<int32_t>(std::max<int64_t>(int64_t{batch} * o.input_len, batch));
+  ec.max_context = cfg.max_position_embeddings;
+  runtime::Engine engine(lm.model, ec);
+  for (int s = 0; s < batch; ++s) {
+    runtime::Request r;
+    r.prompt_ids = synthetic_prompt(s, o.input_len, cfg.vocab_size);
+    r.max_tokens = o.output_len;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    engine.submit(std::move(r));
+  }
+  OneBatchResult res;
+  res.batch = batch;
+  res.input_len = o.input_len;
+  res.output_len = o.output_len;
+  std::vector<double> decode_steps;
+  int started = 0;
+  const auto t0 = Clock::now();
+  while (engine.has_work()) {
+    const auto ts = Clock::now();
+    const auto outs = engine.step();
+    const double dt = std::chrono::duration<double>(Clock::now() - ts).count();
+    bool prefill_step = false;
+    for (const auto& out : outs) {
+      if (out.finish == runtime::FinishReason::Error)
+        MS_THROW("batch {}: the engine failed: {}", batch, out.error);
+      if (out.completion_tokens == 1 && !out.tokens.empty()) {
+        ++started;
+        prefill_step = true;
+      }
+    }
+    if (started < batch || prefill_step) {
+      ++res.prefill_steps;
+      if (started == batch) res.prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    } else {
+      decode_steps.push_back(dt);
+    }
+  }
+  res.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.decode_steps = static_cast<int>(decode_steps.size());
+  if (!decode_steps.empty()) {
+    std::nth_element(decode_steps.begin(), decode_steps.begin() + decode_steps.size() / 2,
+                     decode_steps.end());
+    res.decode_step_median_s = decode_steps[decode_steps.size() / 2];
+  }
+  return res;
+}
+
+int run_bench_one_batch(const OneBatchOptions& o) {
+  MS_CHECK(o.input_len >= 1, "--input-len must be at least 1, got {}", o.input_len);
+  MS_CHECK(o.output_len >= 1, "--output-len must be at least 1, got {}", o.output_len);
+  MS_CHECK(o.page_size >= 1, "--page-size must be at least 1, got {}", o.page_size);
+  const std::vector<int> batches = parse_batch_sizes(o.batch_sizes);
+  model::LoadedModel lm = model::load_model(o.model_dir);
+  const int64_t ctx = lm.model->config().max_position_embeddings;
+  MS_CHECK(o.input_len + o.output_len <= ctx,
+           "--input-len {} + --output-len {} is past the model's context of {}", o.input_len, o.output_len,
+           ctx);
+  std::fprintf(stderr, "model: %s\n", lm.description.c_str());
+  // Warm-up: first touches of the weights and the thread pool, not timed.
+  run_batch(lm, {o.model_dir, "1", o.kv_dtype, std::min(o.input_len, 16), 2, o.page_size, false}, 1);
+  std::vector<OneBatchResult> results;
+  for (int b : batches) {
+    results.push_back(run_batch(lm, o, b));
+    const auto& r = results.back();
+    if (!o.json) std::fprintf(stderr, "batch %d done in %.2f s\n", b, r.total_s);
+  }
+  if (o.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& r : results)
+      j.push_back({{"batch_size", r.batch},
+                   {"input_len", r.input_len},
+                   {"output_len", r.output_len},
+                   {"prefill_latency_s", r.prefill_s},
+                   {"prefill_steps", r.prefill_steps},
+                   {"prefill_tokens_per_s", r.prefill_tokens_per_s()},
+                   {"decode_steps", r.decode_steps},
+                   {"median_decode_step_s", r.decode_step_median_s},
+                   {"decode_tokens_per_s", r.decode_tokens_per_s()},
+                   {"total_latency_s", r.total_s},
+                   {"total_tokens_per_s", r.total_tokens_per_s()}});
+    std::printf("%s\n", nlohmann::json({{"model", lm.description}, {"results", j}}).dump(2).c_str());
+    return 0;
+  }
+  std::printf("%6s %6s %6s  %12s %14s  %16s %13s  %10s\n", "batch", "input", "output", "prefill (ms)",
+              "prefill tok/s", "decode step (ms)", "decode tok/s", "total (s)");
+  for (const auto& r : results)
+    std::printf("%6d %6d %6d  %12.2f %14.1f  %16.3f %13.1f  %10.3f\n", r.batch, r.input_len, r.output_len,
+                r.prefill_s * 1e3, r.prefill_tokens_per_s(), r.decode_step_median_s * 1e3,
+                r.decode_tokens_per_s(), r.total_s);
+  return 0;
+}
+
+Registration reg(
+    "bench-one-batch",
+    "Time the engine without HTTP: prefill latency, median decode step and tokens/s per batch size",
+    [](CLI::App& sub) {
+      auto o = std::make_shared<OneBatchOptions>();
+      sub.add_option("--model", o->model_dir,
+                     "Hugging Face checkpoint directory (default: the built-in model)");
+      sub.add_option("--batch-size", o->batch_sizes, "Batch sizes, comma-separated")->capture_default_str();
+      sub.add_option("--input-len", o->input_len, "Prompt tokens per sequence")->capture_default_str();
+      sub.add_option("--output-len", o->output_len, "Generated tokens per sequence")->capture_default_str();
+      sub.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16, fp8_e4m3 or f32")->capture_default_str();
+      sub.add_option("--page-size", o->page_size, "Tokens per KV page")->capture_default_str();
+      sub.add_flag("--json", o->json, "Print the results as JSON on stdout");
+      return [o]() { return run_bench_one_batch(*o); };
+    });
+
+}  // namespace
+
+}  // namespace ms::cli
