@@ -20,11 +20,18 @@ class Server:
             text=True,
             env=None if env is None else {**os.environ, **env},
         )
-        line = self.proc.stdout.readline()
-        m = re.search(r"http://([\d.]+):(\d+)", line)
+        # Log lines (model loading, KV sizing) may come first; the address line ends the start.
+        head = []
+        m = None
+        while m is None and len(head) < 100:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            head.append(line)
+            m = re.search(r"listening on http://([\d.]+):(\d+)", line)
         if not m:
             self.proc.kill()
-            raise RuntimeError(f"server did not start: {line!r}")
+            raise RuntimeError(f"server did not start: {''.join(head)!r}")
         self.url = f"http://{m.group(1)}:{m.group(2)}"
         self.log = []
         # Keep reading its output so the server never blocks on a full pipe.
@@ -57,8 +64,34 @@ class Server:
         return self.proc.returncode
 
 
-@pytest.fixture(scope="module")
-def echo_server():
-    s = Server("echo-server", "--step-time-us", "300", "--reasoning-parser", "glm45", "--max-body-bytes", "1000000")
+# The two servers every API test runs against: the model-free echo backend (answers repeat the prompt, one
+# byte is one token) and `moeserve serve` on the built-in model (a tiny GLM-5-architecture model with random
+# weights: its text is gibberish, so tests on it check structure, determinism and accounting, not words).
+SERVERS = {
+    "echo": (
+        "echo",
+        ["echo-server", "--step-time-us", "300", "--reasoning-parser", "glm45", "--max-body-bytes", "1000000"],
+    ),
+    "builtin": (
+        "builtin",
+        # KV pool sized by --mem-fraction-static (the default), capped at 64 requests x 1024 tokens.
+        ["serve", "--context-length", "1024", "--max-running-requests", "64", "--reasoning-parser", "glm45",
+         "--max-body-bytes", "1000000"],
+    ),
+}
+
+
+def start_server(kind, *extra):
+    model, args = SERVERS[kind]
+    s = Server(*args, *extra)
+    s.kind = kind
+    s.model = model
+    return s
+
+
+@pytest.fixture(scope="module", params=list(SERVERS))
+def server(request):
+    s = start_server(request.param)
     yield s
     s.stop()
+
