@@ -1,0 +1,71 @@
+// `moeserve logits`: the full-prompt forward as one F32 tensor `logits` [len, vocab] in a safetensors file.
+#include <cstdio>
+#include <sstream>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/load_model.h"
+
+namespace ms::cli {
+
+namespace {
+
+struct LogitsOptions {
+  std::string model_dir, prompt_ids, out, kv_dtype = "f32";
+};
+
+int run_logits(const LogitsOptions& o) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(o.prompt_ids);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) {
+      try {
+        ids.push_back(static_cast<int32_t>(std::stol(item)));
+      } catch (const std::exception&) {
+        MS_THROW("--prompt-ids: '{}' is not a token id", item);
+      }
+    }
+  if (ids.empty()) MS_THROW("--prompt-ids: the prompt is empty");
+  model::LoadedModel lm = model::load_model(o.model_dir);
+  const auto& cfg = lm.model->config();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= cfg.vocab_size)
+      MS_THROW("prompt token id {} at position {} is outside the vocabulary [0, {})", ids[i], i,
+               cfg.vocab_size);
+  if (static_cast<int64_t>(ids.size()) > cfg.max_position_embeddings)
+    MS_THROW("the prompt ({} tokens) is past the context limit of {}", ids.size(),
+             cfg.max_position_embeddings);
+  const int32_t page = 64;
+  kv::KvCacheDType dt = kv::parse_kv_cache_dtype(o.kv_dtype);
+  if (dt == kv::KvCacheDType::Auto) dt = lm.kv_auto;
+  kv::KvPool pool(lm.model->kv_pool_config(static_cast<int32_t>((ids.size() + page - 1) / page), page, dt));
+  std::vector<int32_t> pages;
+  MS_CHECK(pool.allocator().allocate(pool.pages_for(static_cast<int64_t>(ids.size())), pages),
+           "KV pool too small");
+  kv::ForwardBatchBuilder bb(page);
+  bb.add_sequence(pages, 0, ids.data(), static_cast<int32_t>(ids.size()), false);
+  kv::ForwardBatch b = bb.finish();
+  for (int32_t i = 0; i < b.n_tokens(); ++i) b.logit_rows.push_back(i);
+  Tensor logits = lm.model->forward(b, pool);
+  io::write_safetensors(o.out, {{"logits", logits}});
+  std::fprintf(stderr, "wrote logits f32[%zu, %lld] to %s\n", ids.size(),
+               static_cast<long long>(cfg.vocab_size), o.out.c_str());
+  return 0;
+}
+
+Registration reg(
+    "logits", "Write the full-prompt logits of a model to a safetensors file", [](CLI::App& app) {
+      auto o = std::make_shared<LogitsOptions>();
+      app.add_option("--model", o->model_dir, "Checkpoint directory; default: the built-in model");
+      app.add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated")->required();
+      app.add_option("--out", o->out, "Output .safetensors file")->required();
+      app.add_option("--kv-cache-dtype", o->kv_dtype, "f32 (exact), bf16, fp8_e4m3 or auto")
+          ->capture_default_str();
+      return [o] { return run_logits(*o); };
+    });
+
+}  // namespace
+
+}  // namespace ms::cli

@@ -1,0 +1,130 @@
+#include "kernels/cpu/mla.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+namespace ms::kernels::cpu {
+
+namespace {
+float* row_buffer(int64_t floats) {
+  static thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < floats) buf.resize(static_cast<size_t>(floats));
+  return buf.data();
+}
+}  // namespace
+
+void mla_absorb_q(const MlaAbsorbQParams& p) {
+  const int64_t r = p.kv_lora_rank, qd = p.nope + p.rope, w = r + p.rope;
+#pragma omp parallel for schedule(static)
+  for (int64_t h = 0; h < p.heads; ++h) {
+    float* wrow = row_buffer(r);
+    for (int64_t i = 0; i < p.m; ++i) {
+      float* dst = p.q_cat + (i * p.heads + h) * w;
+      for (int64_t c = 0; c < r; ++c) dst[c] = 0.0f;
+      const float* src = p.q + (i * p.heads + h) * qd;
+      for (int64_t c = 0; c < p.rope; ++c) dst[r + c] = src[p.nope + c];
+    }
+    for (int64_t d = 0; d < p.nope; ++d) {
+      dequantize_row(p.kv_b, h * (p.nope + p.v) + d, wrow);
+      for (int64_t i = 0; i < p.m; ++i) {
+        const float a = p.q[(i * p.heads + h) * qd + d];
+        float* dst = p.q_cat + (i * p.heads + h) * w;
+#pragma omp simd
+        for (int64_t c = 0; c < r; ++c) dst[c] += a * wrow[c];
+      }
+    }
+  }
+}
+
+int64_t mla_attention_scratch_floats(int64_t heads, int64_t max_keys, int64_t width, int threads) {
+  return static_cast<int64_t>(threads) * (heads * std::max<int64_t>(max_keys, 1) + width);
+}
+
+void mla_attention(const MlaAttentionParams& p) {
+  const int64_t r = p.kv_lora_rank, w = p.kv.width;
+  const int threads = omp_get_max_threads();
+  // Split heads into groups so that even one decode token keeps every thread busy; each group decodes the
+  // token's cache rows once for all its heads.
+  const int64_t groups = std::min<int64_t>(p.heads, std::max<int64_t>(1, (2 * threads + p.m - 1) / p.m));
+  const int64_t per_group = (p.heads + groups - 1) / groups;
+  const int64_t tasks = p.m * groups;
+  const int64_t per_thread = p.heads * std::max<int64_t>(p.max_keys, 1) + w;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    float* scores = p.scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread;
+    float* row = scores + p.heads * std::max<int64_t>(p.max_keys, 1);
+    const int64_t i = t / groups, g = t % groups;
+    const int64_t h0 = g * per_group, h1 = std::min(p.heads, h0 + per_group);
+    if (h0 >= h1) continue;
+    const int64_t seq = p.token_seq[i], pos = p.positions[i];
+    const int64_t n_keys = p.topk ? p.topk_width : pos + 1;
+    const int32_t* sel = p.topk ? p.topk + i * p.topk_width : nullptr;
+    const int64_t hn = h1 - h0;
+    // Pass 1: scores [hn, n_keys].
+    for (int64_t kk = 0; kk < n_keys; ++kk) {
+      const int64_t j = sel ? sel[kk] : kk;
+      if (j < 0 || j > pos) {
+        for (int64_t h = 0; h < hn; ++h) scores[h * n_keys + kk] = -INFINITY;
+        continue;
+      }
+      cache_read_row(p.kv, cache_slot(p.block_table, p.max_blocks, seq, j, p.kv.page_size), row);
+      for (int64_t h = 0; h < hn; ++h) {
+        const float* q = p.q_cat + (i * p.heads + h0 + h) * w;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < w; ++c) s += q[c] * row[c];
+        scores[h * n_keys + kk] = s * p.softmax_scale;
+      }
+    }
+    for (int64_t h = 0; h < hn; ++h) {
+      float* s = scores + h * n_keys;
+      float mx = -INFINITY;
+      for (int64_t kk = 0; kk < n_keys; ++kk) mx = std::max(mx, s[kk]);
+      float sum = 0.0f;
+      for (int64_t kk = 0; kk < n_keys; ++kk) {
+        s[kk] = s[kk] == -INFINITY ? 0.0f : std::exp(s[kk] - mx);
+        sum += s[kk];
+      }
+      const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+      for (int64_t kk = 0; kk < n_keys; ++kk) s[kk] *= inv;
+      float* o = p.lat + (i * p.heads + h0 + h) * r;
+      for (int64_t c = 0; c < r; ++c) o[c] = 0.0f;
+    }
+    // Pass 2: lat = sum_j p_j * latent_j.
+    for (int64_t kk = 0; kk < n_keys; ++kk) {
+      const int64_t j = sel ? sel[kk] : kk;
+      if (j < 0 || j > pos) continue;
+      cache_read_row(p.kv, cache_slot(p.block_table, p.max_blocks, seq, j, p.kv.page_size), row);
+      for (int64_t h = 0; h < hn; ++h) {
+        const float pj = scores[h * n_keys + kk];
+        float* o = p.lat + (i * p.heads + h0 + h) * r;
+#pragma omp simd
+        for (int64_t c = 0; c < r; ++c) o[c] += pj * row[c];
+      }
+    }
+  }
+}
+
+void mla_out_v(const MlaOutVParams& p) {
+  const int64_t r = p.kv_lora_rank;
+  const int64_t rows = p.heads * p.v;
+#pragma omp parallel for schedule(static)
+  for (int64_t hv = 0; hv < rows; ++hv) {
+    const int64_t h = hv / p.v, e = hv % p.v;
+    float* wrow = row_buffer(r);
+    dequantize_row(p.kv_b, h * (p.nope + p.v) + p.nope + e, wrow);
+    for (int64_t i = 0; i < p.m; ++i) {
+      const float* l = p.lat + (i * p.heads + h) * r;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < r; ++c) s += l[c] * wrow[c];
+      p.out[i * rows + hv] = s;
+    }
+  }
+}
+
+}  // namespace ms::kernels::cpu

@@ -1,0 +1,60 @@
+// The paged KV pool: per layer, the MLA cache of kv_cache_width (576 for GLM-5 / DeepSeek-V3) values per
+// token (normalised latent, then rotated k_pe) and, for DSA models, the indexer's key cache; pages of
+// page_size tokens handed out by a PageAllocator. The pool is allocated once and never converted: FP8 pages
+// are read in place with the layer's scale.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kv/page_allocator.h"
+
+namespace ms::kv {
+
+enum class KvCacheDType : uint8_t { Auto, F32, BF16, FP8E4M3 };
+// "auto", "bf16" (also "bfloat16"), "fp8_e4m3" (also "fp8"), "f32" (the exact reference, for tests).
+KvCacheDType parse_kv_cache_dtype(std::string_view s);
+std::string_view kv_cache_dtype_name(KvCacheDType d);
+
+struct KvPoolConfig {
+  int num_layers = 0;
+  int64_t width = 0;        // kv_lora_rank + qk_rope_head_dim
+  int64_t index_width = 0;  // indexer head dim (0: no indexer cache)
+  int32_t num_pages = 0;
+  int32_t page_size = 64;
+  KvCacheDType dtype = KvCacheDType::BF16;  // Auto must be resolved before
+  std::vector<float> scales;                // [num_layers] fp8 scale per layer (empty: 1.0)
+};
+
+class KvPool {
+ public:
+  explicit KvPool(const KvPoolConfig& cfg);
+
+  const KvPoolConfig& config() const { return cfg_; }
+  int32_t page_size() const { return cfg_.page_size; }
+  PageAllocator& allocator() { return alloc_; }
+  const PageAllocator& allocator() const { return alloc_; }
+
+  const Tensor& latent(int layer) const {
+    return latent_[static_cast<size_t>(layer)];
+  }  // [pages, page_size, width]
+  float scale(int layer) const { return scales_[static_cast<size_t>(layer)]; }
+  // [pages, page_size, index_width]: f32 when the pool is f32, bf16 otherwise; undefined without an indexer.
+  const Tensor& index_keys(int layer) const { return index_[static_cast<size_t>(layer)]; }
+  size_t bytes() const;
+  // Pages needed to hold `tokens` tokens.
+  int32_t pages_for(int64_t tokens) const {
+    return static_cast<int32_t>((tokens + cfg_.page_size - 1) / cfg_.page_size);
+  }
+
+ private:
+  KvPoolConfig cfg_;
+  PageAllocator alloc_;
+  std::vector<Tensor> latent_, index_;
+  std::vector<float> scales_;
+};
+
+}  // namespace ms::kv

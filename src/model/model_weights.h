@@ -1,0 +1,65 @@
+// The weights of one DeepSeek-V3-family model (deepseek_v3, deepseek_v32, kimi_k2, glm_moe_dsa). Shapes use
+// H = hidden_size, Hn = attention heads, dn / dr / dv = qk_nope / qk_rope / v head dims, r = kv_lora_rank,
+// qr = q_lora_rank, Hi x Di = indexer heads x head dim, E = routed experts, I = moe_intermediate_size.
+// Linear weights stay in their stored format (bf16, fp8-block, nvfp4); norm vectors are f32 copies.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/linear_weight.h"
+#include "ops/moe_experts.h"
+
+namespace ms::model {
+
+struct IndexerWeights {
+  ops::LinearWeight wq_b;          // [Hi * Di, qr]
+  ops::LinearWeight wk;            // [Di, H]
+  Tensor k_norm_weight;            // f32 [Di] (LayerNorm)
+  Tensor k_norm_bias;              // f32 [Di]
+  ops::LinearWeight weights_proj;  // [Hi, H]
+};
+
+struct AttentionWeights {
+  ops::LinearWeight q_a_proj;   // [qr, H] (q_lora_rank set)
+  Tensor q_a_norm;              // f32 [qr]
+  ops::LinearWeight q_b_proj;   // [Hn * (dn + dr), qr]
+  ops::LinearWeight q_proj;     // [Hn * (dn + dr), H] (q_lora_rank null)
+  ops::LinearWeight kv_a_proj;  // [r + dr, H] kv_a_proj_with_mqa
+  Tensor kv_a_norm;             // f32 [r]
+  ops::LinearWeight kv_b_proj;  // [Hn * (dn + dv), r]: per head dn rows (W_UK) then dv rows (W_UV)
+  ops::LinearWeight o_proj;     // [H, Hn * dv]
+  bool has_indexer = false;
+  IndexerWeights indexer;
+};
+
+struct MlpWeights {
+  ops::LinearWeight gate, up;  // [intermediate, H]
+  ops::LinearWeight down;      // [H, intermediate]
+};
+
+struct MoeWeights {
+  ops::LinearWeight router;                 // [E, H] mlp.gate (run in fp32)
+  Tensor correction_bias;                   // f32 [E] e_score_correction_bias, or undefined
+  std::vector<ops::ExpertWeights> experts;  // [E]: gate/up [I, H], down [H, I]
+  bool has_shared = false;
+  MlpWeights shared;  // [I * n_shared_experts, H]
+};
+
+struct LayerWeights {
+  Tensor input_norm;      // f32 [H]
+  Tensor post_attn_norm;  // f32 [H]
+  AttentionWeights attn;
+  bool is_moe = false;
+  MlpWeights mlp;  // dense layers
+  MoeWeights moe;  // MoE layers
+};
+
+struct ModelWeights {
+  ops::LinearWeight embed;  // [vocab, H] (rows gathered)
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;          // f32 [H]
+  ops::LinearWeight lm_head;  // [vocab, H] (the embedding when tied)
+};
+
+}  // namespace ms::model

@@ -1,0 +1,190 @@
+#include "model/weight_loader.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "quant/float_formats.h"
+#include "quant/nvfp4.h"
+
+namespace ms::model {
+
+namespace {
+
+Tensor require(const TensorSource& src, const std::string& name) {
+  if (!src.contains(name)) MS_THROW("{}: tensor '{}' is missing", src.describe(), name);
+  return src.tensor(name);
+}
+
+void check_shape(const TensorSource& src, const std::string& name, const Tensor& t, const Shape& want) {
+  if (t.shape() != want)
+    MS_THROW("{}: tensor '{}' has shape {}, expected {}", src.describe(), name, shape_str(t.shape()),
+             shape_str(want));
+}
+
+void check_dtype(const TensorSource& src, const std::string& name, const Tensor& t, DType want) {
+  if (t.dtype() != want)
+    MS_THROW("{}: tensor '{}' has dtype {}, expected {}", src.describe(), name, dtype_name(t.dtype()),
+             dtype_name(want));
+}
+
+// A small vector (norm weight, bias) as an owned f32 copy.
+Tensor load_vector(const TensorSource& src, const std::string& name, int64_t n) {
+  Tensor t = require(src, name);
+  check_shape(src, name, t, {n});
+  Tensor out = Tensor::empty({n}, DType::F32);
+  float* o = out.data<float>();
+  switch (t.dtype()) {
+    case DType::F32:
+      for (int64_t i = 0; i < n; ++i) o[i] = t.data<float>()[i];
+      break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) o[i] = quant::bf16_to_f32(t.data<uint16_t>()[i]);
+      break;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) o[i] = quant::f16_to_f32(t.data<uint16_t>()[i]);
+      break;
+    default:
+      MS_THROW("{}: tensor '{}' has dtype {}, expected f32, bf16 or f16", src.describe(), name,
+               dtype_name(t.dtype()));
+  }
+  return out;
+}
+
+float load_scalar(const TensorSource& src, const std::string& name) {
+  Tensor t = require(src, name);
+  check_dtype(src, name, t, DType::F32);
+  if (t.numel() != 1)
+    MS_THROW("{}: tensor '{}' has shape {}, expected a scalar", src.describe(), name, shape_str(t.shape()));
+  return t.data<float>()[0];
+}
+
+MlpWeights load_mlp(const TensorSource& src, const std::string& prefix, int64_t hidden, int64_t inter) {
+  MlpWeights m;
+  m.gate = load_linear(src, prefix + ".gate_proj", inter, hidden);
+  m.up = load_linear(src, prefix + ".up_proj", inter, hidden);
+  m.down = load_linear(src, prefix + ".down_proj", hidden, inter);
+  return m;
+}
+
+}  // namespace
+
+ops::LinearWeight load_linear(const TensorSource& src, const std::string& prefix, int64_t out, int64_t in) {
+  ops::LinearWeight w;
+  w.name = prefix;
+  w.out = out;
+  w.in = in;
+  const std::string wname = prefix + ".weight";
+  w.weight = require(src, wname);
+  switch (w.weight.dtype()) {
+    case DType::BF16:
+    case DType::F32:
+      w.format = w.weight.dtype() == DType::BF16 ? ops::WeightFormat::BF16 : ops::WeightFormat::F32;
+      check_shape(src, wname, w.weight, {out, in});
+      break;
+    case DType::F8_E4M3: {
+      w.format = ops::WeightFormat::FP8Block;
+      check_shape(src, wname, w.weight, {out, in});
+      const std::string sname = prefix + ".weight_scale_inv";
+      w.scale = require(src, sname);
+      check_dtype(src, sname, w.scale, DType::F32);
+      check_shape(src, sname, w.scale, {(out + w.block - 1) / w.block, (in + w.block - 1) / w.block});
+      break;
+    }
+    case DType::U8: {
+      w.format = ops::WeightFormat::NVFP4;
+      if (in % quant::kNvfp4Block != 0)
+        MS_THROW("{}: tensor '{}' is nvfp4 but {} inputs are not a multiple of {}", src.describe(), wname, in,
+                 quant::kNvfp4Block);
+      check_shape(src, wname, w.weight, {out, in / 2});
+      const std::string sname = prefix + ".weight_scale";
+      w.scale = require(src, sname);
+      check_dtype(src, sname, w.scale, DType::F8_E4M3);
+      check_shape(src, sname, w.scale, {out, in / quant::kNvfp4Block});
+      w.scale2 = load_scalar(src, prefix + ".weight_scale_2");
+      break;
+    }
+    default:
+      MS_THROW(
+          "{}: tensor '{}' has dtype {}, expected bf16, f32, fp8_e4m3 (+ weight_scale_inv) or u8 nvfp4 "
+          "(+ weight_scale, weight_scale_2)",
+          src.describe(), wname, dtype_name(w.weight.dtype()));
+  }
+  MS_CHECK(w.weight.is_contiguous(), "{}: tensor '{}' is not contiguous", src.describe(), wname);
+  return w;
+}
+
+ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
+  MS_CHECK(
+      c.hidden_size > 0 && c.vocab_size > 0 && c.num_hidden_layers > 0 && c.num_attention_heads > 0,
+      "model config: hidden_size, vocab_size, num_hidden_layers and num_attention_heads must be positive");
+  MS_CHECK(static_cast<int>(c.layer_is_moe.size()) == c.num_hidden_layers,
+           "model config: layer_is_moe has {} entries for {} layers", c.layer_is_moe.size(),
+           c.num_hidden_layers);
+  const int64_t H = c.hidden_size, Hn = c.num_attention_heads;
+  const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank;
+  ModelWeights w;
+  w.embed = load_linear(src, "model.embed_tokens", c.vocab_size, H);
+  MS_CHECK(w.embed.format == ops::WeightFormat::BF16 || w.embed.format == ops::WeightFormat::F32,
+           "{}: model.embed_tokens.weight must be bf16 or f32", src.describe());
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}", l);
+    LayerWeights L;
+    L.input_norm = load_vector(src, p + ".input_layernorm.weight", H);
+    L.post_attn_norm = load_vector(src, p + ".post_attention_layernorm.weight", H);
+    AttentionWeights& a = L.attn;
+    const std::string ap = p + ".self_attn";
+    if (c.q_lora_rank) {
+      a.q_a_proj = load_linear(src, ap + ".q_a_proj", *c.q_lora_rank, H);
+      a.q_a_norm = load_vector(src, ap + ".q_a_layernorm.weight", *c.q_lora_rank);
+      a.q_b_proj = load_linear(src, ap + ".q_b_proj", Hn * (dn + dr), *c.q_lora_rank);
+    } else {
+      a.q_proj = load_linear(src, ap + ".q_proj", Hn * (dn + dr), H);
+    }
+    a.kv_a_proj = load_linear(src, ap + ".kv_a_proj_with_mqa", r + dr, H);
+    a.kv_a_norm = load_vector(src, ap + ".kv_a_layernorm.weight", r);
+    a.kv_b_proj = load_linear(src, ap + ".kv_b_proj", Hn * (dn + dv), r);
+    a.o_proj = load_linear(src, ap + ".o_proj", H, Hn * dv);
+    if (c.has_indexer) {
+      MS_CHECK(c.q_lora_rank.has_value(), "model config: the DSA indexer needs q_lora_rank");
+      const std::string ip = ap + ".indexer";
+      const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
+      a.has_indexer = true;
+      a.indexer.wq_b = load_linear(src, ip + ".wq_b", Hi * Di, *c.q_lora_rank);
+      a.indexer.wk = load_linear(src, ip + ".wk", Di, H);
+      a.indexer.k_norm_weight = load_vector(src, ip + ".k_norm.weight", Di);
+      a.indexer.k_norm_bias = load_vector(src, ip + ".k_norm.bias", Di);
+      a.indexer.weights_proj = load_linear(src, ip + ".weights_proj", Hi, H);
+    }
+    L.is_moe = c.layer_is_moe[static_cast<size_t>(l)];
+    if (L.is_moe) {
+      const std::string mp = p + ".mlp";
+      MoeWeights& m = L.moe;
+      m.router = load_linear(src, mp + ".gate", c.n_routed_experts, H);
+      if (src.contains(mp + ".gate.e_score_correction_bias"))
+        m.correction_bias = load_vector(src, mp + ".gate.e_score_correction_bias", c.n_routed_experts);
+      else
+        MS_CHECK(c.topk_method != "noaux_tc", "{}: tensor '{}' is missing (noaux_tc routing needs it)",
+                 src.describe(), mp + ".gate.e_score_correction_bias");
+      m.experts.reserve(static_cast<size_t>(c.n_routed_experts));
+      for (int e = 0; e < c.n_routed_experts; ++e) {
+        MlpWeights x = load_mlp(src, fmt::format("{}.experts.{}", mp, e), H, c.moe_intermediate_size);
+        m.experts.push_back({std::move(x.gate), std::move(x.up), std::move(x.down)});
+      }
+      if (c.n_shared_experts > 0) {
+        m.has_shared = true;
+        m.shared = load_mlp(src, mp + ".shared_experts", H, c.moe_intermediate_size * c.n_shared_experts);
+      }
+    } else {
+      L.mlp = load_mlp(src, p + ".mlp", H, c.intermediate_size);
+    }
+    w.layers.push_back(std::move(L));
+  }
+  w.final_norm = load_vector(src, "model.norm.weight", H);
+  if (src.contains("lm_head.weight") || !c.tie_word_embeddings)
+    w.lm_head = load_linear(src, "lm_head", c.vocab_size, H);
+  else
+    w.lm_head = w.embed;
+  return w;
+}
+
+}  // namespace ms::model

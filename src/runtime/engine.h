@@ -1,0 +1,59 @@
+// The Engine: requests in, tokens out. submit() validates and queues a request; step() schedules one batch
+// (prefill chunks and decodes mixed), runs the model once, picks each sequence's next token and reports what
+// happened to every request it touched; cancel() ends a request at the next step.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "kv/kv_pool.h"
+#include "model/model.h"
+#include "profiler/op_record.h"
+#include "runtime/engine_types.h"
+#include "runtime/fcfs_scheduler.h"
+#include "runtime/sequence.h"
+
+namespace ms::runtime {
+
+struct EngineConfig {
+  int32_t page_size = 64;
+  int64_t kv_cache_tokens = 32768;  // pool capacity, in tokens over all sequences
+  kv::KvCacheDType kv_cache_dtype = kv::KvCacheDType::Auto;
+  int max_running = 8;
+  int32_t max_batch_tokens = 2048;
+  int64_t max_context = 0;  // 0: the model's max_position_embeddings
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<model::Model> model, EngineConfig cfg);
+
+  // Throws ms::Error naming the problem (empty prompt, id outside the vocabulary, too long for the context
+  // or the pool, max_tokens < 1).
+  uint64_t submit(Request r);
+  std::vector<RequestOutput> step();
+  bool cancel(uint64_t id);
+  bool has_work() const { return !seqs_.empty(); }
+  EngineStats stats() const;
+
+  const model::Model& model() const { return *model_; }
+  const kv::KvPool& kv_pool() const { return pool_; }
+  void set_op_sink(profiler::OpSink* sink) { sink_ = sink; }
+
+ private:
+  void finish(Sequence& s, FinishReason why, std::vector<RequestOutput>& out, std::string error = {});
+  RequestOutput output_of(const Sequence& s) const;
+
+  std::shared_ptr<model::Model> model_;
+  EngineConfig cfg_;
+  kv::KvPool pool_;
+  FcfsScheduler sched_;
+  std::map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  uint64_t next_id_ = 1;
+  int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0;
+  profiler::OpSink* sink_ = nullptr;
+};
+
+}  // namespace ms::runtime
