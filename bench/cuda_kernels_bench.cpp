@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/mla_decode/mla_decode.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
 
 namespace {
@@ -30,6 +31,50 @@ float time_ms(F&& f, int iters) {
   return ms / static_cast<float>(iters);
 }
 
+// Time per call of `f(stream)` replayed from a CUDA graph of `iters` captured calls (how decode runs: no host
+// launch cost between kernels). Falls back to plain launches when capture is refused; `graphed` says which.
+template <typename F>
+float time_graph_ms(F&& f, int iters, bool& graphed) {
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < 3; ++i) f(s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  graphed = false;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+    try {
+      for (int i = 0; i < iters; ++i) f(s);
+    } catch (const ms::Error&) {
+    }
+    if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph &&
+        cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess)
+      graphed = true;
+  }
+  cudaGetLastError();
+  float ms = 0;
+  if (graphed) {
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CUDA_CHECK(cudaEventRecord(a, s));
+    for (int r = 0; r < 3; ++r) CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    ms /= 3.f * static_cast<float>(iters);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(exec);
+  } else {
+    ms = time_ms([&] { f(nullptr); }, iters);  // the legacy stream, where time_ms records its events
+  }
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return ms;
+}
+
 double measure_copy_gbs() {
   const size_t bytes = size_t{2} << 30;
   void *src, *dst;
@@ -40,6 +85,99 @@ double measure_copy_gbs() {
   cudaFree(src);
   cudaFree(dst);
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;  // read + write
+}
+
+// MLA decode over the paged fp8 cache. Floor: the KV bytes of every sequence (seq_len * 576) + q + out. Pages
+// are spread at random over a pool of at least 256 MB and several block tables rotate through it, so a short
+// context is not served from L2 by the previous iteration.
+void bench_mla_decode(const ms::cuda::DeviceCaps& caps, double bw) {
+  using ms::cuda::kMlaHeadDim;
+  using ms::cuda::kMlaPageSize;
+  struct Shape {
+    const char* name;
+    int batch, len, heads;
+  };
+  const Shape shapes[] = {
+      {"mla_decode h64 b1 4k", 1, 4096, 64},     {"mla_decode h64 b8 4k", 8, 4096, 64},
+      {"mla_decode h64 b32 4k", 32, 4096, 64},   {"mla_decode h64 b1 32k", 1, 32768, 64},
+      {"mla_decode h64 b8 32k", 8, 32768, 64},   {"mla_decode h64 b32 32k", 32, 32768, 64},
+      {"mla_decode h128 b1 32k", 1, 32768, 128}, {"mla_decode h128 b32 4k", 32, 4096, 128},
+  };
+  const size_t page_bytes = size_t{kMlaPageSize} * kMlaHeadDim;
+  std::mt19937 rng(11);
+  for (const auto& s : shapes) {
+    const int pages_per_seq = (s.len + kMlaPageSize - 1) / kMlaPageSize;
+    const int need = s.batch * pages_per_seq;
+    const int pool_pages = std::max(need, static_cast<int>((size_t{256} << 20) / page_bytes));
+    const int reps = std::min(8, pool_pages / need);
+    uint8_t* pool;
+    CUDA_CHECK(cudaMalloc(&pool, pool_pages * page_bytes));
+    CUDA_CHECK(cudaMemset(pool, 0x38, pool_pages * page_bytes));  // fp8 1.0
+    std::vector<int> perm(pool_pages);
+    for (int i = 0; i < pool_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t*> tables(reps);
+    for (int r = 0; r < reps; ++r) {
+      std::vector<int32_t> t(perm.begin() + static_cast<size_t>(r) * need,
+                             perm.begin() + static_cast<size_t>(r + 1) * need);
+      CUDA_CHECK(cudaMalloc(&tables[r], t.size() * 4));
+      CUDA_CHECK(cudaMemcpy(tables[r], t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+    }
+    std::vector<int32_t> lens(s.batch, s.len);
+    int32_t* dlens;
+    CUDA_CHECK(cudaMalloc(&dlens, lens.size() * 4));
+    CUDA_CHECK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    __nv_bfloat16* q;
+    float* out;
+    const size_t q_elems = static_cast<size_t>(s.batch) * s.heads * kMlaHeadDim;
+    const size_t out_elems = static_cast<size_t>(s.batch) * s.heads * ms::cuda::kMlaLatentDim;
+    CUDA_CHECK(cudaMalloc(&q, q_elems * 2));
+    CUDA_CHECK(cudaMemset(q, 0, q_elems * 2));
+    CUDA_CHECK(cudaMalloc(&out, out_elems * 4));
+    void* ws;
+    CUDA_CHECK(cudaMalloc(&ws, ms::cuda::mla_decode_workspace_bytes(s.batch, s.heads, caps.multiprocessors)));
+    ms::cuda::MlaDecodeParams p;
+    p.q = q;
+    p.q_batch_stride = static_cast<int64_t>(s.heads) * kMlaHeadDim;
+    p.kv = pool;
+    p.kv_scale = 1.f;
+    p.block_table = tables[0];
+    p.block_table_stride = pages_per_seq;
+    p.seq_lens = dlens;
+    p.out = out;
+    p.out_batch_stride = static_cast<int64_t>(s.heads) * ms::cuda::kMlaLatentDim;
+    p.batch = s.batch;
+    p.heads = s.heads;
+    p.num_pages = pool_pages;
+    p.softmax_scale = 0.0625f;
+    p.split_target = caps.multiprocessors;
+    p.workspace = ws;
+    ms::cuda::mla_decode_plan(p, nullptr);  // once per step, shared by every layer: not in the timing
+    CUDA_CHECK(cudaDeviceSynchronize());
+    int which = 0;
+    bool graphed = false;
+    float t = time_graph_ms(
+        [&](cudaStream_t st) {
+          p.block_table = tables[which];
+          ms::cuda::mla_decode(p, st);
+          which = (which + 1) % reps;
+        },
+        20, graphed);
+    if (!graphed) std::printf("(graph capture refused: plain launches)\n");
+    const double bytes = static_cast<double>(s.batch) * s.len * kMlaHeadDim + q_elems * 2.0 + out_elems * 4.0;
+    const double floor_us = bytes / (bw * 1e9) * 1e6;
+    const double flops = 2.0 * s.batch * s.len * s.heads * (kMlaHeadDim + ms::cuda::kMlaLatentDim);
+    char name[96];
+    std::snprintf(name, sizeof name, "%s (%.0f TFLOP/s)", s.name, flops / (t * 1e-3) / 1e12);
+    std::printf("%-34s %8.1f %10.2f %10.2f %10.0f %7.0f%%\n", name, bytes / 1e6, floor_us, t * 1e3,
+                bytes / (t * 1e-3) / 1e9, 100.0 * floor_us / (t * 1e3));
+    for (auto* tb : tables) cudaFree(tb);
+    cudaFree(pool);
+    cudaFree(dlens);
+    cudaFree(q);
+    cudaFree(out);
+    cudaFree(ws);
+  }
 }
 
 }  // namespace
@@ -53,7 +191,8 @@ int main() {
   double bw = measure_copy_gbs();
   std::printf("device: %s (sm_%d, %d SMs, %zu KiB smem/block opt-in)\n", caps.name.c_str(), caps.arch(),
               caps.multiprocessors, caps.smem_per_block_optin / 1024);
-  std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n\n", bw);
+  std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", bw);
+  std::printf("times: per call, replayed from a CUDA graph of 20-50 calls (decode runs under graphs)\n\n");
   std::printf("%-34s %8s %10s %10s %10s %8s\n", "kernel", "MB", "floor us", "time us", "GB/s", "% floor");
 
   struct Shape {
@@ -64,6 +203,7 @@ int main() {
       {"nvfp4_gemv glm5 expert gate_up m1", 1, 4096, 6144, 16},
       {"nvfp4_gemv glm5 expert down m1", 1, 6144, 2048, 32},
       {"nvfp4_gemv glm5 9 experts gate_up m1", 1, 9 * 4096, 6144, 4},
+      {"nvfp4_gemv glm5 9 experts gate_up m8", 8, 9 * 4096, 6144, 4},
       {"nvfp4_gemv 16384x16384 m1", 1, 16384, 16384, 2},
       {"nvfp4_gemv 16384x16384 m4", 4, 16384, 16384, 2},
       {"nvfp4_gemv 16384x16384 m8", 8, 16384, 16384, 2},
@@ -86,14 +226,19 @@ int main() {
     CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(s.m) * s.k * 2));
     CUDA_CHECK(cudaMemset(x, 0, static_cast<size_t>(s.m) * s.k * 2));
     CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(s.m) * s.n * 4));
+    float* ws = nullptr;
+    const size_t ws_bytes = ms::cuda::nvfp4_gemv_workspace_bytes(s.m, s.n, s.k);
+    if (ws_bytes) CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
     int which = 0;
-    float t = time_ms(
-        [&] {
-          ms::cuda::Nvfp4GemvParams p{dw[which], ds[which], 1.f, x, y, s.m, s.n, s.k};
-          ms::cuda::nvfp4_gemv(p, nullptr);
+    bool graphed = false;
+    float t = time_graph_ms(
+        [&](cudaStream_t st) {
+          ms::cuda::Nvfp4GemvParams p{dw[which], ds[which], 1.f, x, y, s.m, s.n, s.k, ws};
+          ms::cuda::nvfp4_gemv(p, st);
           which = (which + 1) % s.reps;
         },
-        50);
+        50, graphed);
+    if (!graphed) std::printf("(graph capture refused: plain launches)\n");
     double bytes = static_cast<double>(wbytes + sbytes) + s.m * s.k * 2.0 + s.m * s.n * 4.0;
     double floor_us = bytes / (bw * 1e9) * 1e6;
     std::printf("%-34s %8.1f %10.2f %10.2f %10.0f %7.0f%%\n", s.name, bytes / 1e6, floor_us, t * 1e3,
@@ -104,6 +249,8 @@ int main() {
     }
     cudaFree(x);
     cudaFree(y);
+    cudaFree(ws);
   }
+  bench_mla_decode(caps, bw);
   return 0;
 }

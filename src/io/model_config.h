@@ -39,6 +39,7 @@ struct ModelConfig {
   int64_t moe_intermediate_size = 0;  // each routed / shared expert
   int num_hidden_layers = 0;
   int num_attention_heads = 0;
+  bool attention_bias = false;  // q_a_proj / kv_a_proj_with_mqa / o_proj carry a bias
   double rms_norm_eps = 1e-6;
   int64_t max_position_embeddings = 4096;
   bool tie_word_embeddings = false;
@@ -61,6 +62,7 @@ struct ModelConfig {
   bool has_indexer = false;
   int index_n_heads = 0, index_head_dim = 0, index_topk = 0;
   std::vector<IndexerKind> indexer_types;  // [num_hidden_layers] when has_indexer
+  bool indexer_rope_interleaved = false;   // indexer_rope_interleave: the indexer's own RoPE layout
 
   int num_nextn_predict_layers = 0;  // MTP layers in the checkpoint (not run)
   std::vector<int64_t> eos_token_ids;
@@ -69,6 +71,8 @@ struct ModelConfig {
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int64_t kv_cache_width() const { return kv_lora_rank + qk_rope_head_dim; }  // 576 for GLM-5 / DeepSeek-V3
+  int num_moe_layers() const;
+  int num_full_indexer_layers() const;  // layers that run (and cache keys for) the DSA indexer
   // 1/sqrt(qk_head_dim), times mscale^2 for YaRN with mscale_all_dim.
   double softmax_scale() const;
 };
@@ -76,6 +80,11 @@ struct ModelConfig {
 // Parses a config.json object; `source` names the file in error messages.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source = "config.json");
 ModelConfig load_model_config(const std::filesystem::path& model_dir);
+// A config.json object describing `c` in the Hugging Face spelling of its model_type (rope_theta +
+// rope_scaling for the DeepSeek types, rope_parameters for glm_moe_dsa; mlp_layer_types and indexer_types
+// written out); parse_model_config(model_config_to_json(c)) gives back c.
+nlohmann::json model_config_to_json(const ModelConfig& c);
+const char* model_arch_name(ModelArch arch);
 // The model types parse_model_config accepts.
 const std::vector<std::string>& supported_model_types();
 

@@ -106,7 +106,8 @@ double cache_elem_bytes(const Tensor& t) {
 
 Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
     : cfg_(std::move(cfg)), w_(std::move(weights)), opt_(opt) {
-  scales_ = make_attention_scales(cfg_, opt_.indexer_rope_interleaved);
+  scales_ =
+      make_attention_scales(cfg_, opt_.indexer_rope_interleaved.value_or(default_indexer_interleaved(cfg_)));
   router_ = make_router_config(cfg_);
   MS_CHECK(static_cast<int>(w_.layers.size()) == cfg_.num_hidden_layers,
            "model: {} layers of weights for {} in config", w_.layers.size(), cfg_.num_hidden_layers);
@@ -234,10 +235,11 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     }
 
     // DSA: choose index_topk keys per query (a shared layer reuses the last full layer's choice).
-    if (a.has_indexer) {
+    if (c.has_indexer) {
       const bool full =
           c.indexer_types.empty() || c.indexer_types[static_cast<size_t>(l)] == io::IndexerKind::Full;
       if (full || !have_topk) {
+        MS_CHECK(a.has_indexer, "layer {}: the DSA indexer has no weights", l);
         const IndexerWeights& iw = a.indexer;
         const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
         Tensor iq = Tensor::empty({m, Hi * Di}, DType::F32);
@@ -283,7 +285,7 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
     Tensor lat = Tensor::empty({m, Hn, r}, DType::F32);
     {
       const double keys =
-          a.has_indexer ? static_cast<double>(m) * std::min<int64_t>(c.index_topk, meta.max_position + 1)
+          c.has_indexer ? static_cast<double>(m) * std::min<int64_t>(c.index_topk, meta.max_position + 1)
                         : static_cast<double>(keys_total);
       profiler::OpCost cost{static_cast<double>(ctx_total) * row_bytes + 4.0 * m * Hn * (2 * r + dr),
                             2.0 * keys * row_bytes + 4.0 * m * Hn * (2 * r + dr),
@@ -293,7 +295,7 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
                                     dtype_name(cache.data.dtype()), cache.data.size(0), cache.data.size(1),
                                     cache.data.size(2))
                       : std::string());
-      ops::mla_attention(q_cat, cache, meta, a.has_indexer ? topk : Tensor(), scales_.softmax_scale, lat,
+      ops::mla_attention(q_cat, cache, meta, c.has_indexer ? topk : Tensor(), scales_.softmax_scale, lat,
                          scratch_.attn);
     }
     Tensor o = Tensor::empty({m, Hn * dv}, DType::F32);

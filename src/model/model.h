@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,7 @@
 namespace ms::model {
 
 struct ModelOptions {
-  bool indexer_rope_interleaved = false;  // see make_attention_scales
+  std::optional<bool> indexer_rope_interleaved;  // default: default_indexer_interleaved(config)
 };
 
 // MoE routing choices of one step. Decode tokens may use Opportunistic Expert Activation, with the base set

@@ -57,6 +57,10 @@ ops::RopeTable make_table(const io::RopeConfig& rc, int64_t dim, bool interleave
 
 }  // namespace
 
+bool default_indexer_interleaved(const io::ModelConfig& c) {
+  return c.arch == io::ModelArch::GlmMoeDsa ? c.rope.interleaved : false;
+}
+
 AttentionScales make_attention_scales(const io::ModelConfig& c, bool indexer_interleaved) {
   AttentionScales s;
   s.rope = make_table(c.rope, c.qk_rope_head_dim, c.rope.interleaved);

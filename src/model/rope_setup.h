@@ -18,8 +18,11 @@ struct AttentionScales {
 // YaRN's magnitude correction 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1).
 double yarn_get_mscale(double factor, double mscale);
 
-// indexer_interleaved: whether the indexer rotates pairs (2i, 2i+1) (reference implementations differ; the
-// Hugging Face GlmMoeDsa indexer rotates halves).
+// Whether the DSA indexer rotates pairs (2i, 2i+1): Hugging Face's GlmMoeDsa (transformers 5.17, checked
+// against its logits) rotates indexer and attention alike; DeepSeek-V3.2's indexer rotates halves.
+bool default_indexer_interleaved(const io::ModelConfig& c);
+
+// indexer_interleaved: see default_indexer_interleaved.
 AttentionScales make_attention_scales(const io::ModelConfig& c, bool indexer_interleaved);
 
 }  // namespace ms::model

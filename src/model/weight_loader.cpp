@@ -124,6 +124,7 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank;
   ModelWeights w;
   w.embed = load_linear(src, "model.embed_tokens", c.vocab_size, H);
+  bool seen_full_indexer = false;
   MS_CHECK(w.embed.format == ops::WeightFormat::BF16 || w.embed.format == ops::WeightFormat::F32,
            "{}: model.embed_tokens.weight must be bf16 or f32", src.describe());
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -144,7 +145,13 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
     a.kv_a_norm = load_vector(src, ap + ".kv_a_layernorm.weight", r);
     a.kv_b_proj = load_linear(src, ap + ".kv_b_proj", Hn * (dn + dv), r);
     a.o_proj = load_linear(src, ap + ".o_proj", H, Hn * dv);
-    if (c.has_indexer) {
+    // A `shared` indexer layer reuses the last full layer's selection and has no indexer weights of its own
+    // (unless no full layer precedes it).
+    const bool shared = c.has_indexer && !c.indexer_types.empty() &&
+                        c.indexer_types[static_cast<size_t>(l)] == io::IndexerKind::Shared &&
+                        seen_full_indexer;
+    if (c.has_indexer && !shared) {
+      seen_full_indexer = true;
       MS_CHECK(c.q_lora_rank.has_value(), "model config: the DSA indexer needs q_lora_rank");
       const std::string ip = ap + ".indexer";
       const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;

@@ -102,7 +102,7 @@ TEST(Forward, Bf16AndFp8KvCacheReadInPlace) {
   };
   for (Mode mode :
        {Mode{kv::KvCacheDType::BF16, test::round_bf16}, Mode{kv::KvCacheDType::FP8E4M3, test::round_fp8}}) {
-    test::Mat ref = test::reference_forward(k.cfg, *k.src, ids, false, mode.round, test::round_bf16);
+    test::Mat ref = test::reference_forward(k.cfg, *k.src, ids, -1, mode.round, test::round_bf16);
     test::Mat exact = test::reference_forward(k.cfg, *k.src, ids);
     test::Runner run(*k.model, mode.dt);
     std::vector<float> got = run.run(ids, 1);

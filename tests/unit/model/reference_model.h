@@ -120,13 +120,14 @@ inline Mat mlp(const model::TensorSource& src, const std::string& p, const Mat& 
 
 // Logits [T, vocab] of the full forward over `ids`.
 inline Mat reference_forward(const io::ModelConfig& c, const model::TensorSource& src,
-                             const std::vector<int32_t>& ids, bool indexer_interleaved = false,
+                             const std::vector<int32_t>& ids, int indexer_interleaved = -1,
                              double (*kv_round)(double) = nullptr,
                              double (*index_key_round)(double) = nullptr) {
   const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size, Hn = c.num_attention_heads;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank;
   const int64_t qr = *c.q_lora_rank, qd = dn + dr;
-  const auto sc = model::make_attention_scales(c, indexer_interleaved);
+  if (indexer_interleaved < 0) indexer_interleaved = model::default_indexer_interleaved(c);
+  const auto sc = model::make_attention_scales(c, indexer_interleaved != 0);
   Mat emb = load_mat(src, "model.embed_tokens.weight", c.vocab_size, H);
   Mat x(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t)

@@ -1,151 +1,306 @@
+// Split-K NVFP4 GEMV on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate).
+//
+// Work split: a block owns a k-slice of 1024 * KW elements and `rows_per_block` weight rows. Each of its 8
+// warps owns 128 * KW consecutive k of that slice and walks every row tile (16 rows) of the block, so the
+// activations it needs (its k-range of all m rows) are loaded once into registers as the mma B operand and
+// reused for every row: no shared-memory staging of x and no barrier in the main loop. The 8 warps' partial
+// sums meet once in shared memory at the end; with more than one k-slice the block writes them to the
+// workspace and a second kernel adds the slices in a fixed order (deterministic, no atomics).
+//
+// Fragment mapping: in one 128-wide k step lane (g = lane / 4, t = lane % 4) loads 16 packed bytes (32
+// elements, k = 32t .. 32t+31) of rows g and g+8 of the tile. The dot product does not care in which order
+// k is visited, so mma chunk j (j = 0..7) takes from each lane bytes 2j and 2j+1: a0a1 = row g byte 2j,
+// a4a5 = row g byte 2j+1 (rows g+8 likewise), and B takes the matching activations x[32t + 4j .. 32t+4j+3].
+// Every byte is decoded to a bf16 pair by a 256-entry table replicated once per lane (entry e of lane l at
+// word e*32 + l: conflict-free), then multiplied by its block scale as bf16 (exact: e2m1 x e4m3 needs at
+// most 6 significant bits).
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
 
 namespace ms::cuda {
 namespace {
 
-constexpr int kWarps = 8;        // warps per block
-constexpr int kRowsPerWarp = 2;  // weight rows per warp: more 16-byte loads in flight per thread
-constexpr int kTile = 32 * 32;   // elements of k per tile: 32 lanes x 32 elements (16 packed bytes) each
-constexpr int kPad = 4;          // floats of padding after every 32 staged x values (no bank conflicts)
-constexpr int kTileStride = kTile + kTile / 32 * kPad;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWarpK = 128;                                // k per warp per step: 4 lanes x 32 elements
+constexpr size_t kLutBytes = 256 * 32 * sizeof(uint32_t);  // replicated byte -> bf16x2 table
 
 __host__ __device__ constexpr float e2m1_value(uint32_t code) {
   constexpr float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
   return (code & 8u) ? -mag[code & 7u] : mag[code & 7u];
 }
 
-__device__ __forceinline__ float fp8_e4m3_value(uint8_t s) {
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// fp8 e4m3 scale byte -> (s, s) as bf16x2 (exact: e4m3 is a subset of bf16).
+__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte) {
   __nv_fp8_e4m3 v;
-  v.__x = s;
-  return static_cast<float>(v);
+  v.__x = static_cast<__nv_fp8_storage_t>(byte);
+  const float f = static_cast<float>(v);
+  return bf16x2_bits(f, f);
 }
 
-// Each block stages a tile of x (all m rows, as f32) in shared memory once, then every warp streams its
-// weight rows through it: one 16-byte load per lane per row per tile, decoded two elements per byte through a
-// 256-entry table, partial sums kept per 16-element block and scaled once.
-template <int M>
-__global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(Nvfp4GemvParams p) {
-  __shared__ float2 lut[256];    // byte -> (low nibble value, high nibble value)
-  extern __shared__ float xs[];  // [M, kTileStride]
-  for (int i = threadIdx.x; i < 256; i += blockDim.x)
-    lut[i] = make_float2(e2m1_value(i & 15), e2m1_value(i >> 4));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
-  float acc[kRowsPerWarp][M];
-#pragma unroll
-  for (int rr = 0; rr < kRowsPerWarp; ++rr)
-#pragma unroll
-    for (int r = 0; r < M; ++r) acc[rr][r] = 0.f;
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
 
-  for (int t0 = 0; t0 < p.k; t0 += kTile) {
-    const int tlen = min(kTile, p.k - t0);
-    __syncthreads();  // the previous tile is consumed
-    for (int i = threadIdx.x; i < M * tlen / 2; i += blockDim.x) {
-      const int r = i / (tlen / 2), c = (i % (tlen / 2)) * 2;
-      const float2 f = __bfloat1622float2(
-          *reinterpret_cast<const __nv_bfloat162*>(p.x + static_cast<size_t>(r) * p.k + t0 + c));
-      float* dst = xs + r * kTileStride + c + c / 32 * kPad;
-      dst[0] = f.x;
-      dst[1] = f.y;
-    }
-    __syncthreads();
-    const int c = lane * 32;
-    if (c >= tlen) continue;
-    uint4 packed[kRowsPerWarp];
-    float s0[kRowsPerWarp], s1[kRowsPerWarp];
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 weight bytes, read once: not kept in L1; a miss fetches the whole 256-byte L2 line window, which the
+// block's other warps (the neighbouring k of the same rows) then find in L2: more bytes in flight per load.
+__device__ __forceinline__ uint4 ld_weights(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// M: rows of x (1..8, mma column n). KW: 128-wide k steps per warp (slice = 1024 * KW). R: row tiles in
+// flight.
+template <int M, int KW>
+__global__ void __launch_bounds__(kThreads, 2)
+    nvfp4_gemv_splitk_kernel(Nvfp4GemvParams p, int rows_per_block, int splits) {
+  constexpr int R = 2 / KW;
+  extern __shared__ uint4 smem[];
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);      // [256][32]
+  float* red = reinterpret_cast<float*>(lut + 256 * 32);  // [kWarps][M][rows_per_block]
+  for (int i = threadIdx.x; i < 256 * 8; i += kThreads) {
+    const uint32_t e = i >> 3, v = bf16x2_bits(e2m1_value(e & 15u), e2m1_value(e >> 4));
+    smem[i] = make_uint4(v, v, v, v);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int k_warp = blockIdx.y * (kWarps * kWarpK * KW) + warp * (kWarpK * KW);
+  const int row_base = blockIdx.x * rows_per_block;
+  const bool active = k_warp < p.k;
+
+  // B operand: x[g, k_warp + 128 kw + 32 t + 0..31] as 16 bf16 pairs per step (zero past m or k).
+  uint32_t b[KW][16];
 #pragma unroll
-    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const int row = min(row0 + rr, p.n - 1);  // a tail warp re-reads the last row and discards it
-      packed[rr] =
-          __ldg(reinterpret_cast<const uint4*>(p.w + static_cast<size_t>(row) * (p.k / 2) + (t0 + c) / 2));
-      const uint8_t* srow = p.w_scale + static_cast<size_t>(row) * (p.k / 16) + (t0 + c) / 16;
-      s0[rr] = fp8_e4m3_value(srow[0]);
-      s1[rr] = fp8_e4m3_value(srow[1]);
-    }
+  for (int kw = 0; kw < KW; ++kw) {
+    const int kk = k_warp + kw * kWarpK + 32 * t;
+    const bool in = g < M && g < p.m && kk < p.k;
+    const uint4* src =
+        reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(in ? g : 0) * p.k + (in ? kk : 0));
 #pragma unroll
-    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      float wv[32];
-      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&packed[rr]);
-#pragma unroll
-      for (int b = 0; b < 16; ++b) {
-        const float2 w = lut[bytes[b]];
-        wv[2 * b] = w.x;
-        wv[2 * b + 1] = w.y;
-      }
-#pragma unroll
-      for (int r = 0; r < M; ++r) {
-        const float4* xv = reinterpret_cast<const float4*>(xs + r * kTileStride + c + c / 32 * kPad);
-        float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float4 x = xv[q];
-          a0 = fmaf(wv[4 * q], x.x, a0);
-          a0 = fmaf(wv[4 * q + 1], x.y, a0);
-          a0 = fmaf(wv[4 * q + 2], x.z, a0);
-          a0 = fmaf(wv[4 * q + 3], x.w, a0);
-        }
-#pragma unroll
-        for (int q = 4; q < 8; ++q) {
-          const float4 x = xv[q];
-          a1 = fmaf(wv[4 * q], x.x, a1);
-          a1 = fmaf(wv[4 * q + 1], x.y, a1);
-          a1 = fmaf(wv[4 * q + 2], x.z, a1);
-          a1 = fmaf(wv[4 * q + 3], x.w, a1);
-        }
-        acc[rr][r] = fmaf(a0, s0[rr], fmaf(a1, s1[rr], acc[rr][r]));
-      }
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = in ? __ldg(src + q) : make_uint4(0, 0, 0, 0);
+      b[kw][4 * q] = v.x;
+      b[kw][4 * q + 1] = v.y;
+      b[kw][4 * q + 2] = v.z;
+      b[kw][4 * q + 3] = v.w;
     }
   }
+  __syncthreads();  // table ready
+  const uint32_t* lut_lane = lut + lane;
+  const size_t row_bytes = static_cast<size_t>(p.k) / 2, scale_bytes = static_cast<size_t>(p.k) / 16;
+
+  // Loads of the next row tiles are issued before the current ones are decoded (two register buffers), so
+  // every warp keeps its weight loads in flight while it computes.
+  auto load = [&](int tile0, uint4(&wv)[R][2][KW], uint32_t(&sv)[R][2][KW]) {
 #pragma unroll
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-      float v = acc[rr][r];
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0 && row0 + rr < p.n) p.y[static_cast<size_t>(r) * p.n + row0 + rr] = v * p.w_scale2;
+        for (int kw = 0; kw < KW; ++kw) {
+          const int row = min(row_base + tile0 + 16 * r + g + 8 * h, p.n - 1);
+          const int kk = k_warp + kw * kWarpK + 32 * t;
+          const bool in = active && kk < p.k && tile0 + 16 * r < rows_per_block;
+          wv[r][h][kw] = in ? ld_weights(p.w + row * row_bytes + kk / 2) : make_uint4(0, 0, 0, 0);
+          sv[r][h][kw] =
+              in ? __ldg(reinterpret_cast<const uint16_t*>(p.w_scale + row * scale_bytes + kk / 16)) : 0u;
+        }
+  };
+  auto compute = [&](int tile0, const uint4(&wv)[R][2][KW], const uint32_t(&sv)[R][2][KW]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (tile0 + 16 * r >= rows_per_block) break;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      if (active) {
+#pragma unroll
+        for (int kw = 0; kw < KW; ++kw) {
+          const uint32_t s0[2] = {scale_bf16x2(sv[r][0][kw] & 0xffu), scale_bf16x2(sv[r][0][kw] >> 8)};
+          const uint32_t s1[2] = {scale_bf16x2(sv[r][1][kw] & 0xffu), scale_bf16x2(sv[r][1][kw] >> 8)};
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const uint32_t w0 = word_of(wv[r][0][kw], j >> 1), w1 = word_of(wv[r][1][kw], j >> 1);
+            const int sh = (j & 1) * 16;
+            const uint32_t a0 = bf16x2_mul(lut_lane[((w0 >> sh) & 0xffu) * 32], s0[j >> 2]);
+            const uint32_t a1 = bf16x2_mul(lut_lane[((w1 >> sh) & 0xffu) * 32], s1[j >> 2]);
+            const uint32_t a2 = bf16x2_mul(lut_lane[((w0 >> (sh + 8)) & 0xffu) * 32], s0[j >> 2]);
+            const uint32_t a3 = bf16x2_mul(lut_lane[((w1 >> (sh + 8)) & 0xffu) * 32], s1[j >> 2]);
+            mma_bf16(c, a0, a1, a2, a3, b[kw][2 * j], b[kw][2 * j + 1]);
+          }
+        }
+      }
+      // c0,c1: row g, columns (x rows) 2t, 2t+1; c2,c3: row g+8.
+      const int tr = tile0 + 16 * r + g;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int col = 2 * t + q;
+        if (col < M) {
+          red[(warp * M + col) * rows_per_block + tr] = c[q];
+          red[(warp * M + col) * rows_per_block + tr + 8] = c[2 + q];
+        }
+      }
     }
+  };
+  uint4 wa[R][2][KW], wb[R][2][KW];
+  uint32_t sa[R][2][KW], sb[R][2][KW];
+  constexpr int kStep = 16 * R;
+  load(0, wa, sa);
+  for (int tile0 = 0; tile0 < rows_per_block; tile0 += 2 * kStep) {
+    if (tile0 + kStep < rows_per_block) load(tile0 + kStep, wb, sb);
+    compute(tile0, wa, sa);
+    if (tile0 + kStep >= rows_per_block) break;
+    if (tile0 + 2 * kStep < rows_per_block) load(tile0 + 2 * kStep, wa, sa);
+    compute(tile0 + kStep, wb, sb);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < M * rows_per_block; i += kThreads) {
+    const int col = i / rows_per_block, tr = i % rows_per_block, row = row_base + tr;
+    if (col >= p.m || row >= p.n) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[(w * M + col) * rows_per_block + tr];
+    if (splits == 1)
+      p.y[static_cast<size_t>(col) * p.n + row] = s * p.w_scale2;
+    else
+      p.workspace[(static_cast<size_t>(blockIdx.y) * p.m + col) * p.n + row] = s;
   }
 }
 
-template <int M>
-void launch(const Nvfp4GemvParams& p, cudaStream_t stream) {
-  const int rows_per_block = kWarps * kRowsPerWarp;
-  dim3 grid((p.n + rows_per_block - 1) / rows_per_block);
-  const size_t smem = static_cast<size_t>(M) * kTileStride * sizeof(float);
-  nvfp4_gemv_kernel<M><<<grid, kWarps * 32, smem, stream>>>(p);
+// y[i] = w_scale2 * sum over slices s (in order) of workspace[s, i], i over m * n.
+__global__ void nvfp4_gemv_reduce_kernel(const float* __restrict__ part, float* __restrict__ y, size_t count,
+                                         int splits, float scale2) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int sp = 0; sp < splits; ++sp) s += part[sp * count + i];
+    y[i] = s * scale2;
+  }
+}
+
+struct Config {
+  int kw, rows_per_block, splits;
+};
+
+int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
+
+// Largest tiles that still give every multiprocessor two blocks; prefers fewer k-slices (less partial
+// traffic) over larger row blocks.
+Config choose_config(int n, int k, int multiprocessors) {
+  for (int kw : {2, 1})
+    for (int rb : {128, 64, 32, 16}) {
+      const int splits = ceil_div(k, kWarps * kWarpK * kw);
+      if (static_cast<long>(ceil_div(n, rb)) * splits >= 2L * multiprocessors) return {kw, rb, splits};
+    }
+  return {1, 16, ceil_div(k, kWarps * kWarpK)};
+}
+
+size_t smem_bytes(int m_template, int rows_per_block) {
+  return kLutBytes + static_cast<size_t>(kWarps) * m_template * rows_per_block * sizeof(float);
+}
+
+template <int M, int KW>
+void launch(const Nvfp4GemvParams& p, const Config& c, const DeviceCaps& caps, cudaStream_t stream) {
+  const size_t smem = smem_bytes(M, c.rows_per_block);
+  check_smem(caps, "nvfp4_gemv", smem);
+  auto* kernel = nvfp4_gemv_splitk_kernel<M, KW>;
+  CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  dim3 grid(ceil_div(p.n, c.rows_per_block), c.splits);
+  kernel<<<grid, kThreads, smem, stream>>>(p, c.rows_per_block, c.splits);
   CUDA_CHECK(cudaGetLastError());
 }
 
+template <int M>
+void launch_m(const Nvfp4GemvParams& p, const Config& c, const DeviceCaps& caps, cudaStream_t stream) {
+  if (c.kw == 2)
+    launch<M, 2>(p, c, caps, stream);
+  else
+    launch<M, 1>(p, c, caps, stream);
+}
+
+// The two limits a launch depends on, read through cheap attribute queries (no full property read per call).
+DeviceCaps launch_caps() {
+  DeviceCaps caps;
+  CUDA_CHECK(cudaGetDevice(&caps.device));
+  int v = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, caps.device));
+  caps.smem_per_block_optin = static_cast<size_t>(v);
+  CUDA_CHECK(cudaDeviceGetAttribute(&caps.multiprocessors, cudaDevAttrMultiProcessorCount, caps.device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_major, cudaDevAttrComputeCapabilityMajor, caps.device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_minor, cudaDevAttrComputeCapabilityMinor, caps.device));
+  caps.name = "device " + std::to_string(caps.device);
+  return caps;
+}
+
 }  // namespace
+
+size_t nvfp4_gemv_workspace_bytes(int m, int n, int k) {
+  const int max_splits = ceil_div(std::max(k, 1), kWarps * kWarpK);  // the smallest slice any config uses
+  if (max_splits <= 1) return 0;
+  return static_cast<size_t>(max_splits) * std::max(m, 0) * std::max(n, 0) * sizeof(float);
+}
 
 void nvfp4_gemv(const Nvfp4GemvParams& p, cudaStream_t stream) {
   MS_CHECK(p.k > 0 && p.k % 32 == 0, "nvfp4_gemv: k = {} must be a positive multiple of 32", p.k);
   MS_CHECK(p.n > 0, "nvfp4_gemv: n = {} must be positive", p.n);
   MS_CHECK(p.m >= 1 && p.m <= kNvfp4GemvMaxM, "nvfp4_gemv: m = {} outside [1, {}]; use the grouped GEMM", p.m,
            kNvfp4GemvMaxM);
-  MS_CHECK(reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 4 == 0,
-           "nvfp4_gemv: weights must be 16-byte and activations 4-byte aligned");
+  MS_CHECK(reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(p.w_scale) % 2 == 0,
+           "nvfp4_gemv: weights and activations must be 16-byte aligned, block scales 2-byte aligned");
+  const DeviceCaps caps = launch_caps();
+  const Config c = choose_config(p.n, p.k, caps.multiprocessors);
+  MS_CHECK(c.splits == 1 || p.workspace != nullptr,
+           "nvfp4_gemv: workspace is null but m={} n={} k={} needs nvfp4_gemv_workspace_bytes = {} bytes",
+           p.m, p.n, p.k, nvfp4_gemv_workspace_bytes(p.m, p.n, p.k));
   switch (p.m) {
     case 1:
-      return launch<1>(p, stream);
+      launch_m<1>(p, c, caps, stream);
+      break;
     case 2:
-      return launch<2>(p, stream);
+      launch_m<2>(p, c, caps, stream);
+      break;
     case 3:
-      return launch<3>(p, stream);
     case 4:
-      return launch<4>(p, stream);
-    case 5:
-      return launch<5>(p, stream);
-    case 6:
-      return launch<6>(p, stream);
-    case 7:
-      return launch<7>(p, stream);
+      launch_m<4>(p, c, caps, stream);
+      break;
     default:
-      return launch<8>(p, stream);
+      launch_m<8>(p, c, caps, stream);
+      break;
+  }
+  if (c.splits > 1) {
+    const size_t count = static_cast<size_t>(p.m) * p.n;
+    const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 4u * caps.multiprocessors));
+    nvfp4_gemv_reduce_kernel<<<blocks, 256, 0, stream>>>(p.workspace, p.y, count, c.splits, p.w_scale2);
+    CUDA_CHECK(cudaGetLastError());
   }
 }
 
