@@ -14,6 +14,8 @@
 #include "kv/kv_pool.h"
 #include "model/model_weights.h"
 #include "model/rope_setup.h"
+#include "moe/expert_stats.h"
+#include "moe/router.h"
 #include "ops/moe_experts.h"
 #include "profiler/op_record.h"
 
@@ -27,6 +29,17 @@ struct ModelOptions {
   bool debug_cast_whole_pool = false;
 };
 
+// MoE routing choices of one step. Decode tokens may use Opportunistic Expert Activation, with the base set
+// over all decode tokens of the step; every other token (prefill) routes plainly.
+struct StepRouting {
+  std::vector<uint8_t> decode_tokens;  // [n_tokens] 1 marks a decode token; empty: none is
+  moe::OeaConfig oea;                  // for the decode tokens; disabled: plain routing
+  // When set, each MoE layer records the distinct experts of the step's decode tokens (nothing for a step
+  // without any): RoutingKind::Baseline = what plain routing picks (a second routing call when OEA is on),
+  // RoutingKind::Oea = what OEA picked (only when on). Layers are indexed as in the model.
+  moe::ExpertStats* expert_stats = nullptr;
+};
+
 class Model {
  public:
   Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt = {});
@@ -38,9 +51,13 @@ class Model {
   // The KvPool layout this model needs.
   kv::KvPoolConfig kv_pool_config(int32_t num_pages, int32_t page_size, kv::KvCacheDType dtype) const;
 
+  // The routing of this model's MoE layers (layers without a correction bias drop it).
+  const moe::RouterConfig& router_config() const { return router_; }
+
   // Runs one step: writes the new tokens' keys into `pool` and returns logits f32 [b.logit_rows.size(),
   // vocab].
-  Tensor forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpSink* sink = nullptr);
+  Tensor forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpSink* sink = nullptr,
+                 const StepRouting& routing = {});
 
  private:
   struct Scratch {
@@ -49,13 +66,17 @@ class Model {
     std::vector<int32_t> topk_ids;
     std::vector<float> topk_weights, router_logits;
     std::vector<float> pool_cast;  // debug_cast_whole_pool only
+    std::vector<int32_t> decode_rows, decode_ids;  // OEA: decode token indices, their routed ids
+    std::vector<float> decode_weights;
   };
-  void check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool) const;
+  void check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool, const StepRouting& routing) const;
+  void route(int layer, const MoeWeights& mw, const Tensor& logits, const StepRouting& routing);
 
   io::ModelConfig cfg_;
   ModelWeights w_;
   ModelOptions opt_;
   AttentionScales scales_;
+  moe::RouterConfig router_;
   Scratch scratch_;
 };
 

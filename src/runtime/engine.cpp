@@ -32,6 +32,21 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig cfg)
            cfg_.max_batch_tokens);
   const int64_t model_ctx = model_->config().max_position_embeddings;
   if (cfg_.max_context <= 0 || cfg_.max_context > model_ctx) cfg_.max_context = model_ctx;
+  if (cfg_.oea.enabled) {
+    const int k = model_->router_config().top_k;
+    MS_CHECK(cfg_.oea.k0 >= 1 && cfg_.oea.k0 <= k, "--oea-k0 {} must be in [1, {}] (the model's top-k)",
+             cfg_.oea.k0, k);
+    MS_CHECK(cfg_.oea.kmax == 0 || (cfg_.oea.kmax >= cfg_.oea.k0 && cfg_.oea.kmax <= k),
+             "--oea-kmax {} must be in [--oea-k0 {}, {}]", cfg_.oea.kmax, cfg_.oea.k0, k);
+    moe::validate(model_->router_config(), cfg_.oea);
+  }
+  if (cfg_.expert_stats && model_->config().n_routed_experts > 0)
+    expert_stats_ = std::make_unique<moe::ExpertStats>(model_->config().num_hidden_layers,
+                                                       model_->config().n_routed_experts);
+}
+
+moe::DistinctExpertsHistogram Engine::distinct_experts_histogram(moe::RoutingKind kind) const {
+  return expert_stats_ ? expert_stats_->histogram(kind) : moe::DistinctExpertsHistogram{};
 }
 
 uint64_t Engine::submit(Request r) {
@@ -100,8 +115,14 @@ std::vector<RequestOutput> Engine::step() {
   if (plan.empty()) return out;
   kv::ForwardBatchBuilder bb(pool_.page_size());
   std::vector<Sequence*> wants;  // sequences whose next token comes out of this step, in logit-row order
+  model::StepRouting routing;
+  routing.oea = cfg_.oea;
+  routing.expert_stats = expert_stats_.get();
   for (const ScheduledSeq& p : plan) {
     Sequence* s = p.seq;
+    // A decode token is one the model generated, fed back; prompt tokens (all chunks) are prefill.
+    routing.decode_tokens.insert(routing.decode_tokens.end(), static_cast<size_t>(p.n_tokens),
+                                 s->generated > 0 ? 1 : 0);
     const bool last = s->computed + p.n_tokens == static_cast<int32_t>(s->tokens.size());
     bb.add_sequence(s->pages, s->computed, s->tokens.data() + s->computed, p.n_tokens, last);
     if (last) wants.push_back(s);
@@ -125,7 +146,7 @@ std::vector<RequestOutput> Engine::step() {
   }
   Tensor logits;
   try {
-    logits = model_->forward(batch, pool_, sink);
+    logits = model_->forward(batch, pool_, sink, routing);
   } catch (const Error& e) {
     MS_LOG_ERROR("engine step failed: {}", e.what());
     for (const ScheduledSeq& p : plan) finish(*p.seq, FinishReason::Error, out, e.message());

@@ -25,6 +25,11 @@ struct EngineConfig {
   int max_running = 8;
   int32_t max_batch_tokens = 2048;
   int64_t max_context = 0;  // 0: the model's max_position_embeddings
+  // Opportunistic Expert Activation for decode tokens (--oea-k0, --oea-kmax); prefill always routes plainly.
+  moe::OeaConfig oea;
+  // Record distinct experts per MoE layer per step of decode tokens (with OEA on, the plain-routing baseline
+  // costs a second routing call per layer).
+  bool expert_stats = false;
 };
 
 class Engine {
@@ -41,6 +46,11 @@ class Engine {
 
   const model::Model& model() const { return *model_; }
   const kv::KvPool& kv_pool() const { return pool_; }
+  // Null unless EngineConfig::expert_stats; thread-safe to read while another thread steps.
+  const moe::ExpertStats* expert_stats() const { return expert_stats_.get(); }
+  // Distinct experts per MoE layer per decode step, all MoE layers together (for /metrics); empty (no
+  // bounds) when stats are off. Kind Oea holds observations only when OEA is on.
+  moe::DistinctExpertsHistogram distinct_experts_histogram(moe::RoutingKind kind) const;
   void set_op_sink(profiler::OpSink* sink) { sink_ = sink; }
   // Brackets every step that runs the model (e.g. a profiler::ProfileController); its sink, when it gives
   // one, replaces set_op_sink's for that step.
@@ -59,6 +69,7 @@ class Engine {
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0;
   profiler::OpSink* sink_ = nullptr;
   profiler::StepHook* hook_ = nullptr;
+  std::unique_ptr<moe::ExpertStats> expert_stats_;
 };
 
 }  // namespace ms::runtime
