@@ -319,6 +319,10 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
           ops::dsa_indexer(iq.view({m, Hi, Di}), iwt, keys, meta, scales_.indexer_softmax_scale, topk,
                            scratch_.indexer);
         }
+        if (opt_.indexer_probe) {
+          const Tensor q3 = iq.view({m, Hi, Di});
+          opt_.indexer_probe(IndexerProbe{l, &q3, &iwt, &topk, &b});
+        }
         have_topk = true;
       }
     }
@@ -386,6 +390,7 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
         NamedOp op(sink, l, "moe.route", {4.0 * m * E + 8.0 * m * K, 4.0 * m * E + 8.0 * m * K, 4.0 * m * E});
         route(l, mw, logits, routing);
       }
+      if (opt_.router_probe) opt_.router_probe(RouterProbe{l, &logits, scratch_.topk_ids.data()});
       {
         const int distinct = moe::count_distinct_experts(scratch_.topk_ids.data(), static_cast<int>(m), K, E);
         const ops::ExpertWeights& e0 = mw.experts.front();

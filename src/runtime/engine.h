@@ -14,6 +14,7 @@
 #include "profiler/step_hook.h"
 #include "runtime/engine_types.h"
 #include "runtime/fcfs_scheduler.h"
+#include "runtime/sampler.h"
 #include "runtime/sequence.h"
 
 namespace ms::runtime {
@@ -30,6 +31,7 @@ struct EngineConfig {
   // Record distinct experts per MoE layer per step of decode tokens (with OEA on, the plain-routing baseline
   // costs a second routing call per layer).
   bool expert_stats = false;
+  SamplerOptions sampler;   // top_logprobs limit; the seed of requests that bring none
 };
 
 class Engine {
@@ -37,7 +39,7 @@ class Engine {
   Engine(std::shared_ptr<model::Model> model, EngineConfig cfg);
 
   // Throws ms::Error naming the problem (empty prompt, id outside the vocabulary, too long for the context
-  // or the pool, max_tokens < 1).
+  // or the pool, max_tokens < 1, a sampling parameter out of range: "temperature must be ...").
   uint64_t submit(Request r);
   std::vector<RequestOutput> step();
   bool cancel(uint64_t id);
@@ -64,12 +66,17 @@ class Engine {
   EngineConfig cfg_;
   kv::KvPool pool_;
   FcfsScheduler sched_;
+  std::unique_ptr<Sampler> sampler_;
   std::map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   uint64_t next_id_ = 1;
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0;
   profiler::OpSink* sink_ = nullptr;
   profiler::StepHook* hook_ = nullptr;
   std::unique_ptr<moe::ExpertStats> expert_stats_;
+  // Scratch of step(), [rows whose next token comes out of the step], reused across steps.
+  std::vector<const SamplingParams*> step_params_;
+  std::vector<SamplerState*> step_states_;
+  std::vector<GeneratedToken> step_tokens_;
 };
 
 }  // namespace ms::runtime
