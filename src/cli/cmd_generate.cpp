@@ -1,13 +1,13 @@
-// `moeserve generate`: runs one prompt through the Engine, streaming tokens as they come, then prints the
-// prefill and decode speeds.
-#include <chrono>
+// `moeserve generate`: runs one prompt through the Engine, streaming text (or ids) as tokens come, then
+// prints the prefill and decode speeds.
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/text_model.h"
 #include "core/error.h"
-#include "model/load_model.h"
-#include "runtime/engine.h"
+#include "tokenizer/incremental_detokenizer.h"
 
 namespace ms::cli {
 
@@ -41,19 +41,26 @@ struct GenerateOptions {
 
 int run_generate(const GenerateOptions& o) {
   if (o.prompt.empty() == o.prompt_ids.empty()) MS_THROW("give exactly one of --prompt and --prompt-ids");
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::vector<int32_t> ids;
+  if (!o.prompt.empty()) {
+    tok = load_text_tokenizer(o.model_dir);
+    if (!tok)
+      MS_THROW("{} has no tokenizer.json, so --prompt cannot be tokenized: give the prompt as token ids with "
+               "--prompt-ids 1,2,3 (and --print-ids)",
+               o.model_dir);
+    ids = tok->encode(o.prompt);
+  } else {
+    ids = parse_ids(o.prompt_ids);
+    if (!o.print_ids) tok = load_text_tokenizer(o.model_dir);
+  }
   model::LoadedModel lm = model::load_model(o.model_dir);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
-  std::vector<int32_t> ids;
-  if (!o.prompt.empty())
-    MS_THROW("--prompt needs the tokenizer, which this build does not have yet; use --prompt-ids");
-  ids = parse_ids(o.prompt_ids);
-  runtime::EngineConfig ec;
-  ec.page_size = o.page_size;
-  ec.kv_cache_dtype = kv::parse_kv_cache_dtype(o.kv_dtype);
-  if (ec.kv_cache_dtype == kv::KvCacheDType::Auto) ec.kv_cache_dtype = lm.kv_auto;
-  ec.kv_cache_tokens =
-      std::max<int64_t>(static_cast<int64_t>(ids.size()) + o.max_tokens + o.page_size, 4 * 64);
-  ec.max_running = 1;
+  if (tok && tok->vocab_size() > lm.model->config().vocab_size)
+    MS_THROW("the tokenizer has {} tokens, more than the model's vocab_size {}", tok->vocab_size(),
+             lm.model->config().vocab_size);
+  runtime::EngineConfig ec =
+      engine_config_for(lm, o.kv_dtype, static_cast<int64_t>(ids.size()) + o.max_tokens, o.page_size);
   runtime::Engine engine(lm.model, ec);
   runtime::Request r;
   r.prompt_ids = ids;
@@ -62,36 +69,27 @@ int run_generate(const GenerateOptions& o) {
   r.sampling.top_p = o.top_p;
   r.sampling.top_k = o.top_k;
   if (o.seed) r.sampling.seed = o.seed;
-  engine.submit(r);
 
-  using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  auto t_first = t0;
-  int generated = 0;
-  runtime::FinishReason why = runtime::FinishReason::None;
-  std::printf("[");
-  while (engine.has_work()) {
-    for (const auto& out : engine.step()) {
-      for (const auto& g : out.tokens) {
-        if (generated == 0) t_first = clock::now();
-        std::printf(generated ? ", %d" : "%d", g.token);
-        std::fflush(stdout);
-        ++generated;
-      }
-      if (out.finish == runtime::FinishReason::Error) MS_THROW("generation failed: {}", out.error);
-      if (out.finish != runtime::FinishReason::None) why = out.finish;
+  const bool text = tok && !o.print_ids;
+  std::optional<tokenizer::IncrementalDetokenizer> detok;
+  if (text) detok.emplace(*tok);
+  if (!text) std::printf("[");
+  size_t n = 0;
+  StreamResult res = stream_request(engine, r, [&](int32_t id) {
+    if (text) {
+      std::fputs(detok->push(id).c_str(), stdout);
+    } else {
+      std::printf(n ? ", %d" : "%d", id);
     }
-  }
-  std::printf("]\n");
-  const auto t_end = clock::now();
-  const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
-  const double decode_s = std::chrono::duration<double>(t_end - t_first).count();
-  std::fprintf(stderr, "finish: %s\n", runtime::finish_reason_name(why));
-  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", ids.size(), prefill_s,
-               prefill_s > 0 ? static_cast<double>(ids.size()) / prefill_s : 0.0);
-  if (generated > 1)
-    std::fprintf(stderr, "decode: %d tokens in %.3f s (%.1f tokens/s)\n", generated - 1, decode_s,
-                 decode_s > 0 ? (generated - 1) / decode_s : 0.0);
+    ++n;
+    std::fflush(stdout);
+  });
+  if (text)
+    std::printf("%s\n", detok->flush().c_str());
+  else
+    std::printf("]\n");
+  std::fflush(stdout);
+  print_speeds(res);
   return 0;
 }
 
@@ -100,7 +98,7 @@ Registration reg(
       auto o = std::make_shared<GenerateOptions>();
       app.add_option("--model", o->model_dir,
                      "Checkpoint directory (Hugging Face layout); default: the built-in model");
-      app.add_option("--prompt", o->prompt, "Prompt text");
+      app.add_option("--prompt", o->prompt, "Prompt text (needs the model's tokenizer.json)");
       app.add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated: 1,2,3");
       app.add_option("--max-tokens", o->max_tokens, "Tokens to generate")->capture_default_str();
       app.add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")
@@ -111,8 +109,8 @@ Registration reg(
       app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16 or fp8_e4m3")->capture_default_str();
       app.add_option("--page-size", o->page_size, "KV cache page size in tokens")->capture_default_str();
       app.add_flag("--print-ids", o->print_ids,
-                   "Print generated token ids as a JSON array (the default until text "
-                   "decoding is available)");
+                   "Print the generated token ids as a JSON array instead of text (also what a "
+                   "checkpoint without a tokenizer prints)");
       return [o] { return run_generate(*o); };
     });
 

@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "runtime/token_choice.h"
 
 namespace ms::runtime {
 
@@ -26,7 +25,8 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig cfg)
     : model_(std::move(model)),
       cfg_(cfg),
       pool_(pool_config(*model_, cfg)),
-      sched_(SchedulerLimits{cfg.max_running, cfg.max_batch_tokens, cfg.page_size}) {
+      sched_(SchedulerLimits{cfg.max_running, cfg.max_batch_tokens, cfg.page_size}),
+      sampler_(std::make_unique<Sampler>(static_cast<int>(model_->config().vocab_size), cfg.sampler)) {
   MS_CHECK(cfg_.max_running > 0 && cfg_.max_batch_tokens > 0,
            "max running requests ({}) and batch tokens ({}) must be positive", cfg_.max_running,
            cfg_.max_batch_tokens);
@@ -50,6 +50,7 @@ uint64_t Engine::submit(Request r) {
     MS_THROW("the prompt plus max_tokens ({} tokens) does not fit the KV cache of {} tokens", total,
              static_cast<int64_t>(pool_.allocator().num_pages()) * pool_.page_size());
   auto s = std::make_unique<Sequence>();
+  s->sampler = sampler_->new_state(r.sampling, r.prompt_ids);  // validates the sampling params
   s->id = next_id_++;
   s->tokens = r.prompt_ids;
   s->prompt_len = static_cast<int32_t>(r.prompt_ids.size());
@@ -136,10 +137,26 @@ std::vector<RequestOutput> Engine::step() {
     if (p.seq->generated == 0) prompt_tokens_total_ += p.n_tokens;
   }
   const auto& cfg = model_->config();
-  for (size_t i = 0; i < wants.size(); ++i) {
+  const size_t rows = wants.size();
+  step_params_.resize(rows);
+  step_states_.resize(rows);
+  step_tokens_.resize(rows);
+  for (size_t i = 0; i < rows; ++i) {
+    step_params_[i] = &wants[i]->request.sampling;
+    step_states_[i] = &wants[i]->sampler;
+  }
+  try {
+    sampler_->sample_batch(
+        std::span<const float>(logits.data<float>(), rows * static_cast<size_t>(cfg.vocab_size)),
+        step_params_, step_states_, step_tokens_);
+  } catch (const Error& e) {
+    MS_LOG_ERROR("engine sampling failed: {}", e.what());
+    for (Sequence* s : wants) finish(*s, FinishReason::Error, out, e.message());
+    return out;
+  }
+  for (size_t i = 0; i < rows; ++i) {
     Sequence& s = *wants[i];
-    GeneratedToken g = choose_token(logits.data<float>() + static_cast<int64_t>(i) * cfg.vocab_size,
-                                    cfg.vocab_size, s.request.sampling);
+    const GeneratedToken& g = step_tokens_[i];
     s.tokens.push_back(g.token);
     ++s.generated;
     ++generation_tokens_total_;

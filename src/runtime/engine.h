@@ -14,6 +14,7 @@
 #include "profiler/step_hook.h"
 #include "runtime/engine_types.h"
 #include "runtime/fcfs_scheduler.h"
+#include "runtime/sampler.h"
 #include "runtime/sequence.h"
 
 namespace ms::runtime {
@@ -25,6 +26,7 @@ struct EngineConfig {
   int max_running = 8;
   int32_t max_batch_tokens = 2048;
   int64_t max_context = 0;  // 0: the model's max_position_embeddings
+  SamplerOptions sampler;   // top_logprobs limit; the seed of requests that bring none
 };
 
 class Engine {
@@ -32,7 +34,7 @@ class Engine {
   Engine(std::shared_ptr<model::Model> model, EngineConfig cfg);
 
   // Throws ms::Error naming the problem (empty prompt, id outside the vocabulary, too long for the context
-  // or the pool, max_tokens < 1).
+  // or the pool, max_tokens < 1, a sampling parameter out of range: "temperature must be ...").
   uint64_t submit(Request r);
   std::vector<RequestOutput> step();
   bool cancel(uint64_t id);
@@ -54,11 +56,16 @@ class Engine {
   EngineConfig cfg_;
   kv::KvPool pool_;
   FcfsScheduler sched_;
+  std::unique_ptr<Sampler> sampler_;
   std::map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   uint64_t next_id_ = 1;
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0;
   profiler::OpSink* sink_ = nullptr;
   profiler::StepHook* hook_ = nullptr;
+  // Scratch of step(), [rows whose next token comes out of the step], reused across steps.
+  std::vector<const SamplingParams*> step_params_;
+  std::vector<SamplerState*> step_states_;
+  std::vector<GeneratedToken> step_tokens_;
 };
 
 }  // namespace ms::runtime

@@ -1,10 +1,12 @@
-// One request inside the engine: its tokens so far, how many have keys in the KV cache, its pages.
+// One request inside the engine: its tokens so far, how many have keys in the KV cache, its pages, its
+// sampling state.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "runtime/engine_types.h"
+#include "runtime/sampler.h"
 
 namespace ms::runtime {
 
@@ -17,6 +19,7 @@ struct Sequence {
   std::vector<int32_t> pages;  // KV pages, in order
   int32_t generated = 0;
   bool cancelled = false;
+  SamplerState sampler;  // its random stream and, with penalties, the tokens it has seen
 
   int32_t pending() const { return static_cast<int32_t>(tokens.size()) - computed; }
 };

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "golden_config.h"
+#include "io/model_config.h"
 #include "io/safetensors.h"
 #include "kv/forward_batch.h"
 #include "kv/kv_pool.h"
@@ -31,7 +31,7 @@ std::optional<Fixture> load_fixture(const std::string& name) {
   const fs::path dir = fs::path(MS_TEST_DATA) / "golden" / name;
   if (!fs::exists(dir / "expected.json")) return std::nullopt;
   Fixture f;
-  f.cfg = test::golden_config((dir / "config.json").string());
+  f.cfg = io::load_model_config(dir);
   std::ifstream in(dir / "expected.json");
   auto j = nlohmann::json::parse(in);
   f.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
@@ -146,6 +146,7 @@ std::map<size_t, std::vector<int32_t>> engine_greedy(const Fixture& f, kv::KvCac
     runtime::Request r;
     r.prompt_ids = f.prompts[i];
     r.max_tokens = static_cast<int>(f.greedy[i].size());
+    r.sampling.temperature = 0;
     r.ignore_eos = true;
     which[e.submit(r)] = i;
   }

@@ -2,6 +2,8 @@
 // do not disturb each other, cancel and bad input behave.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "model/builtin_model.h"
 #include "runtime/engine.h"
@@ -72,6 +74,104 @@ TEST(Engine, GreedyMatchesRecomputationAndBatchingIsInvisible) {
   EXPECT_EQ(e.stats().generation_tokens_total, 27);
 }
 
+runtime::Request sampled(std::vector<int32_t> ids, int max_tokens, uint64_t seed) {
+  runtime::Request r = req(std::move(ids), max_tokens);
+  r.sampling.temperature = 1.3f;  // flat enough that the draw, not the argmax, decides
+  r.sampling.top_p = 0.95f;
+  r.sampling.top_k = 200;
+  r.sampling.seed = seed;
+  r.sampling.top_logprobs = 3;
+  r.ignore_eos = true;
+  return r;
+}
+
+runtime::EngineConfig small_pages() {
+  runtime::EngineConfig cfg;
+  cfg.page_size = 8;
+  cfg.kv_cache_tokens = 2048;
+  cfg.kv_cache_dtype = kv::KvCacheDType::F32;
+  cfg.max_batch_tokens = 24;
+  return cfg;
+}
+
+std::vector<runtime::GeneratedToken> run_one(const runtime::Request& r) {
+  runtime::Engine e(builtin(), small_pages());
+  const uint64_t id = e.submit(r);
+  std::vector<runtime::GeneratedToken> got;
+  while (e.has_work())
+    for (const auto& o : e.step())
+      if (o.request_id == id) got.insert(got.end(), o.tokens.begin(), o.tokens.end());
+  return got;
+}
+
+std::vector<int32_t> ids_of(const std::vector<runtime::GeneratedToken>& g) {
+  std::vector<int32_t> ids;
+  for (const auto& t : g) ids.push_back(t.token);
+  return ids;
+}
+
+// A seeded request draws the same tokens alone or in a batch with others, submitted first or last; another
+// seed draws other tokens; logprobs are those of the model's distribution.
+TEST(Engine, SeededSamplingIsReproducibleAndIndependentOfTheBatch) {
+  const std::vector<int32_t> prompt = {72, 101, 108, 108, 111, 44, 32};
+  const auto alone = run_one(sampled(prompt, 20, 1234));
+  ASSERT_EQ(alone.size(), 20u);
+  EXPECT_EQ(ids_of(run_one(sampled(prompt, 20, 1234))), ids_of(alone));
+  EXPECT_NE(ids_of(run_one(sampled(prompt, 20, 99))), ids_of(alone));
+  const auto greedy = ids_of(run_one(req(prompt, 20)));
+  EXPECT_NE(ids_of(alone), greedy) << "temperature 1.3 drew exactly the greedy tokens: the draw is not used";
+
+  runtime::Engine e(builtin(), small_pages());
+  std::vector<int32_t> longp;
+  for (int i = 0; i < 30; ++i) longp.push_back((i * 53 + 5) % 512);
+  const uint64_t o1 = e.submit(sampled(longp, 9, 7));
+  const uint64_t o2 = e.submit(req({3, 4}, 15));
+  const uint64_t mine = e.submit(sampled(prompt, 20, 1234));
+  const uint64_t o3 = e.submit(sampled(prompt, 20, 1235));
+  auto toks = run_all(e);
+  EXPECT_EQ(toks[mine], ids_of(alone)) << "batch composition changed a seeded request's tokens";
+  EXPECT_NE(toks[o3], toks[mine]);
+  EXPECT_EQ(toks[o1].size(), 9u);
+  EXPECT_EQ(toks[o2].size(), 15u);
+
+  for (const auto& g : alone) {
+    ASSERT_EQ(g.top_logprobs.size(), 3u);
+    EXPECT_LE(g.logprob, 0.0f);
+    EXPECT_GE(g.top_logprobs[0].logprob, g.top_logprobs[1].logprob);
+    EXPECT_GE(g.top_logprobs[0].logprob, g.logprob);
+    const float p = std::exp(g.top_logprobs[0].logprob);
+    EXPECT_GT(p, 0.0f);
+    EXPECT_LE(p, 1.0f);
+  }
+}
+
+// Logprobs are the log-softmax of the model's logits at that position (recomputed here without the cache).
+TEST(Engine, LogprobsAreTheModelsLogSoftmax) {
+  runtime::Request r = req({10, 20, 30, 40}, 3);
+  r.sampling.top_logprobs = 2;
+  const auto got = run_one(r);
+  ASSERT_EQ(got.size(), 3u);
+  std::vector<int32_t> ids = r.prompt_ids;
+  const int64_t V = builtin()->config().vocab_size;
+  for (const auto& g : got) {
+    kv::KvPool pool(builtin()->kv_pool_config(16, 16, kv::KvCacheDType::F32));
+    std::vector<int32_t> pages;
+    ASSERT_TRUE(pool.allocator().allocate(pool.pages_for(static_cast<int64_t>(ids.size())), pages));
+    kv::ForwardBatchBuilder bb(16);
+    bb.add_sequence(pages, 0, ids.data(), static_cast<int32_t>(ids.size()), true);
+    Tensor lg = builtin()->forward(bb.finish(), pool);
+    const float* row = lg.data<float>();
+    const float mx = *std::max_element(row, row + V);
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
+    const double want = row[g.token] - mx - std::log(sum);
+    EXPECT_NEAR(g.logprob, want, 1e-4);
+    ASSERT_EQ(g.top_logprobs.size(), 2u);
+    EXPECT_EQ(g.top_logprobs[0].token, g.token);  // greedy: the chosen token is the most likely
+    ids.push_back(g.token);
+  }
+}
+
 TEST(Engine, CancelEndsTheRequestAndFreesPages) {
   runtime::EngineConfig cfg;
   cfg.kv_cache_tokens = 1024;
@@ -109,6 +209,15 @@ TEST(Engine, BadInputIsRefusedWithAClearMessage) {
   expect_error(e, req({1, 2}, 0), "max_tokens must be at least 1");
   expect_error(e, req({1, 2}, 5000), "past the context limit of 4096");
   expect_error(e, req({1, 2}, 300), "does not fit the KV cache of 256 tokens");
+  runtime::Request r = req({1, 2}, 4);
+  r.sampling.top_p = 0;
+  expect_error(e, r, "top_p must be in (0, 1]");
+  r = req({1, 2}, 4);
+  r.sampling.temperature = -1;
+  expect_error(e, r, "temperature");
+  r = req({1, 2}, 4);
+  r.sampling.top_logprobs = 21;
+  expect_error(e, r, "top_logprobs");
   EXPECT_FALSE(e.has_work());
 }
 
