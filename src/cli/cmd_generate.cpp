@@ -46,9 +46,10 @@ int run_generate(const GenerateOptions& o) {
   if (!o.prompt.empty()) {
     tok = load_text_tokenizer(o.model_dir);
     if (!tok)
-      MS_THROW("{} has no tokenizer.json, so --prompt cannot be tokenized: give the prompt as token ids with "
-               "--prompt-ids 1,2,3 (and --print-ids)",
-               o.model_dir);
+      MS_THROW(
+          "{} has no tokenizer.json, so --prompt cannot be tokenized: give the prompt as token ids with "
+          "--prompt-ids 1,2,3 (and --print-ids)",
+          o.model_dir);
     ids = tok->encode(o.prompt);
   } else {
     ids = parse_ids(o.prompt_ids);

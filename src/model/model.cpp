@@ -290,6 +290,10 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
           ops::dsa_indexer(iq.view({m, Hi, Di}), iwt, keys, meta, scales_.indexer_softmax_scale, topk,
                            scratch_.indexer);
         }
+        if (opt_.indexer_probe) {
+          const Tensor q3 = iq.view({m, Hi, Di});
+          opt_.indexer_probe(IndexerProbe{l, &q3, &iwt, &topk, &b});
+        }
         have_topk = true;
       }
     }
@@ -374,6 +378,7 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
         rp.n_tokens = static_cast<int>(m);
         moe::route_cpu(rc, moe::OeaConfig{}, rp);
       }
+      if (opt_.router_probe) opt_.router_probe(RouterProbe{l, &logits, scratch_.topk_ids.data()});
       {
         const int distinct = moe::count_distinct_experts(scratch_.topk_ids.data(), static_cast<int>(m), K, E);
         const ops::ExpertWeights& e0 = mw.experts.front();

@@ -3,6 +3,7 @@
 // reads a ForwardBatch and one KvPool; it owns no per-request state.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,12 +20,31 @@
 
 namespace ms::model {
 
+// What a full DSA indexer layer saw and chose in one forward, for tests and debugging (scores can be
+// recomputed from q, w and the pool's index keys of `layer`).
+struct IndexerProbe {
+  int layer = 0;
+  const Tensor* q = nullptr;     // f32 [m, index_n_heads, index_head_dim], rotated
+  const Tensor* w = nullptr;     // f32 [m, index_n_heads], already times index_n_heads^-0.5
+  const Tensor* topk = nullptr;  // i32 [m, index_topk] selected positions, ascending, -1 padded
+  const kv::ForwardBatch* batch = nullptr;
+};
+
+// A MoE layer's router input and choice in one forward, for tests and debugging.
+struct RouterProbe {
+  int layer = 0;
+  const Tensor* logits = nullptr;     // f32 [m, n_routed_experts], before scoring
+  const int32_t* topk_ids = nullptr;  // [m, num_experts_per_tok]
+};
+
 struct ModelOptions {
   std::optional<bool> indexer_rope_interleaved;  // default: default_indexer_interleaved(config)
   // Test switch, off in normal use: on every layer of every step, read the layer's whole KV pool and cast it
   // to an f32 scratch buffer (op `attn.debug_pool_cast`), the needless work the profiler must catch. Also
   // turned on by the environment variable MOESERVE_DEBUG_PLANT_POOL_CAST=1.
   bool debug_cast_whole_pool = false;
+  std::function<void(const IndexerProbe&)> indexer_probe;  // called after each full indexer layer
+  std::function<void(const RouterProbe&)> router_probe;    // called after each MoE layer's routing
 };
 
 class Model {
