@@ -67,7 +67,8 @@ runtime::EngineConfig engine_config() {
   ec.kv_cache_dtype = kv::KvCacheDType::BF16;
   ec.kv_cache_tokens = 16384;
   ec.max_running = 8;
-  ec.max_batch_tokens = 4096;
+  ec.max_prefill_tokens = 4096;
+  ec.enable_prefix_cache = false;  // the prefill benchmark repeats one prompt: every run must compute it
   return ec;
 }
 

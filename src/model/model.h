@@ -85,7 +85,7 @@ class Model {
     ops::MoeScratch moe;
     std::vector<int32_t> topk_ids;
     std::vector<float> topk_weights, router_logits;
-    std::vector<float> pool_cast;  // debug_cast_whole_pool only
+    std::vector<float> pool_cast;                  // debug_cast_whole_pool only
     std::vector<int32_t> decode_rows, decode_ids;  // OEA: decode token indices, their routed ids
     std::vector<float> decode_weights;
   };

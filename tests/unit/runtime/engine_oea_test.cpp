@@ -21,7 +21,7 @@ runtime::EngineConfig config(int k0, bool stats) {
   cfg.kv_cache_tokens = 2048;
   cfg.kv_cache_dtype = kv::KvCacheDType::F32;
   cfg.max_running = 8;
-  cfg.max_batch_tokens = 24;  // chunked prefill of the long prompt while others decode
+  cfg.max_prefill_tokens = 24;  // chunked prefill of the long prompt while others decode
   if (k0 > 0) cfg.oea = moe::OeaConfig{true, k0, 0};
   cfg.expert_stats = stats;
   return cfg;
