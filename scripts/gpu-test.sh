@@ -14,7 +14,7 @@ if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=ON -DMOESER
    cmake --build "$build" -j "$(nproc)" >"$log/build" 2>&1; then
   status build ok
 else
-  tail -40 "$log/configure" "$log/build"
+  tail -n 40 "$log/configure" "$log/build"
   status build FAILED
   cat "$log/summary"
   exit 1

@@ -68,7 +68,8 @@ OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o,
   ec.kv_cache_tokens = batch * seq_pages * o.page_size;
   ec.max_running = batch;
   // The whole batch's prompts in one step: the prefill figure is one forward pass over all of them.
-  ec.max_batch_tokens = static_cast<int32_t>(std::max<int64_t>(int64_t{batch} * o.input_len, batch));
+  ec.max_prefill_tokens = static_cast<int32_t>(int64_t{batch} * o.input_len);
+  ec.enable_prefix_cache = false;  // every step computes what it is timed for
   ec.max_context = cfg.max_position_embeddings;
   runtime::Engine engine(lm.model, ec);
   for (int s = 0; s < batch; ++s) {

@@ -87,27 +87,26 @@ int run_chat(const ChatOptions& o) {
   return 0;
 }
 
-Registration reg("chat", "Chat in the terminal through the model's chat template (one message per line)",
-                 [](CLI::App& app) {
-                   auto o = std::make_shared<ChatOptions>();
-                   app.add_option("--model", o->model_dir,
-                                  "Checkpoint directory (Hugging Face layout); default: the built-in model");
-                   app.add_option("--chat-template", o->chat_template,
-                                  "Jinja chat template file (default: the model's, or the built-in one)");
-                   app.add_option("--system", o->system, "System message that opens the conversation");
-                   app.add_option("--max-tokens", o->max_tokens, "Most tokens per reply")->capture_default_str();
-                   app.add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")
-                       ->capture_default_str();
-                   app.add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
-                   app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: off)")
-                       ->capture_default_str();
-                   app.add_option("--seed", o->seed, "Random seed (0: none)");
-                   app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16 or fp8_e4m3")->capture_default_str();
-                   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
-                       ->capture_default_str();
-                   app.add_flag("--speeds", o->speeds, "Print prefill and decode speeds after each reply (stderr)");
-                   return [o] { return run_chat(*o); };
-                 });
+Registration reg(
+    "chat", "Chat in the terminal through the model's chat template (one message per line)",
+    [](CLI::App& app) {
+      auto o = std::make_shared<ChatOptions>();
+      app.add_option("--model", o->model_dir,
+                     "Checkpoint directory (Hugging Face layout); default: the built-in model");
+      app.add_option("--chat-template", o->chat_template,
+                     "Jinja chat template file (default: the model's, or the built-in one)");
+      app.add_option("--system", o->system, "System message that opens the conversation");
+      app.add_option("--max-tokens", o->max_tokens, "Most tokens per reply")->capture_default_str();
+      app.add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")
+          ->capture_default_str();
+      app.add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
+      app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
+      app.add_option("--seed", o->seed, "Random seed (0: none)");
+      app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16 or fp8_e4m3")->capture_default_str();
+      app.add_option("--page-size", o->page_size, "KV cache page size in tokens")->capture_default_str();
+      app.add_flag("--speeds", o->speeds, "Print prefill and decode speeds after each reply (stderr)");
+      return [o] { return run_chat(*o); };
+    });
 
 }  // namespace
 

@@ -33,7 +33,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 
 struct GenerateOptions {
   std::string model_dir, prompt, prompt_ids, kv_dtype = "auto";
-  int max_tokens = 32, top_k = 0, page_size = 64;
+  int max_tokens = 32, top_k = 0, page_size = 64, oea_k0 = 0, oea_kmax = 0;
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool print_ids = false;
@@ -46,9 +46,10 @@ int run_generate(const GenerateOptions& o) {
   if (!o.prompt.empty()) {
     tok = load_text_tokenizer(o.model_dir);
     if (!tok)
-      MS_THROW("{} has no tokenizer.json, so --prompt cannot be tokenized: give the prompt as token ids with "
-               "--prompt-ids 1,2,3 (and --print-ids)",
-               o.model_dir);
+      MS_THROW(
+          "{} has no tokenizer.json, so --prompt cannot be tokenized: give the prompt as token ids with "
+          "--prompt-ids 1,2,3 (and --print-ids)",
+          o.model_dir);
     ids = tok->encode(o.prompt);
   } else {
     ids = parse_ids(o.prompt_ids);
@@ -61,6 +62,8 @@ int run_generate(const GenerateOptions& o) {
              lm.model->config().vocab_size);
   runtime::EngineConfig ec =
       engine_config_for(lm, o.kv_dtype, static_cast<int64_t>(ids.size()) + o.max_tokens, o.page_size);
+  if (o.oea_kmax > 0 && o.oea_k0 <= 0) MS_THROW("--oea-kmax needs --oea-k0");
+  if (o.oea_k0 > 0) ec.oea = moe::OeaConfig{true, o.oea_k0, o.oea_kmax};
   runtime::Engine engine(lm.model, ec);
   runtime::Request r;
   r.prompt_ids = ids;
@@ -108,6 +111,9 @@ Registration reg(
       app.add_option("--seed", o->seed, "Random seed (0: none)");
       app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16 or fp8_e4m3")->capture_default_str();
       app.add_option("--page-size", o->page_size, "KV cache page size in tokens")->capture_default_str();
+      app.add_option("--oea-k0", o->oea_k0,
+                     "Opportunistic Expert Activation on decode steps: experts each token keeps (0: off)");
+      app.add_option("--oea-kmax", o->oea_kmax, "OEA: slots a token may fill (0: the model's top-k)");
       app.add_flag("--print-ids", o->print_ids,
                    "Print the generated token ids as a JSON array instead of text (also what a "
                    "checkpoint without a tokenizer prints)");

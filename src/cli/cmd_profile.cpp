@@ -78,7 +78,7 @@ int run_profile(const ProfileCliOptions& o) {
   // The whole batch prefilled in one step when it fits, so every sequence starts decoding together.
   constexpr int64_t kMaxPrefillStep = 65536;
   const int64_t fill = std::min<int64_t>(static_cast<int64_t>(o.batch) * o.context, kMaxPrefillStep);
-  ec.max_batch_tokens = static_cast<int32_t>(std::max<int64_t>({fill, o.prefill_tokens, o.batch}));
+  ec.max_prefill_tokens = static_cast<int32_t>(std::max<int64_t>({fill, o.prefill_tokens, o.batch}));
   ec.max_context = cfg.max_position_embeddings;
   runtime::Engine engine(lm.model, ec);
 

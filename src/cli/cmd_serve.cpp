@@ -21,7 +21,8 @@ namespace {
 struct ServeOptions {
   HttpServeOptions http;
   std::string model_dir, chat_template, kv_dtype = "auto";
-  int max_running = 64, max_prefill_tokens = 4096, page_size = 64;
+  int max_running = 64, max_prefill_tokens = 4096, page_size = 64, oea_k0 = 0, oea_kmax = 0;
+  bool disable_prefix_cache = false;
   int64_t kv_cache_tokens = 0, context_length = 0;
   double mem_fraction = 0.5;
 };
@@ -63,8 +64,11 @@ int run_serve(const ServeOptions& o) {
   ec.kv_cache_dtype = kv::parse_kv_cache_dtype(o.kv_dtype);
   if (ec.kv_cache_dtype == kv::KvCacheDType::Auto) ec.kv_cache_dtype = lm.kv_auto;
   ec.max_running = o.max_running;
-  // A step holds every running request's decode token besides the prefill chunks.
-  ec.max_batch_tokens = std::max(o.max_prefill_tokens, o.max_running);
+  ec.max_prefill_tokens = o.max_prefill_tokens;
+  ec.enable_prefix_cache = !o.disable_prefix_cache;
+  MS_CHECK(o.oea_kmax == 0 || o.oea_k0 > 0, "--oea-kmax needs --oea-k0");
+  if (o.oea_k0 > 0) ec.oea = moe::OeaConfig{true, o.oea_k0, o.oea_kmax};
+  ec.expert_stats = true;  // the distinct-experts histograms of /metrics
   ec.max_context = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings)
                                         : cfg.max_position_embeddings;
   if (o.kv_cache_tokens > 0) {

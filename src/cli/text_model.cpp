@@ -26,9 +26,10 @@ std::unique_ptr<tokenizer::ChatTemplate> load_chat_template(const std::string& m
                                                      "built-in chat template");
   const fs::path d(model_dir);
   if (!fs::exists(d / "tokenizer_config.json") && !fs::exists(d / "chat_template.jinja"))
-    MS_THROW("{} has no chat template (tokenizer_config.json or chat_template.jinja): give one with "
-             "--chat-template FILE",
-             model_dir);
+    MS_THROW(
+        "{} has no chat template (tokenizer_config.json or chat_template.jinja): give one with "
+        "--chat-template FILE",
+        model_dir);
   return tokenizer::ChatTemplate::from_model_dir(model_dir);
 }
 

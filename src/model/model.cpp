@@ -82,6 +82,24 @@ void run_mlp(profiler::OpSink* sink, int layer, std::string_view prefix, const T
   run_linear(sink, layer, fmt::format("{}.down", prefix), act, w.down, out);
 }
 
+moe::RouterConfig make_router_config(const io::ModelConfig& c) {
+  moe::RouterConfig rc;
+  rc.n_experts = c.n_routed_experts;
+  rc.top_k = c.num_experts_per_tok;
+  rc.n_group = c.n_group;
+  rc.topk_group = c.topk_group;
+  rc.scoring = c.scoring_func == "softmax" ? moe::Scoring::Softmax : moe::Scoring::Sigmoid;
+  rc.use_correction_bias = c.topk_method == "noaux_tc";
+  rc.norm_topk_prob = c.norm_topk_prob;
+  rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  rc.group_score = c.topk_method == "group_limited_greedy" ? moe::GroupScore::Max : moe::GroupScore::Top2Sum;
+  // Parity with transformers: DeepseekV3MoE (also used for V3.2 and Kimi K2) fills the dropped groups'
+  // experts with 0.0, GlmMoeDsaMoE with -inf. They differ only when n_group > 1 and biased scores go
+  // negative.
+  rc.masked_fill = c.arch == io::ModelArch::GlmMoeDsa ? moe::MaskedFill::NegInf : moe::MaskedFill::Zero;
+  return rc;
+}
+
 double cache_elem_bytes(const Tensor& t) {
   return static_cast<double>(dtype_bits(t.dtype())) / 8.0;
 }
@@ -123,6 +141,7 @@ Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
     : cfg_(std::move(cfg)), w_(std::move(weights)), opt_(opt) {
   scales_ =
       make_attention_scales(cfg_, opt_.indexer_rope_interleaved.value_or(default_indexer_interleaved(cfg_)));
+  router_ = make_router_config(cfg_);
   if (const char* e = std::getenv("MOESERVE_DEBUG_PLANT_POOL_CAST"); e && std::string_view(e) == "1")
     opt_.debug_cast_whole_pool = true;
   MS_CHECK(static_cast<int>(w_.layers.size()) == cfg_.num_hidden_layers,
@@ -145,9 +164,18 @@ kv::KvPoolConfig Model::kv_pool_config(int32_t num_pages, int32_t page_size, kv:
   return c;
 }
 
-void Model::check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool) const {
+void Model::check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool, const StepRouting& routing) const {
   const size_t m = b.token_ids.size();
   MS_CHECK(m > 0, "forward: the batch has no tokens");
+  MS_CHECK(routing.decode_tokens.empty() || routing.decode_tokens.size() == m,
+           "forward: {} decode-token flags for {} tokens", routing.decode_tokens.size(), m);
+  if (routing.oea.enabled) moe::validate(router_, routing.oea);
+  if (routing.expert_stats)
+    MS_CHECK(routing.expert_stats->n_layers() == cfg_.num_hidden_layers &&
+                 routing.expert_stats->n_experts() == cfg_.n_routed_experts,
+             "forward: expert stats for {} layers x {} experts, the model has {} x {}",
+             routing.expert_stats->n_layers(), routing.expert_stats->n_experts(), cfg_.num_hidden_layers,
+             cfg_.n_routed_experts);
   MS_CHECK(b.positions.size() == m && b.token_seq.size() == m && b.slot_mapping.size() == m,
            "forward: batch arrays disagree ({} tokens, {} positions, {} seq ids, {} slots)", m,
            b.positions.size(), b.token_seq.size(), b.slot_mapping.size());
@@ -174,8 +202,9 @@ void Model::check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool) const
     MS_CHECK(r >= 0 && static_cast<size_t>(r) < m, "forward: logit row {} outside {} tokens", r, m);
 }
 
-Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpSink* sink) {
-  check_batch(b, pool);
+Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpSink* sink,
+                      const StepRouting& routing) {
+  check_batch(b, pool, routing);
   const io::ModelConfig& c = cfg_;
   const int64_t m = b.n_tokens(), H = c.hidden_size, Hn = c.num_attention_heads;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank;
@@ -290,6 +319,10 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
           ops::dsa_indexer(iq.view({m, Hi, Di}), iwt, keys, meta, scales_.indexer_softmax_scale, topk,
                            scratch_.indexer);
         }
+        if (opt_.indexer_probe) {
+          const Tensor q3 = iq.view({m, Hi, Di});
+          opt_.indexer_probe(IndexerProbe{l, &q3, &iwt, &topk, &b});
+        }
         have_topk = true;
       }
     }
@@ -353,27 +386,11 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
       const int E = c.n_routed_experts, K = c.num_experts_per_tok;
       Tensor logits = Tensor::empty({m, E}, DType::F32);
       run_linear(sink, l, "moe.router", xn, mw.router, logits);
-      scratch_.topk_ids.resize(static_cast<size_t>(m * K));
-      scratch_.topk_weights.resize(static_cast<size_t>(m * K));
       {
         NamedOp op(sink, l, "moe.route", {4.0 * m * E + 8.0 * m * K, 4.0 * m * E + 8.0 * m * K, 4.0 * m * E});
-        moe::RouterConfig rc;
-        rc.n_experts = E;
-        rc.top_k = K;
-        rc.n_group = c.n_group;
-        rc.topk_group = c.topk_group;
-        rc.scoring = c.scoring_func == "softmax" ? moe::Scoring::Softmax : moe::Scoring::Sigmoid;
-        rc.use_correction_bias = mw.correction_bias.numel() > 0 && c.topk_method == "noaux_tc";
-        rc.norm_topk_prob = c.norm_topk_prob;
-        rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-        moe::RouterParams rp;
-        rp.logits = logits.data<float>();
-        rp.correction_bias = rc.use_correction_bias ? mw.correction_bias.data<float>() : nullptr;
-        rp.topk_ids = scratch_.topk_ids.data();
-        rp.topk_weights = scratch_.topk_weights.data();
-        rp.n_tokens = static_cast<int>(m);
-        moe::route_cpu(rc, moe::OeaConfig{}, rp);
+        route(l, mw, logits, routing);
       }
+      if (opt_.router_probe) opt_.router_probe(RouterProbe{l, &logits, scratch_.topk_ids.data()});
       {
         const int distinct = moe::count_distinct_experts(scratch_.topk_ids.data(), static_cast<int>(m), K, E);
         const ops::ExpertWeights& e0 = mw.experts.front();
@@ -416,6 +433,71 @@ Tensor Model::forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpS
   }
   run_linear(sink, -1, "lm_head", last, w_.lm_head, logits);
   return logits;
+}
+
+// Plain routing for every token, except that decode tokens use OEA when it is on (base set over the step's
+// decode tokens only, so a prefill chunk never widens it). Results in scratch_.topk_ids / topk_weights.
+void Model::route(int layer, const MoeWeights& mw, const Tensor& logits, const StepRouting& routing) {
+  const int E = router_.n_experts, K = router_.top_k;
+  const int m = static_cast<int>(logits.size(0));
+  moe::RouterConfig rc = router_;
+  rc.use_correction_bias = rc.use_correction_bias && mw.correction_bias.numel() > 0;
+  scratch_.topk_ids.resize(static_cast<size_t>(m) * K);
+  scratch_.topk_weights.resize(static_cast<size_t>(m) * K);
+  auto& rows = scratch_.decode_rows;
+  rows.clear();
+  for (int i = 0; i < static_cast<int>(routing.decode_tokens.size()); ++i)
+    if (routing.decode_tokens[static_cast<size_t>(i)]) rows.push_back(i);
+  const int n_dec = static_cast<int>(rows.size());
+  const bool use_oea = routing.oea.enabled && n_dec > 0;
+  moe::RouterParams rp;
+  rp.logits = logits.data<float>();
+  rp.correction_bias = rc.use_correction_bias ? mw.correction_bias.data<float>() : nullptr;
+  rp.topk_ids = scratch_.topk_ids.data();
+  rp.topk_weights = scratch_.topk_weights.data();
+  rp.n_tokens = m;
+  // Plain routing: for prefill tokens, and as the baseline of the decode tokens when stats are wanted.
+  const bool stats = routing.expert_stats != nullptr && n_dec > 0;
+  if (!use_oea || n_dec < m || stats) moe::route_cpu(rc, moe::OeaConfig{}, rp);
+  auto& ids = scratch_.decode_ids;
+  auto gather_ids = [&] {
+    ids.resize(static_cast<size_t>(n_dec) * K);
+    for (int j = 0; j < n_dec; ++j)
+      std::copy_n(scratch_.topk_ids.data() + static_cast<int64_t>(rows[j]) * K, K,
+                  ids.data() + static_cast<int64_t>(j) * K);
+  };
+  if (stats) {
+    gather_ids();
+    routing.expert_stats->record_batch(layer, moe::RoutingKind::Baseline, ids.data(), n_dec, K);
+  }
+  if (!use_oea) return;
+  if (n_dec == m) {
+    moe::route_cpu(rc, routing.oea, rp);
+  } else {
+    // Decode tokens are scattered among prefill chunks: route them as one contiguous block.
+    std::vector<float>& lg = scratch_.router_logits;
+    lg.resize(static_cast<size_t>(n_dec) * E);
+    for (int j = 0; j < n_dec; ++j)
+      std::copy_n(logits.data<float>() + static_cast<int64_t>(rows[j]) * E, E,
+                  lg.data() + static_cast<int64_t>(j) * E);
+    ids.resize(static_cast<size_t>(n_dec) * K);
+    scratch_.decode_weights.resize(static_cast<size_t>(n_dec) * K);
+    moe::RouterParams dp = rp;
+    dp.logits = lg.data();
+    dp.topk_ids = ids.data();
+    dp.topk_weights = scratch_.decode_weights.data();
+    dp.n_tokens = n_dec;
+    moe::route_cpu(rc, routing.oea, dp);
+    for (int j = 0; j < n_dec; ++j) {
+      const int64_t dst = static_cast<int64_t>(rows[j]) * K, src = static_cast<int64_t>(j) * K;
+      std::copy_n(ids.data() + src, K, scratch_.topk_ids.data() + dst);
+      std::copy_n(scratch_.decode_weights.data() + src, K, scratch_.topk_weights.data() + dst);
+    }
+  }
+  if (stats) {
+    gather_ids();
+    routing.expert_stats->record_batch(layer, moe::RoutingKind::Oea, ids.data(), n_dec, K);
+  }
 }
 
 }  // namespace ms::model

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "scheduler/batch_plan.h"
 
 namespace ms::runtime {
 
@@ -19,23 +21,77 @@ kv::KvPoolConfig pool_config(const model::Model& m, const EngineConfig& c) {
   return m.kv_pool_config(pages, c.page_size, c.kv_cache_dtype);
 }
 
+// The scheduler's flattened plan in the model's batch layout (same order: plan.seqs, tokens by position).
+kv::ForwardBatch to_forward_batch(const scheduler::ForwardInputs& f) {
+  kv::ForwardBatch b;
+  b.token_ids = f.token_ids;
+  b.positions = f.positions;
+  b.token_seq.resize(f.token_ids.size());
+  for (size_t s = 0; s + 1 < f.query_start.size(); ++s)
+    std::fill(b.token_seq.begin() + f.query_start[s], b.token_seq.begin() + f.query_start[s + 1],
+              static_cast<int32_t>(s));
+  b.seq_lens = f.seq_lens;
+  b.block_table = f.block_tables;
+  b.max_blocks = f.max_pages;
+  b.slot_mapping.assign(f.slot_mapping.begin(), f.slot_mapping.end());
+  b.logit_rows = f.sample_index;
+  return b;
+}
+
+FinishReason finish_of(scheduler::SeqFinish f) {
+  switch (f) {
+    case scheduler::SeqFinish::Stop:
+      return FinishReason::Stop;
+    case scheduler::SeqFinish::Length:
+      return FinishReason::Length;
+    case scheduler::SeqFinish::None:
+      break;
+  }
+  return FinishReason::None;
+}
+
 }  // namespace
 
 Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig cfg)
-    : model_(std::move(model)),
-      cfg_(cfg),
-      pool_(pool_config(*model_, cfg)),
-      sched_(SchedulerLimits{cfg.max_running, cfg.max_batch_tokens, cfg.page_size}),
-      sampler_(std::make_unique<Sampler>(static_cast<int>(model_->config().vocab_size), cfg.sampler)) {
-  MS_CHECK(cfg_.max_running > 0 && cfg_.max_batch_tokens > 0,
-           "max running requests ({}) and batch tokens ({}) must be positive", cfg_.max_running,
-           cfg_.max_batch_tokens);
+    : model_(std::move(model)), cfg_(cfg), pool_(pool_config(*model_, cfg)) {
+  MS_CHECK(cfg_.max_running > 0, "max running requests must be positive, got {}", cfg_.max_running);
+  MS_CHECK(cfg_.max_prefill_tokens > 0, "max prefill tokens must be positive, got {}",
+           cfg_.max_prefill_tokens);
   const int64_t model_ctx = model_->config().max_position_embeddings;
   if (cfg_.max_context <= 0 || cfg_.max_context > model_ctx) cfg_.max_context = model_ctx;
+  if (cfg_.enable_prefix_cache) cache_ = std::make_unique<kv::RadixCache>(pool_.allocator(), cfg_.page_size);
+  scheduler::SchedulerConfig sc;
+  sc.page_size = cfg_.page_size;
+  sc.max_running_requests = cfg_.max_running;
+  sc.max_prefill_tokens = cfg_.max_prefill_tokens;
+  sc.max_context = cfg_.max_context;
+  sched_ = std::make_unique<scheduler::Scheduler>(sc, pool_.allocator(), cache_.get());
+  sampler_ = std::make_unique<Sampler>(static_cast<int>(model_->config().vocab_size), cfg_.sampler);
+  if (cfg_.oea.enabled) {
+    const int k = model_->router_config().top_k;
+    MS_CHECK(cfg_.oea.k0 >= 1 && cfg_.oea.k0 <= k, "--oea-k0 {} must be in [1, {}] (the model's top-k)",
+             cfg_.oea.k0, k);
+    MS_CHECK(cfg_.oea.kmax == 0 || (cfg_.oea.kmax >= cfg_.oea.k0 && cfg_.oea.kmax <= k),
+             "--oea-kmax {} must be in [--oea-k0 {}, {}]", cfg_.oea.kmax, cfg_.oea.k0, k);
+    moe::validate(model_->router_config(), cfg_.oea);
+  }
+  if (cfg_.expert_stats && model_->config().n_routed_experts > 0)
+    expert_stats_ = std::make_unique<moe::ExpertStats>(model_->config().num_hidden_layers,
+                                                       model_->config().n_routed_experts);
+}
+
+moe::DistinctExpertsHistogram Engine::distinct_experts_histogram(moe::RoutingKind kind) const {
+  return expert_stats_ ? expert_stats_->histogram(kind) : moe::DistinctExpertsHistogram{};
+}
+
+Engine::~Engine() {
+  sched_.reset();  // its page references and cache locks go before the cache and the pool
+  cache_.reset();
 }
 
 uint64_t Engine::submit(Request r) {
-  const int64_t vocab = model_->config().vocab_size;
+  const auto& mc = model_->config();
+  const int64_t vocab = mc.vocab_size;
   if (r.prompt_ids.empty()) MS_THROW("the prompt is empty: give at least one token");
   for (size_t i = 0; i < r.prompt_ids.size(); ++i)
     if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= vocab)
@@ -52,10 +108,15 @@ uint64_t Engine::submit(Request r) {
   auto s = std::make_unique<Sequence>();
   s->sampler = sampler_->new_state(r.sampling, r.prompt_ids);  // validates the sampling params
   s->id = next_id_++;
-  s->tokens = r.prompt_ids;
   s->prompt_len = static_cast<int32_t>(r.prompt_ids.size());
+  scheduler::SequenceParams p;
+  p.prompt = r.prompt_ids;
+  p.max_tokens = r.max_tokens;
+  p.stop_token_ids = r.stop_token_ids;
+  if (!r.ignore_eos)
+    p.stop_token_ids.insert(p.stop_token_ids.end(), mc.eos_token_ids.begin(), mc.eos_token_ids.end());
   s->request = std::move(r);
-  sched_.add(s.get());
+  sched_->add(s->id, std::move(p));
   const uint64_t id = s->id;
   seqs_.emplace(id, std::move(s));
   return id;
@@ -68,46 +129,64 @@ bool Engine::cancel(uint64_t id) {
   return true;
 }
 
+int32_t Engine::clear_prefix_cache() {
+  if (!cache_) return 0;
+  const int32_t before = pool_.allocator().num_free();
+  cache_->clear();
+  return pool_.allocator().num_free() - before;
+}
+
 RequestOutput Engine::output_of(const Sequence& s) const {
   RequestOutput o;
   o.request_id = s.id;
   o.prompt_tokens = s.prompt_len;
+  o.cached_prompt_tokens = s.cached_prompt_tokens;
   o.completion_tokens = s.generated;
   return o;
 }
 
-void Engine::finish(Sequence& s, FinishReason why, std::vector<RequestOutput>& out, std::string error) {
-  auto it =
-      std::find_if(out.begin(), out.end(), [&](const RequestOutput& o) { return o.request_id == s.id; });
-  if (it == out.end()) {
-    out.push_back(output_of(s));
-    it = out.end() - 1;
-  }
-  it->finish = why;
-  it->error = std::move(error);
-  sched_.remove(&s);
-  pool_.allocator().release_all(s.pages);
-  seqs_.erase(s.id);
+// Ends a request the scheduler still holds (cancelled or failed): its pages go back at once.
+void Engine::finish(uint64_t id, FinishReason why, std::vector<RequestOutput>& out, std::string error) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  RequestOutput o = output_of(*it->second);
+  o.finish = why;
+  o.error = std::move(error);
+  out.push_back(std::move(o));
+  sched_->abort(id);
+  seqs_.erase(it);
 }
 
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestOutput> out;
-  std::vector<Sequence*> cancelled;
+  std::vector<uint64_t> cancelled;
   for (auto& [id, s] : seqs_)
-    if (s->cancelled) cancelled.push_back(s.get());
-  for (Sequence* s : cancelled) finish(*s, FinishReason::Cancelled, out);
+    if (s->cancelled) cancelled.push_back(id);
+  for (uint64_t id : cancelled) finish(id, FinishReason::Cancelled, out);
+  if (seqs_.empty()) return out;
 
-  std::vector<ScheduledSeq> plan = sched_.schedule(pool_.allocator());
-  if (plan.empty()) return out;
-  kv::ForwardBatchBuilder bb(pool_.page_size());
-  std::vector<Sequence*> wants;  // sequences whose next token comes out of this step, in logit-row order
-  for (const ScheduledSeq& p : plan) {
-    Sequence* s = p.seq;
-    const bool last = s->computed + p.n_tokens == static_cast<int32_t>(s->tokens.size());
-    bb.add_sequence(s->pages, s->computed, s->tokens.data() + s->computed, p.n_tokens, last);
-    if (last) wants.push_back(s);
+  const scheduler::BatchPlan plan = sched_->schedule();
+  if (plan.empty()) return out;  // only after preempting every running prompt; the next step readmits
+  kv::ForwardBatch batch = to_forward_batch(scheduler::flatten(plan, pool_.page_size()));
+  step_rows_.clear();
+  model::StepRouting routing;
+  routing.oea = cfg_.oea;
+  routing.expert_stats = expert_stats_.get();
+  for (const auto& p : plan.seqs) {
+    Sequence& s = *seqs_.at(p.seq_id);
+    if (!s.admitted) {
+      s.admitted = true;
+      s.cached_prompt_tokens = std::min(p.cached_prefix_tokens, s.prompt_len);
+      s.prompt_done = s.cached_prompt_tokens;
+    }
+    // Decode tokens (OEA applies) are generated tokens fed back one at a time; prompt chunks and the
+    // recompute of a preempted sequence route plainly.
+    const bool decode = !p.prefill && p.token_begin >= s.prompt_len;
+    routing.decode_tokens.insert(routing.decode_tokens.end(),
+                                 static_cast<size_t>(p.token_end - p.token_begin), decode ? 1 : 0);
+    if (p.sample) step_rows_.push_back(&s);
   }
-  kv::ForwardBatch batch = bb.finish();
+
   // The hook sees the whole step, token choice included; ok stays false if the step throws.
   struct HookBracket {
     profiler::StepHook* hook;
@@ -120,71 +199,81 @@ std::vector<RequestOutput> Engine::step() {
   if (hook_) {
     const int32_t n = batch.n_tokens(), seqs = batch.n_seqs();
     const std::string label =
-        fmt::format("{} tokens={} seqs={} ctx={}", n == seqs ? "decode" : "prefill", n, seqs,
-                    *std::max_element(batch.seq_lens.begin(), batch.seq_lens.end()));
+        fmt::format("{} tokens={} seqs={} ctx={}", plan.num_prefill_tokens == 0 ? "decode" : "prefill", n,
+                    seqs, *std::max_element(batch.seq_lens.begin(), batch.seq_lens.end()));
     if (profiler::OpSink* s = hook_->step_begin(label)) sink = s;
   }
   Tensor logits;
   try {
-    logits = model_->forward(batch, pool_, sink);
+    logits = model_->forward(batch, pool_, sink, routing);
   } catch (const Error& e) {
     MS_LOG_ERROR("engine step failed: {}", e.what());
-    for (const ScheduledSeq& p : plan) finish(*p.seq, FinishReason::Error, out, e.message());
+    for (const auto& p : plan.seqs) finish(p.seq_id, FinishReason::Error, out, e.message());
+    sched_->commit({});  // every planned sequence is gone: this only clears the plan
     return out;
   }
-  for (const ScheduledSeq& p : plan) {
-    p.seq->computed += p.n_tokens;
-    if (p.seq->generated == 0) prompt_tokens_total_ += p.n_tokens;
+  for (const auto& p : plan.seqs) {
+    Sequence& s = *seqs_.at(p.seq_id);
+    const int32_t end = std::min(p.token_end, s.prompt_len);
+    if (end > s.prompt_done) {
+      prompt_tokens_total_ += end - std::max(p.token_begin, s.prompt_done);
+      s.prompt_done = end;
+    }
   }
-  const auto& cfg = model_->config();
-  const size_t rows = wants.size();
+
+  const auto& mc = model_->config();
+  const size_t rows = step_rows_.size();
   step_params_.resize(rows);
   step_states_.resize(rows);
   step_tokens_.resize(rows);
+  std::unordered_map<uint64_t, size_t> row_of;
   for (size_t i = 0; i < rows; ++i) {
-    step_params_[i] = &wants[i]->request.sampling;
-    step_states_[i] = &wants[i]->sampler;
+    step_params_[i] = &step_rows_[i]->request.sampling;
+    step_states_[i] = &step_rows_[i]->sampler;
+    row_of[step_rows_[i]->id] = i;
   }
+  std::vector<scheduler::SampledToken> sampled;
   try {
-    sampler_->sample_batch(
-        std::span<const float>(logits.data<float>(), rows * static_cast<size_t>(cfg.vocab_size)),
-        step_params_, step_states_, step_tokens_);
+    if (rows > 0)
+      sampler_->sample_batch(
+          std::span<const float>(logits.data<float>(), rows * static_cast<size_t>(mc.vocab_size)),
+          step_params_, step_states_, step_tokens_);
+    for (size_t i = 0; i < rows; ++i) sampled.push_back({step_rows_[i]->id, step_tokens_[i].token});
   } catch (const Error& e) {
     MS_LOG_ERROR("engine sampling failed: {}", e.what());
-    for (Sequence* s : wants) finish(*s, FinishReason::Error, out, e.message());
-    return out;
+    std::vector<uint64_t> ids;
+    for (Sequence* s : step_rows_) ids.push_back(s->id);
+    for (uint64_t id : ids) finish(id, FinishReason::Error, out, e.message());
+    sampled.clear();  // the rows that sampled are gone; prefill chunks without a sample still commit
   }
-  for (size_t i = 0; i < rows; ++i) {
-    Sequence& s = *wants[i];
-    const GeneratedToken& g = step_tokens_[i];
-    s.tokens.push_back(g.token);
+
+  for (const scheduler::SequenceUpdate& u : sched_->commit(sampled)) {
+    Sequence& s = *seqs_.at(u.seq_id);
     ++s.generated;
     ++generation_tokens_total_;
     RequestOutput o = output_of(s);
-    o.tokens.push_back(g);
+    o.tokens.push_back(step_tokens_[row_of.at(u.seq_id)]);
+    o.finish = finish_of(u.finish);
     out.push_back(std::move(o));
-    const Request& r = s.request;
-    const bool eos = !r.ignore_eos && std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(),
-                                                g.token) != cfg.eos_token_ids.end();
-    const bool stop =
-        std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), g.token) != r.stop_token_ids.end();
-    if (eos || stop)
-      finish(s, FinishReason::Stop, out);
-    else if (s.generated >= r.max_tokens || static_cast<int64_t>(s.tokens.size()) >= cfg_.max_context)
-      finish(s, FinishReason::Length, out);
+    if (u.finish != scheduler::SeqFinish::None) seqs_.erase(u.seq_id);  // the scheduler freed its pages
   }
   bracket.ok = true;
   return out;
 }
 
 EngineStats Engine::stats() const {
+  const scheduler::SchedulerStats ss = sched_->stats();
   EngineStats st;
-  st.running = sched_.running();
-  st.waiting = sched_.waiting();
-  st.kv_pages_total = pool_.allocator().num_pages();
-  st.kv_pages_used = pool_.allocator().num_used();
+  st.running = ss.running;
+  st.waiting = ss.waiting;
+  st.kv_pages_total = ss.pages_total;
+  st.kv_pages_used = ss.pages_used;
+  st.kv_pages_cached = ss.pages_cached;
   st.prompt_tokens_total = prompt_tokens_total_;
   st.generation_tokens_total = generation_tokens_total_;
+  st.prefix_cache_queries = ss.prefix_query_tokens;
+  st.prefix_cache_hits = ss.prefix_hit_tokens;
+  st.preemptions = ss.preemptions;
   st.max_context = cfg_.max_context;
   return st;
 }

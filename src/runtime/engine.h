@@ -1,6 +1,13 @@
-// The Engine: requests in, tokens out. submit() validates and queues a request; step() schedules one batch
-// (prefill chunks and decodes mixed), runs the model once, picks each sequence's next token and reports what
-// happened to every request it touched; cancel() ends a request at the next step.
+// The Engine: requests in, tokens out. submit() validates and queues a request; step() asks the scheduler for
+// one batch (decodes first, then prefill chunks within the prefill budget), runs the model once, samples the
+// rows that end a sequence's known tokens and commits the tokens back; cancel() ends a request at the next
+// step.
+//
+// Ownership: the Engine owns the KV pool (memory and page allocator), the prefix cache and the scheduler,
+// which holds page references through the allocator and owns each sequence's token list and block table; the
+// Engine keeps per request only what the scheduler does not (the request, its sampler state, what it has
+// reported). A sequence the scheduler preempts goes back to waiting and is recomputed later over its prompt
+// and generated tokens; to the caller it is still running and no token is reported twice.
 #pragma once
 
 #include <cstdint>
@@ -9,13 +16,14 @@
 #include <vector>
 
 #include "kv/kv_pool.h"
+#include "kv/radix_cache.h"
 #include "model/model.h"
 #include "profiler/op_record.h"
 #include "profiler/step_hook.h"
 #include "runtime/engine_types.h"
-#include "runtime/fcfs_scheduler.h"
 #include "runtime/sampler.h"
 #include "runtime/sequence.h"
+#include "scheduler/scheduler.h"
 
 namespace ms::runtime {
 
@@ -24,14 +32,21 @@ struct EngineConfig {
   int64_t kv_cache_tokens = 32768;  // pool capacity, in tokens over all sequences
   kv::KvCacheDType kv_cache_dtype = kv::KvCacheDType::Auto;
   int max_running = 8;
-  int32_t max_batch_tokens = 2048;
-  int64_t max_context = 0;  // 0: the model's max_position_embeddings
-  SamplerOptions sampler;   // top_logprobs limit; the seed of requests that bring none
+  int32_t max_prefill_tokens = 2048;  // prompt tokens per step; longer prompts are prefilled in chunks
+  bool enable_prefix_cache = true;    // share whole KV pages of common prompt prefixes between requests
+  int64_t max_context = 0;            // 0: the model's max_position_embeddings
+  SamplerOptions sampler;             // top_logprobs limit; the seed of requests that bring none
+  // Opportunistic Expert Activation for decode tokens (--oea-k0, --oea-kmax); prefill always routes plainly.
+  moe::OeaConfig oea;
+  // Record distinct experts per MoE layer per step of decode tokens (with OEA on, the plain-routing baseline
+  // costs a second routing call per layer).
+  bool expert_stats = false;
 };
 
 class Engine {
  public:
   Engine(std::shared_ptr<model::Model> model, EngineConfig cfg);
+  ~Engine();
 
   // Throws ms::Error naming the problem (empty prompt, id outside the vocabulary, too long for the context
   // or the pool, max_tokens < 1, a sampling parameter out of range: "temperature must be ...").
@@ -41,28 +56,42 @@ class Engine {
   bool has_work() const { return !seqs_.empty(); }
   EngineStats stats() const;
 
+  // Drops every prefix-cache entry no running request uses and returns the pages that became free.
+  int32_t clear_prefix_cache();
+
   const model::Model& model() const { return *model_; }
   const kv::KvPool& kv_pool() const { return pool_; }
+  // Null unless EngineConfig::expert_stats; thread-safe to read while another thread steps.
+  const moe::ExpertStats* expert_stats() const { return expert_stats_.get(); }
+  // Distinct experts per MoE layer per decode step, all MoE layers together (for /metrics); empty (no
+  // bounds) when stats are off. Kind Oea holds observations only when OEA is on.
+  moe::DistinctExpertsHistogram distinct_experts_histogram(moe::RoutingKind kind) const;
+  const EngineConfig& config() const { return cfg_; }
   void set_op_sink(profiler::OpSink* sink) { sink_ = sink; }
   // Brackets every step that runs the model (e.g. a profiler::ProfileController); its sink, when it gives
   // one, replaces set_op_sink's for that step.
   void set_step_hook(profiler::StepHook* hook) { hook_ = hook; }
 
  private:
-  void finish(Sequence& s, FinishReason why, std::vector<RequestOutput>& out, std::string error = {});
+  void finish(uint64_t id, FinishReason why, std::vector<RequestOutput>& out, std::string error = {});
   RequestOutput output_of(const Sequence& s) const;
 
   std::shared_ptr<model::Model> model_;
   EngineConfig cfg_;
+  // Declared in this order so that the scheduler drops its page references before the cache, and both
+  // before the pool's allocator goes.
   kv::KvPool pool_;
-  FcfsScheduler sched_;
+  std::unique_ptr<kv::RadixCache> cache_;  // null when the prefix cache is off
+  std::unique_ptr<scheduler::Scheduler> sched_;
   std::unique_ptr<Sampler> sampler_;
   std::map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   uint64_t next_id_ = 1;
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0;
   profiler::OpSink* sink_ = nullptr;
   profiler::StepHook* hook_ = nullptr;
+  std::unique_ptr<moe::ExpertStats> expert_stats_;
   // Scratch of step(), [rows whose next token comes out of the step], reused across steps.
+  std::vector<Sequence*> step_rows_;
   std::vector<const SamplingParams*> step_params_;
   std::vector<SamplerState*> step_states_;
   std::vector<GeneratedToken> step_tokens_;

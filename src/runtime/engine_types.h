@@ -62,6 +62,7 @@ struct EngineStats {
       0;  // of the used ones, held by the prefix cache (evictable once no request uses them)
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens
+  int64_t preemptions = 0;  // running sequences sent back to wait for pages (recomputed later)
   int64_t max_context = 0;
 };
 

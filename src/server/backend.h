@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/expert_stats.h"
 #include "runtime/engine_types.h"
 
 namespace ms::profiler {
@@ -45,6 +46,10 @@ class Backend {
   // Runs one step; returns the news of every request that produced a token or finished.
   virtual std::vector<runtime::RequestOutput> step() = 0;
   virtual runtime::EngineStats stats() const = 0;
+
+  // Distinct experts per MoE layer per decode step (all layers together); empty bounds when the backend
+  // keeps no such statistics. Thread-safe.
+  virtual moe::DistinctExpertsHistogram distinct_experts_histogram(moe::RoutingKind) const { return {}; }
 
   // The profiler the backend's steps report to, or null when it has none. Its start/stop are thread-safe.
   virtual profiler::ProfileController* profile_controller() { return nullptr; }

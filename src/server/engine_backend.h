@@ -45,6 +45,9 @@ class EngineBackend : public Backend {
   bool has_work() const override { return engine_->has_work(); }
   std::vector<runtime::RequestOutput> step() override;
   runtime::EngineStats stats() const override;
+  moe::DistinctExpertsHistogram distinct_experts_histogram(moe::RoutingKind kind) const override {
+    return engine_->distinct_experts_histogram(kind);
+  }
   profiler::ProfileController* profile_controller() override { return profiler_.get(); }
 
   // The ids that end a request besides its own stop ids (unless ignore_eos): the model config's eos ids, or

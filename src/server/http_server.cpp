@@ -173,8 +173,11 @@ void HttpServer::routes() {
   });
 
   h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.render(loop_.stats(), loop_.active(), model_name()),
-                    "text/plain; version=0.0.4; charset=utf-8");
+    std::string text = metrics_.render(loop_.stats(), loop_.active(), model_name());
+    const Backend& b = loop_.backend();
+    Metrics::render_distinct_experts(text, b.distinct_experts_histogram(moe::RoutingKind::Baseline),
+                                     b.distinct_experts_histogram(moe::RoutingKind::Oea));
+    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
 
   h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {

@@ -118,4 +118,29 @@ std::string Metrics::render(const runtime::EngineStats& e, size_t active, const 
   return out;
 }
 
+void Metrics::render_distinct_experts(std::string& out, const moe::DistinctExpertsHistogram& baseline,
+                                      const moe::DistinctExpertsHistogram& oea) {
+  const std::pair<const moe::DistinctExpertsHistogram*, const char*> kinds[] = {{&baseline, "baseline"},
+                                                                                {&oea, "oea"}};
+  bool header = false;
+  for (const auto& [h, kind] : kinds) {
+    if (h->bounds.empty() || (h->count == 0 && h != &baseline)) continue;
+    if (!header) {
+      out +=
+          "# HELP moeserve_moe_distinct_experts Distinct experts one MoE layer reads in one decode step "
+          "(baseline: plain top-k routing; oea: with Opportunistic Expert Activation).\n"
+          "# TYPE moeserve_moe_distinct_experts histogram\n";
+      header = true;
+    }
+    const auto cum = h->cumulative();
+    for (size_t i = 0; i < h->bounds.size(); ++i)
+      out += fmt::format("moeserve_moe_distinct_experts_bucket{{kind=\"{}\",le=\"{}\"}} {}\n", kind,
+                         number(h->bounds[i]), cum[i]);
+    out +=
+        fmt::format("moeserve_moe_distinct_experts_bucket{{kind=\"{}\",le=\"+Inf\"}} {}\n", kind, h->count);
+    out += fmt::format("moeserve_moe_distinct_experts_sum{{kind=\"{}\"}} {}\n", kind, number(h->sum));
+    out += fmt::format("moeserve_moe_distinct_experts_count{{kind=\"{}\"}} {}\n", kind, h->count);
+  }
+}
+
 }  // namespace ms::server

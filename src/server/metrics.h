@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/expert_stats.h"
 #include "runtime/engine_types.h"
 
 namespace ms::server {
@@ -40,6 +41,10 @@ class Metrics {
 
   std::string render(const runtime::EngineStats& engine, size_t active_requests,
                      const std::string& model) const;
+  // Appends moeserve_moe_distinct_experts (a histogram labelled kind="baseline" / "oea") when either has
+  // bounds; a kind with no observations is left out.
+  static void render_distinct_experts(std::string& out, const moe::DistinctExpertsHistogram& baseline,
+                                      const moe::DistinctExpertsHistogram& oea);
 };
 
 }  // namespace ms::server

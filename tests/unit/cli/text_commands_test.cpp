@@ -67,14 +67,16 @@ TEST(Generate, PrintIdsGivesAJsonArrayOfMaxTokensIds) {
 
 TEST(Generate, SeedMakesSamplingReproducibleAndTemperatureMatters) {
   const std::string base = "generate --prompt-ids 72,101,108 --max-tokens 16 --print-ids --temperature 1.5 ";
-  auto a = run(base + "--seed 5", false), b = run(base + "--seed 5", false), c = run(base + "--seed 6", false);
+  auto a = run(base + "--seed 5", false), b = run(base + "--seed 5", false),
+       c = run(base + "--seed 6", false);
   ASSERT_EQ(a.status, 0) << a.out;
   EXPECT_EQ(a.out, b.out);
   EXPECT_NE(a.out, c.out);
   auto g = run("generate --prompt-ids 72,101,108 --max-tokens 16 --print-ids", false);
   EXPECT_NE(a.out, g.out);
-  auto k1 = run("generate --prompt-ids 72,101,108 --max-tokens 16 --print-ids --temperature 1.5 --top-k 1 --seed 5",
-                false);
+  auto k1 =
+      run("generate --prompt-ids 72,101,108 --max-tokens 16 --print-ids --temperature 1.5 --top-k 1 --seed 5",
+          false);
   EXPECT_EQ(k1.out, g.out) << "top-k 1 must equal greedy";
 }
 

@@ -22,8 +22,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path gen_model(const std::string& weights, const std::string& arch) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("moeserve_quant_ckpt_" + weights + "_" + arch + "_" + std::to_string(getpid()));
+  const fs::path dir = fs::temp_directory_path() /
+                       ("moeserve_quant_ckpt_" + weights + "_" + arch + "_" + std::to_string(getpid()));
   fs::remove_all(dir);
   const std::string cmd = std::string(MS_BINARY) + " gen-model --preset tiny --arch " + arch + " --weights " +
                           weights + " --seed 3 --out '" + dir.string() + "' > /dev/null 2>&1";
@@ -37,8 +37,8 @@ std::unique_ptr<model::MemorySource> dequantised(const model::CheckpointSource& 
   auto out = std::make_unique<model::MemorySource>("dequantised");
   const auto& ck = src.checkpoint();
   for (const auto& name : ck.names()) {
-    if (name.ends_with("_scale_inv") || name.ends_with(".weight_scale") || name.ends_with(".weight_scale_2") ||
-        name.ends_with(".input_scale"))
+    if (name.ends_with("_scale_inv") || name.ends_with(".weight_scale") ||
+        name.ends_with(".weight_scale_2") || name.ends_with(".input_scale"))
       continue;
     Tensor t = src.tensor(name);
     const std::string prefix = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : "";
@@ -58,8 +58,8 @@ std::unique_ptr<model::MemorySource> dequantised(const model::CheckpointSource& 
       const float s2 = src.tensor(prefix + ".weight_scale_2").data<float>()[0];
       Tensor f = Tensor::empty({rows, cols}, DType::F32);
       for (int64_t r = 0; r < rows; ++r)
-        quant::nvfp4_dequantize_row(t.data<uint8_t>() + r * cols / 2, s.data<uint8_t>() + r * cols / 16, s2, cols,
-                                    f.data<float>() + r * cols);
+        quant::nvfp4_dequantize_row(t.data<uint8_t>() + r * cols / 2, s.data<uint8_t>() + r * cols / 16, s2,
+                                    cols, f.data<float>() + r * cols);
       out->put(name, f);
       ++nvfp4;
     } else {
@@ -99,7 +99,8 @@ TEST_P(QuantizedCheckpoint, LogitsEqualTheDequantisedModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GenModel, QuantizedCheckpoint,
-                         ::testing::Combine(::testing::Values("fp8", "nvfp4"), ::testing::Values("glm5", "deepseek_v3")),
+                         ::testing::Combine(::testing::Values("fp8", "nvfp4"),
+                                            ::testing::Values("glm5", "deepseek_v3")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });

@@ -97,7 +97,8 @@ inline void hf_route(const io::ModelConfig& c, const double* logits, const Mat& 
   for (int g = 0; g < G; ++g) gi[g] = g;
   std::stable_sort(gi.begin(), gi.end(), [&](int a, int b) { return gs[a] > gs[b]; });
   for (int g = c.topk_group; g < G; ++g)
-    for (int e = gi[g] * per; e < (gi[g] + 1) * per; ++e) ch[e] = -INFINITY;
+    for (int e = gi[g] * per; e < (gi[g] + 1) * per; ++e)
+      ch[e] = c.arch == io::ModelArch::GlmMoeDsa ? -INFINITY : 0.0;  // DeepseekV3MoE fills with 0.0
   std::vector<int> ei(E);
   for (int e = 0; e < E; ++e) ei[e] = e;
   std::stable_sort(ei.begin(), ei.end(), [&](int a, int b) { return ch[a] > ch[b]; });

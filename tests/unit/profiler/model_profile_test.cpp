@@ -46,7 +46,7 @@ profiler::ProfileResult profile_decode(std::shared_ptr<model::Model> m) {
   ec.kv_cache_tokens = kPoolTokens;
   ec.kv_cache_dtype = kv::KvCacheDType::BF16;
   ec.max_running = kBatch;
-  ec.max_batch_tokens = kBatch * kContext;
+  ec.max_prefill_tokens = kBatch * kContext;
   runtime::Engine engine(std::move(m), ec);
   profiler::ProfileController ctl({profiler::parse_ceilings("20,100"), {}, {}});
   engine.set_step_hook(&ctl);
