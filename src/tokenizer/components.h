@@ -2,6 +2,7 @@
 // implement is refused at load with its name and the JSON path.
 #pragma once
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <functional>
@@ -42,6 +43,18 @@ class PostProcessor {
 
 // token_id resolves a token string to its id (for post-processors that name tokens); -1 when unknown.
 using TokenIdFn = std::function<int32_t(const std::string&)>;
+
+// The stages of a "Sequence" component: j[key] lists components, each built by make(json, where); a stage
+// that builds to nothing (a no-op) is left out.
+template <typename Stage, typename Make>
+std::vector<std::unique_ptr<Stage>> make_sequence_stages(const nlohmann::json& j, const char* key,
+                                                         const std::string& where, Make&& make) {
+  std::vector<std::unique_ptr<Stage>> stages;
+  const auto& arr = j.at(key);
+  for (size_t i = 0; i < arr.size(); ++i)
+    if (auto p = make(arr[i], fmt::format("{}.{}[{}]", where, key, i))) stages.push_back(std::move(p));
+  return stages;
+}
 
 std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j, const std::string& where);
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const std::string& where);

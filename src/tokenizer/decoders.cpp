@@ -186,15 +186,9 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const std::string
       return std::make_unique<StripDecoder>(j.at("content").get<std::string>(), j.value("start", size_t{0}),
                                             j.value("stop", size_t{0}));
     if (type == "Metaspace") return std::make_unique<MetaspaceDecoder>(j);
-    if (type == "Sequence") {
-      std::vector<std::unique_ptr<Decoder>> parts;
-      const auto& arr = j.at("decoders");
-      for (size_t i = 0; i < arr.size(); ++i) {
-        auto p = make_decoder(arr[i], fmt::format("{}.decoders[{}]", where, i));
-        if (p) parts.push_back(std::move(p));
-      }
-      return std::make_unique<SequenceDecoder>(std::move(parts));
-    }
+    if (type == "Sequence")
+      return std::make_unique<SequenceDecoder>(
+          make_sequence_stages<Decoder>(j, "decoders", where, make_decoder));
   } catch (const nlohmann::json::exception& e) {
     MS_THROW("{} ({}): {}", where, type, e.what());
   }

@@ -169,15 +169,9 @@ std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j, const std::
     if (type == "Prepend") return std::make_unique<Prepend>(j.at("prepend").get<std::string>());
     if (type == "Strip")
       return std::make_unique<Strip>(j.value("strip_left", true), j.value("strip_right", true));
-    if (type == "Sequence") {
-      std::vector<std::unique_ptr<Normalizer>> parts;
-      const auto& arr = j.at("normalizers");
-      for (size_t i = 0; i < arr.size(); ++i) {
-        auto p = make_normalizer(arr[i], fmt::format("{}.normalizers[{}]", where, i));
-        if (p) parts.push_back(std::move(p));
-      }
-      return std::make_unique<Sequence>(std::move(parts));
-    }
+    if (type == "Sequence")
+      return std::make_unique<Sequence>(
+          make_sequence_stages<Normalizer>(j, "normalizers", where, make_normalizer));
   } catch (const nlohmann::json::exception& e) {
     MS_THROW("{} ({}): {}", where, type, e.what());
   }

@@ -87,15 +87,11 @@ std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& j, cons
       // "cls": [token, id], "sep": [token, id]
       return std::make_unique<ClsSep>(j.at("cls").at(1).get<int32_t>(), j.at("sep").at(1).get<int32_t>());
     }
-    if (type == "Sequence") {
-      std::vector<std::unique_ptr<PostProcessor>> parts;
-      const auto& arr = j.at("processors");
-      for (size_t i = 0; i < arr.size(); ++i) {
-        auto p = make_post_processor(arr[i], fmt::format("{}.processors[{}]", where, i), token_id);
-        if (p) parts.push_back(std::move(p));
-      }
-      return std::make_unique<Sequence>(std::move(parts));
-    }
+    if (type == "Sequence")
+      return std::make_unique<Sequence>(make_sequence_stages<PostProcessor>(
+          j, "processors", where, [&](const nlohmann::json& e, const std::string& w) {
+            return make_post_processor(e, w, token_id);
+          }));
   } catch (const nlohmann::json::exception& e) {
     MS_THROW("{} ({}): {}", where, type, e.what());
   }

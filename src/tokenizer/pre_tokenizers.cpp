@@ -293,15 +293,9 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const 
     if (type == "Metaspace") return std::make_unique<Metaspace>(j, where);
     if (type == "WhitespaceSplit") return std::make_unique<WhitespaceSplit>();
     if (type == "Whitespace") return std::make_unique<Whitespace>();
-    if (type == "Sequence") {
-      std::vector<std::unique_ptr<PreTokenizer>> parts;
-      const auto& arr = j.at("pretokenizers");
-      for (size_t i = 0; i < arr.size(); ++i) {
-        auto p = make_pre_tokenizer(arr[i], fmt::format("{}.pretokenizers[{}]", where, i));
-        if (p) parts.push_back(std::move(p));
-      }
-      return std::make_unique<Sequence>(std::move(parts));
-    }
+    if (type == "Sequence")
+      return std::make_unique<Sequence>(
+          make_sequence_stages<PreTokenizer>(j, "pretokenizers", where, make_pre_tokenizer));
   } catch (const nlohmann::json::exception& e) {
     MS_THROW("{} ({}): {}", where, type, e.what());
   }
