@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include "runtime/engine_stats.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -262,20 +264,7 @@ std::vector<RequestOutput> Engine::step() {
 }
 
 EngineStats Engine::stats() const {
-  const scheduler::SchedulerStats ss = sched_->stats();
-  EngineStats st;
-  st.running = ss.running;
-  st.waiting = ss.waiting;
-  st.kv_pages_total = ss.pages_total;
-  st.kv_pages_used = ss.pages_used;
-  st.kv_pages_cached = ss.pages_cached;
-  st.prompt_tokens_total = prompt_tokens_total_;
-  st.generation_tokens_total = generation_tokens_total_;
-  st.prefix_cache_queries = ss.prefix_query_tokens;
-  st.prefix_cache_hits = ss.prefix_hit_tokens;
-  st.preemptions = ss.preemptions;
-  st.max_context = cfg_.max_context;
-  return st;
+  return engine_stats_from(sched_->stats(), prompt_tokens_total_, generation_tokens_total_, cfg_.max_context);
 }
 
 }  // namespace ms::runtime

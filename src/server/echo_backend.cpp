@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "runtime/engine_stats.h"
 
 namespace ms::server {
 
@@ -108,19 +109,8 @@ std::vector<runtime::RequestOutput> EchoBackend::step() {
 }
 
 runtime::EngineStats EchoBackend::stats() const {
-  auto st = scheduler_->stats();
-  runtime::EngineStats e;
-  e.running = st.running;
-  e.waiting = st.waiting;
-  e.kv_pages_total = st.pages_total;
-  e.kv_pages_used = st.pages_used;
-  e.kv_pages_cached = st.pages_cached;
-  e.prompt_tokens_total = prompt_tokens_total_;
-  e.generation_tokens_total = generation_tokens_total_;
-  e.prefix_cache_queries = st.prefix_query_tokens;
-  e.prefix_cache_hits = st.prefix_hit_tokens;
-  e.max_context = config_.max_context;
-  return e;
+  return runtime::engine_stats_from(scheduler_->stats(), prompt_tokens_total_, generation_tokens_total_,
+                                    config_.max_context);
 }
 
 }  // namespace ms::server
