@@ -117,6 +117,9 @@ void HttpServer::drain(std::chrono::milliseconds timeout) {
   while (loop_.active() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (loop_.active() > 0) MS_LOG_WARN("drain: cancelling {} requests still running", loop_.active());
+  // A request leaves the engine loop before its HTTP thread has written the last bytes of its response;
+  // give those threads a moment so stop() does not cut a finished answer off.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   stop();
 }
 

@@ -313,8 +313,12 @@ def test_sigterm_drains(server):
         while s.metrics()["moeserve_num_requests_active"] == 0:
             time.sleep(0.01)
         s.proc.send_signal(signal.SIGTERM)
-        # Draining: new requests are refused while the running one finishes.
+        # Draining: new requests are refused while the running one finishes. The signal is handled on another
+        # thread, so wait until /health says draining before sending one.
         try:
+            deadline = time.time() + 30
+            while requests.get(s.url + "/health", timeout=5).status_code != 503 and time.time() < deadline:
+                time.sleep(0.005)
             r = requests.post(s.url + "/v1/completions", json={"model": s.model, "prompt": "x"}, timeout=5)
             assert r.status_code == 503
         except requests.ConnectionError:
