@@ -4,7 +4,7 @@
 set -euo pipefail
 
 debs=(
-  build-essential cmake make pkg-config git
+  build-essential cmake make pkg-config git ccache
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libpcre2-dev libicu-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
   libomp-dev clang libclang-rt-14-dev clang-format
