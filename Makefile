@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DMOESERVE_WERROR=ON
 
-.PHONY: all deps configure build run test test-unit test-fuzz test-e2e format format-check clean
+.PHONY: all deps configure build run gpu-bundle test test-unit test-fuzz test-e2e format format-check clean
 
 all: build
 
@@ -36,3 +36,8 @@ test: deps format-check build
 
 clean:
 	rm -rf $(BUILD)
+
+# On a connected Debian machine: the dependency bundle a GPU machine without package access builds from
+# (.gpu-bundle/, see scripts/make-gpu-bundle.sh and the README's GPU section).
+gpu-bundle:
+	bash scripts/make-gpu-bundle.sh

@@ -8,9 +8,10 @@ archs=${MOESERVE_CUDA_ARCHS:-90a}
 log=$(mktemp -d)
 status() { printf '%-28s %s\n' "$1" "$2" >>"$log/summary"; }
 
+source scripts/gpu-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=ON -DMOESERVE_CUDA_ARCHS="$archs" \
-     -DMOESERVE_WERROR=ON >"$log/configure" 2>&1 &&
+     -DMOESERVE_WERROR=ON "${MS_BUNDLE_CMAKE_ARGS[@]}" >"$log/configure" 2>&1 &&
    cmake --build "$build" -j "$(nproc)" >"$log/build" 2>&1; then
   status build ok
 else
