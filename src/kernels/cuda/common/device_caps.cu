@@ -36,4 +36,8 @@ void check_smem(const DeviceCaps& caps, const char* kernel, size_t smem_bytes) {
         kernel, smem_bytes, caps.name, caps.arch(), caps.smem_per_block_optin);
 }
 
+void check_fit(const DeviceCaps& caps, const KernelNeed& need) {
+  if (auto why = why_cannot_run(need, limits_of(caps))) MS_THROW("{}", *why);
+}
+
 }  // namespace ms::cuda

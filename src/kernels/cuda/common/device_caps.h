@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "kernels/cuda/common/kernel_fit.h"
+
 namespace ms::cuda {
 
 struct DeviceCaps {
@@ -18,10 +20,16 @@ struct DeviceCaps {
   int arch() const { return sm_major * 10 + sm_minor; }
 };
 
+inline DeviceLimits limits_of(const DeviceCaps& c) {
+  return {c.name, c.arch(), c.smem_per_block_optin, c.multiprocessors};
+}
+
 // Number of visible CUDA devices; 0 when there is no driver or device (never throws).
 int device_count();
 DeviceCaps query_device(int device);
 // Throws ms::Error naming the kernel and the limit when `smem_bytes` exceeds what `caps` allows.
 void check_smem(const DeviceCaps& caps, const char* kernel, size_t smem_bytes);
+// Throws ms::Error with why_cannot_run's message when `need` does not fit the device.
+void check_fit(const DeviceCaps& caps, const KernelNeed& need);
 
 }  // namespace ms::cuda

@@ -24,16 +24,8 @@
 namespace ms::cuda {
 namespace {
 
-constexpr int kHeadsPerBlock = 64;
-constexpr int kThreads = 256;
-constexpr int kRowStride =
-    kMlaHeadDim + 8;  // bf16 elements per shared row: 1168 bytes, ldmatrix conflict-free
-constexpr int kPageBytes = kMlaPageSize * kMlaHeadDim;
-constexpr int kSStride = kMlaPageSize + 4;  // floats per row of the shared score tile
-constexpr int kMinPagesPerSplit = 2;        // below this the partial outputs cost more than the pages
-constexpr size_t kQBytes = size_t{kHeadsPerBlock} * kRowStride * 2;
-constexpr size_t kKvBytes = size_t{kMlaPageSize} * kRowStride * 2;
-constexpr size_t kSmemBytes = kQBytes + kKvBytes + kPageBytes + size_t{kHeadsPerBlock} * kSStride * 4;
+using namespace mla_decode_config;
+constexpr int kMinPagesPerSplit = 2;  // below this the partial outputs cost more than the pages
 constexpr float kLog2e = 1.4426950408889634f;
 
 size_t align256(size_t x) {
@@ -422,7 +414,7 @@ void mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_major, cudaDevAttrComputeCapabilityMajor, caps.device));
   CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_minor, cudaDevAttrComputeCapabilityMinor, caps.device));
   caps.name = "device " + std::to_string(caps.device);
-  check_smem(caps, "mla_decode", kSmemBytes);
+  check_fit(caps, need());
   CUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmemBytes)));
 

@@ -13,12 +13,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace ms::cuda {
+#include "kernels/cuda/mla_decode/mla_decode_config.h"
 
-constexpr int kMlaLatentDim = 512;  // kv_lora_rank: the value part and the output width
-constexpr int kMlaRopeDim = 64;
-constexpr int kMlaHeadDim = kMlaLatentDim + kMlaRopeDim;  // 576: what a KV token holds and q is dotted with
-constexpr int kMlaPageSize = 64;                          // tokens per KV page
+namespace ms::cuda {
 
 struct MlaDecodeParams {
   const __nv_bfloat16* __restrict__ q =

@@ -22,14 +22,15 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
+#include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 
 namespace ms::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kWarpK = 128;                                // k per warp per step: 4 lanes x 32 elements
-constexpr size_t kLutBytes = 256 * 32 * sizeof(uint32_t);  // replicated byte -> bf16x2 table
+using nvfp4_gemv_config::kLutBytes;
+using nvfp4_gemv_config::kThreads;
+using nvfp4_gemv_config::kWarpK;
+using nvfp4_gemv_config::kWarps;
 
 __host__ __device__ constexpr float e2m1_value(uint32_t code) {
   constexpr float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
@@ -203,28 +204,9 @@ __global__ void nvfp4_gemv_reduce_kernel(const float* __restrict__ part, float* 
   }
 }
 
-struct Config {
-  int kw, rows_per_block, splits;
-};
-
-int ceil_div(int a, int b) {
-  return (a + b - 1) / b;
-}
-
-// Largest tiles that still give every multiprocessor two blocks; prefers fewer k-slices (less partial
-// traffic) over larger row blocks.
-Config choose_config(int n, int k, int multiprocessors) {
-  for (int kw : {2, 1})
-    for (int rb : {128, 64, 32, 16}) {
-      const int splits = ceil_div(k, kWarps * kWarpK * kw);
-      if (static_cast<long>(ceil_div(n, rb)) * splits >= 2L * multiprocessors) return {kw, rb, splits};
-    }
-  return {1, 16, ceil_div(k, kWarps * kWarpK)};
-}
-
-size_t smem_bytes(int m_template, int rows_per_block) {
-  return kLutBytes + static_cast<size_t>(kWarps) * m_template * rows_per_block * sizeof(float);
-}
+using nvfp4_gemv_config::ceil_div;
+using nvfp4_gemv_config::Config;
+using nvfp4_gemv_config::smem_bytes;
 
 template <int M, int KW>
 void launch(const Nvfp4GemvParams& p, const Config& c, const DeviceCaps& caps, cudaStream_t stream) {
@@ -277,7 +259,7 @@ void nvfp4_gemv(const Nvfp4GemvParams& p, cudaStream_t stream) {
                reinterpret_cast<uintptr_t>(p.w_scale) % 2 == 0,
            "nvfp4_gemv: weights and activations must be 16-byte aligned, block scales 2-byte aligned");
   const DeviceCaps caps = launch_caps();
-  const Config c = choose_config(p.n, p.k, caps.multiprocessors);
+  const Config c = nvfp4_gemv_config::choose(p.m, p.n, p.k, limits_of(caps));
   MS_CHECK(c.splits == 1 || p.workspace != nullptr,
            "nvfp4_gemv: workspace is null but m={} n={} k={} needs nvfp4_gemv_workspace_bytes = {} bytes",
            p.m, p.n, p.k, nvfp4_gemv_workspace_bytes(p.m, p.n, p.k));

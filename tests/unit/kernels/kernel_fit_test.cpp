@@ -1,0 +1,77 @@
+// Every kernel configuration chooser against the limits of the parts moeserve targets, without the hardware:
+// nothing chosen may exceed its device, and a kernel that cannot fit is refused with a message naming the
+// kernel, what it needs and the limit (the crash class of a MoE tile config that needed more shared memory
+// than an sm_120 part has).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kernels/cuda/common/kernel_fit.h"
+#include "kernels/cuda/mla_decode/mla_decode_config.h"
+#include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
+
+namespace {
+
+using namespace ms::cuda;
+
+TEST(KernelFit, PresetsAreTheTargetParts) {
+  const auto presets = target_device_presets();
+  ASSERT_EQ(presets.size(), 3u);
+  EXPECT_EQ(presets[0].arch, 90);
+  EXPECT_EQ(presets[1].arch, 100);
+  EXPECT_EQ(presets[2].arch, 120);
+  EXPECT_EQ(presets[0].smem_per_block_optin, 227u * 1024);
+  EXPECT_EQ(presets[2].smem_per_block_optin, 99u * 1024);
+}
+
+TEST(KernelFit, RefusalNamesKernelNeedAndLimit) {
+  const KernelNeed need{"big_tile", 150000, 80, false};
+  EXPECT_FALSE(why_cannot_run(need, limits_h200()).has_value());
+  const auto why = why_cannot_run(need, limits_rtx_pro_6000());
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("big_tile"), std::string::npos) << *why;
+  EXPECT_NE(why->find("150000"), std::string::npos) << *why;
+  EXPECT_NE(why->find("101376"), std::string::npos) << *why;
+  const KernelNeed wgmma{"sm90a_kernel", 1000, 90, true};
+  EXPECT_FALSE(why_cannot_run(wgmma, limits_h200()).has_value());
+  ASSERT_TRUE(why_cannot_run(wgmma, limits_b200()).has_value());
+  EXPECT_NE(why_cannot_run(wgmma, limits_b200())->find("sm_90a"), std::string::npos);
+  EXPECT_TRUE(why_cannot_run(KernelNeed{"new_only", 0, 100, false}, limits_h200()).has_value());
+}
+
+TEST(KernelFit, Nvfp4GemvChoosesWhatFitsEveryPreset) {
+  // GLM-5 and DeepSeek-V3 expert and dense shapes (n = outputs, k = inputs), plus a large square one.
+  const int shapes[][2] = {{4096, 6144},   {6144, 2048}, {4096, 7168},  {7168, 2048},
+                           {16384, 16384}, {256, 6144},  {24576, 6144}, {32, 32}};
+  int checked = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (const auto& s : shapes)
+      for (int m = 1; m <= nvfp4_gemv_config::kMaxM; ++m) {
+        const auto c = nvfp4_gemv_config::choose(m, s[0], s[1], dev);
+        const auto why = why_cannot_run(nvfp4_gemv_config::need(m, c), dev);
+        EXPECT_FALSE(why.has_value())
+            << dev.name << " m" << m << " n" << s[0] << " k" << s[1] << ": " << *why;
+        EXPECT_GE(c.splits, 1);
+        ++checked;
+      }
+  EXPECT_EQ(checked, 3 * 8 * 8);
+}
+
+TEST(KernelFit, Nvfp4GemvAvoidsTilesTooLargeForASmallDevice) {
+  // A device with little shared memory: the chooser must drop to tiles that fit, not pick the largest.
+  DeviceLimits tiny{"tiny", 90, nvfp4_gemv_config::smem_bytes(8, 32), 132};
+  const auto c = nvfp4_gemv_config::choose(8, 16384, 16384, tiny);
+  EXPECT_LE(c.rows_per_block, 32);
+  EXPECT_FALSE(why_cannot_run(nvfp4_gemv_config::need(8, c), tiny).has_value());
+}
+
+TEST(KernelFit, MlaDecodeFitsHopperAndB200NotSm120) {
+  EXPECT_FALSE(why_cannot_run(mla_decode_config::need(), limits_h200()).has_value());
+  EXPECT_FALSE(why_cannot_run(mla_decode_config::need(), limits_b200()).has_value());
+  const auto why = why_cannot_run(mla_decode_config::need(), limits_rtx_pro_6000());
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("mla_decode"), std::string::npos) << *why;
+  EXPECT_NE(why->find(std::to_string(mla_decode_config::kSmemBytes)), std::string::npos) << *why;
+}
+
+}  // namespace
