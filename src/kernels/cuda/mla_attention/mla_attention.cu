@@ -1,0 +1,166 @@
+// Dispatch between the general paged MLA kernel and the fast fp8 decode kernel (see mla_attention.h).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/mla_attention/mla_attention.h"
+#include "kernels/cuda/mla_attention/mla_attention_general.h"
+#include "kernels/cuda/mla_decode/mla_decode.h"
+#include "kernels/cuda/paged_kv/current_caps.h"
+
+namespace ms::cuda {
+namespace {
+
+// Shared memory of one mla_decode block (q and a page as padded bf16 rows, the raw fp8 page, the score
+// tile), as mla_decode.cu lays it out; its launcher checks the same figure again.
+constexpr size_t kFp8DecodeRow = kMlaHeadDim + 8;
+constexpr size_t kFp8DecodeSmem = 64 * kFp8DecodeRow * 2 + kMlaPageSize * kFp8DecodeRow * 2 +
+                                  size_t{kMlaPageSize} * kMlaHeadDim + 64 * (kMlaPageSize + 4) * 4;
+
+size_t align256(size_t x) {
+  return (x + 255) / 256 * 256;
+}
+
+size_t q_bf16_bytes(int m, int heads) {
+  return align256(sizeof(__nv_bfloat16) * static_cast<size_t>(m) * heads * kMlaHeadDim);
+}
+
+__global__ void cast_q_kernel(const float* __restrict__ q, __nv_bfloat16* __restrict__ out, int64_t n) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[idx] = __float2bfloat16_rn(q[idx]);
+}
+
+MlaDecodeParams decode_params(const MlaAttentionConfig& c, const MlaAttentionParams& p) {
+  MlaDecodeParams d;
+  d.q = reinterpret_cast<const __nv_bfloat16*>(p.workspace);
+  d.q_batch_stride = static_cast<int64_t>(p.heads) * kMlaHeadDim;
+  d.kv = static_cast<const uint8_t*>(p.kv.data);
+  d.kv_scale = p.kv.scale;
+  d.block_table = p.meta.block_table;
+  d.block_table_stride = p.meta.max_blocks;
+  d.seq_lens = p.meta.seq_lens;
+  d.out = p.lat;
+  d.out_batch_stride = static_cast<int64_t>(p.heads) * kMlaLatentDim;
+  d.out_bf16 = false;
+  d.batch = p.m;
+  d.heads = p.heads;
+  d.num_pages = p.kv.num_pages;
+  d.softmax_scale = p.softmax_scale;
+  d.split_target = c.split_target;
+  d.workspace = static_cast<char*>(p.workspace) + q_bf16_bytes(p.m, p.heads);
+  return d;
+}
+
+void check_params(const MlaAttentionConfig& c, const MlaAttentionParams& p) {
+  MS_CHECK(p.m >= 0 && p.heads > 0 && p.kv_lora_rank > 0, "mla_attention: m {} heads {} kv_lora_rank {}", p.m,
+           p.heads, p.kv_lora_rank);
+  MS_CHECK(p.kv.data && p.kv.num_pages > 0 && p.kv.page_size > 0 && p.kv.width > p.kv_lora_rank,
+           "mla_attention: cache [{}, {}, {}] cannot hold kv_lora_rank {} + rope", p.kv.num_pages,
+           p.kv.page_size, p.kv.width, p.kv_lora_rank);
+  MS_CHECK(p.kv.format != KvFormat::FP8E4M3 || p.kv.scale > 0.0f,
+           "mla_attention: fp8 cache scale {} must be positive", p.kv.scale);
+  MS_CHECK(p.m == 0 || (p.q_cat && p.lat && p.meta.token_seq && p.meta.positions && p.meta.block_table),
+           "mla_attention: q_cat, lat, token_seq, positions and block_table must be set");
+  MS_CHECK(p.meta.max_blocks > 0, "mla_attention: max_blocks {} must be positive", p.meta.max_blocks);
+  MS_CHECK((p.topk == nullptr) == (p.topk_width == 0) && p.topk_width >= 0,
+           "mla_attention: topk pointer and topk_width {} disagree", p.topk_width);
+  MS_CHECK(c.workspace_bytes == 0 || (p.workspace && reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0),
+           "mla_attention: workspace of {} bytes must be set and 256-byte aligned", c.workspace_bytes);
+  if (c.kernel == MlaAttentionKernel::Fp8Decode) {
+    MS_CHECK(p.topk == nullptr, "mla_attention: the fp8 decode kernel takes no DSA selection");
+    MS_CHECK(p.kv.format == KvFormat::FP8E4M3 && p.kv.page_size == kMlaPageSize &&
+                 p.kv.width == kMlaHeadDim && p.kv_lora_rank == kMlaLatentDim,
+             "mla_attention: the fp8 decode kernel needs fp8 pages of {} x {} with kv_lora_rank {}, got {} "
+             "[{}, {}] "
+             "rank {}",
+             kMlaPageSize, kMlaHeadDim, kMlaLatentDim, kv_format_name(p.kv.format), p.kv.page_size,
+             p.kv.width, p.kv_lora_rank);
+    MS_CHECK(
+        p.meta.seq_lens != nullptr && p.meta.n_seqs == p.m,
+        "mla_attention: the fp8 decode kernel needs seq_lens of one sequence per token (n_seqs {} vs m {})",
+        p.meta.n_seqs, p.m);
+  }
+}
+
+}  // namespace
+
+const char* mla_attention_kernel_name(MlaAttentionKernel k) {
+  return k == MlaAttentionKernel::Fp8Decode ? "mla_decode_fp8" : "mla_attention_general";
+}
+
+MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const DeviceCaps& caps) {
+  MS_CHECK(s.heads > 0 && s.kv_lora_rank > 0 && s.rope >= 0 && s.page_size > 0 && s.m >= 0,
+           "mla_attention_choose: heads {} kv_lora_rank {} rope {} page_size {} m {}", s.heads,
+           s.kv_lora_rank, s.rope, s.page_size, s.m);
+  MlaAttentionConfig c;
+  const bool fast_shape = s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim &&
+                          s.page_size == kMlaPageSize && s.format == KvFormat::FP8E4M3;
+  if (fast_shape && s.decode_only && !s.has_topk && s.n_seqs == s.m && s.m > 0 && caps.arch() >= 80 &&
+      caps.multiprocessors > 0 && kFp8DecodeSmem <= caps.smem_per_block_optin) {
+    c.kernel = MlaAttentionKernel::Fp8Decode;
+    c.smem_bytes = kFp8DecodeSmem;
+    c.split_target = caps.multiprocessors;
+    c.workspace_bytes = q_bf16_bytes(s.m, s.heads) + mla_decode_workspace_bytes(s.m, s.heads, c.split_target);
+    c.why = "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection";
+    return c;
+  }
+  if (!fast_shape)
+    c.why = "cache shape or dtype other than fp8 pages of 64 x (512 + 64)";
+  else if (!s.decode_only || s.n_seqs != s.m)
+    c.why = "prefill tokens in the batch";
+  else if (s.has_topk)
+    c.why = "attention over a DSA selection";
+  else
+    c.why = "the device cannot run the fp8 decode kernel (sm_80+ and " + std::to_string(kFp8DecodeSmem) +
+            " bytes of shared memory per block)";
+
+  // General: the largest tile that lets two blocks share a multiprocessor, else the largest that fits at all.
+  static constexpr int kTiles[][2] = {{16, 32}, {16, 16}, {8, 32}, {8, 16},
+                                      {4, 16},  {2, 16},  {1, 16}, {1, 8}};
+  const int width = s.kv_lora_rank + s.rope;
+  for (const size_t limit : {caps.smem_per_block_optin / 2, caps.smem_per_block_optin}) {
+    for (const auto& t : kTiles) {
+      const int hg = std::min(t[0], s.heads);
+      const size_t smem = mla_general_smem_bytes(hg, t[1], width, s.kv_lora_rank);
+      if (smem <= limit) {
+        c.kernel = MlaAttentionKernel::General;
+        c.heads_per_block = hg;
+        c.keys_per_chunk = t[1];
+        c.smem_bytes = smem;
+        c.workspace_bytes = 0;
+        return c;
+      }
+    }
+  }
+  MS_THROW(
+      "mla_attention_general needs {} bytes of shared memory per block for width {} (the smallest tile) but "
+      "the "
+      "device (sm_{}) allows {}",
+      mla_general_smem_bytes(1, 8, width, s.kv_lora_rank), width, caps.arch(), caps.smem_per_block_optin);
+}
+
+void mla_attention_plan(const MlaAttentionConfig& c, const MlaAttentionParams& p, cudaStream_t stream) {
+  check_params(c, p);
+  if (c.kernel == MlaAttentionKernel::Fp8Decode && p.m > 0) mla_decode_plan(decode_params(c, p), stream);
+}
+
+void mla_attention(const MlaAttentionConfig& c, const MlaAttentionParams& p, cudaStream_t stream) {
+  check_params(c, p);
+  if (p.m == 0) return;
+  const DeviceCaps caps = current_device_caps();
+  check_smem(caps, mla_attention_kernel_name(c.kernel), c.smem_bytes);
+  if (c.kernel == MlaAttentionKernel::General) {
+    mla_general_launch(p, c.heads_per_block, c.keys_per_chunk, caps, stream);
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(p.m) * p.heads * kMlaHeadDim;
+  const int blocks =
+      static_cast<int>(std::min<int64_t>((n + 255) / 256, 8L * std::max(caps.multiprocessors, 1)));
+  cast_q_kernel<<<blocks, 256, 0, stream>>>(p.q_cat, static_cast<__nv_bfloat16*>(p.workspace), n);
+  CUDA_CHECK(cudaGetLastError());
+  mla_decode(decode_params(c, p), stream);
+}
+
+}  // namespace ms::cuda
