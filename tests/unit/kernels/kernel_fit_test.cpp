@@ -75,3 +75,51 @@ TEST(KernelFit, MlaDecodeFitsHopperAndB200NotSm120) {
 }
 
 }  // namespace
+
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/mla_attention/mla_attention.h"
+
+namespace {
+
+using namespace ms::cuda;
+
+DeviceCaps caps_of(const DeviceLimits& l) {
+  DeviceCaps c;
+  c.name = l.name;
+  c.sm_major = l.arch / 10;
+  c.sm_minor = l.arch % 10;
+  c.multiprocessors = l.multiprocessors;
+  c.smem_per_block_optin = l.smem_per_block_optin;
+  return c;
+}
+
+// Every attention configuration the chooser picks, over the head counts and cache formats the issue lists,
+// fits the device it was chosen for; the fast fp8 decode kernel is never picked where it cannot run.
+TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
+  int checked = 0;
+  for (const DeviceLimits& dev : target_device_presets()) {
+    const DeviceCaps caps = caps_of(dev);
+    for (int heads : {8, 16, 32, 64, 128})
+      for (KvFormat f : {KvFormat::FP8E4M3, KvFormat::BF16, KvFormat::F32})
+        for (int page : {32, 64})
+          for (bool decode : {true, false})
+            for (bool topk : {false, true}) {
+              MlaAttentionShape s{decode ? 32 : 300, heads, 512, 64, page, f, topk, decode, 32};
+              const MlaAttentionConfig c = mla_attention_choose(s, caps);
+              EXPECT_LE(c.smem_bytes, dev.smem_per_block_optin) << dev.name << " " << c.why;
+              if (c.kernel == MlaAttentionKernel::Fp8Decode) {
+                EXPECT_FALSE(why_cannot_run(mla_decode_config::need(), dev).has_value()) << dev.name;
+              }
+              ++checked;
+            }
+  }
+  EXPECT_EQ(checked, 3 * 5 * 3 * 2 * 2 * 2);
+  // On sm_120 the fp8 decode kernel does not fit, so a GLM-5 decode batch goes to the general kernel.
+  const MlaAttentionShape glm{8, 64, 512, 64, 64, KvFormat::FP8E4M3, false, true, 8};
+  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::Fp8Decode);
+  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_rtx_pro_6000())).kernel, MlaAttentionKernel::General);
+}
+
+}  // namespace
+#endif

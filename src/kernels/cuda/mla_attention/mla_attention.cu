@@ -12,11 +12,8 @@
 namespace ms::cuda {
 namespace {
 
-// Shared memory of one mla_decode block (q and a page as padded bf16 rows, the raw fp8 page, the score
-// tile), as mla_decode.cu lays it out; its launcher checks the same figure again.
-constexpr size_t kFp8DecodeRow = kMlaHeadDim + 8;
-constexpr size_t kFp8DecodeSmem = 64 * kFp8DecodeRow * 2 + kMlaPageSize * kFp8DecodeRow * 2 +
-                                  size_t{kMlaPageSize} * kMlaHeadDim + 64 * (kMlaPageSize + 4) * 4;
+// Shared memory of one mla_decode block, from the kernel's own configuration.
+constexpr size_t kFp8DecodeSmem = mla_decode_config::kSmemBytes;
 
 size_t align256(size_t x) {
   return (x + 255) / 256 * 256;
