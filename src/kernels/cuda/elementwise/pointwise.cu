@@ -1,0 +1,117 @@
+// Row-wise grid-stride kernels: blockIdx.y walks rows, x-threads walk columns (coalesced).
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/float_codecs.cuh"
+#include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/elementwise/pointwise.h"
+
+namespace ms::cuda {
+namespace {
+
+#define MS_FOR_ROWS(m) for (int64_t r = blockIdx.y; r < (m); r += gridDim.y)
+#define MS_FOR_COLS(n)                                                                   \
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < (n); \
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void silu_mul_kernel(SiluMulParams p) {
+  MS_FOR_ROWS(p.m) {
+    const float* g = p.x + r * p.x_stride;
+    const float* u = g + p.n;
+    float* o = p.out + r * p.out_stride;
+    MS_FOR_COLS(p.n) {
+      o[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+    }
+  }
+}
+
+__global__ void add_inplace_kernel(AddInplaceParams p) {
+  MS_FOR_ROWS(p.m) {
+    float* y = p.y + r * p.y_stride;
+    const float* x = p.x + r * p.x_stride;
+    MS_FOR_COLS(p.n) {
+      y[c] += x[c];
+    }
+  }
+}
+
+__global__ void scale_inplace_kernel(ScaleInplaceParams p) {
+  MS_FOR_ROWS(p.m) {
+    float* y = p.y + r * p.y_stride;
+    MS_FOR_COLS(p.n) {
+      y[c] *= p.scale;
+    }
+  }
+}
+
+__global__ void gather_rows_kernel(GatherRowsParams p) {
+  MS_FOR_ROWS(p.k) {
+    const int64_t s = p.index[r];
+    float* d = p.dst + r * p.dst_stride;
+    if (s < 0 || s >= p.src_rows) {
+      MS_FOR_COLS(p.n) {
+        d[c] = __uint_as_float(0x7fc00000u);
+      }
+    } else {
+      const float* src = p.src + s * p.src_stride;
+      MS_FOR_COLS(p.n) {
+        d[c] = src[c];
+      }
+    }
+  }
+}
+
+__global__ void cast_bf16_kernel(CastBf16Params p) {
+  MS_FOR_ROWS(p.m) {
+    const float* x = p.x + r * p.x_stride;
+    uint16_t* o = reinterpret_cast<uint16_t*>(p.out) + r * p.out_stride;
+    MS_FOR_COLS(p.n) {
+      o[c] = dev::f32_to_bf16_bits(x[c]);
+    }
+  }
+}
+
+#undef MS_FOR_ROWS
+#undef MS_FOR_COLS
+
+}  // namespace
+
+void silu_mul(const SiluMulParams& p, cudaStream_t stream) {
+  check_matrix(p.x, p.m, 2 * p.n, p.x_stride, "silu_mul", "x");
+  check_matrix(p.out, p.m, p.n, p.out_stride, "silu_mul", "out");
+  if (p.m == 0 || p.n == 0) return;
+  silu_mul_kernel<<<rows_grid(p.m, p.n), kElementwiseThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void add_inplace(const AddInplaceParams& p, cudaStream_t stream) {
+  check_matrix(p.y, p.m, p.n, p.y_stride, "add_inplace", "y");
+  check_matrix(p.x, p.m, p.n, p.x_stride, "add_inplace", "x");
+  if (p.m == 0 || p.n == 0) return;
+  add_inplace_kernel<<<rows_grid(p.m, p.n), kElementwiseThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void scale_inplace(const ScaleInplaceParams& p, cudaStream_t stream) {
+  check_matrix(p.y, p.m, p.n, p.y_stride, "scale_inplace", "y");
+  if (p.m == 0 || p.n == 0) return;
+  scale_inplace_kernel<<<rows_grid(p.m, p.n), kElementwiseThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
+  check_matrix(p.dst, p.k, p.n, p.dst_stride, "gather_rows", "dst");
+  check_matrix(p.src, p.src_rows, p.n, p.src_stride, "gather_rows", "src");
+  if (p.k == 0 || p.n == 0) return;
+  MS_CHECK(p.index != nullptr, "gather_rows: index is null");
+  gather_rows_kernel<<<rows_grid(p.k, p.n), kElementwiseThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void cast_f32_to_bf16(const CastBf16Params& p, cudaStream_t stream) {
+  check_matrix(p.x, p.m, p.n, p.x_stride, "cast_f32_to_bf16", "x");
+  check_matrix(p.out, p.m, p.n, p.out_stride, "cast_f32_to_bf16", "out");
+  if (p.m == 0 || p.n == 0) return;
+  cast_bf16_kernel<<<rows_grid(p.m, p.n), kElementwiseThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ms::cuda

@@ -1,0 +1,62 @@
+// Row-wise pointwise kernels on the device: SiLU-and-mul, add, scale, row gather and the f32 -> bf16 cast
+// of GEMM inputs. All operate on [m, n] f32 views with explicit row strides.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ms::cuda {
+
+// out[r, i] = silu(x[r, i]) * x[r, n + i] (gate then up, 2n wide).
+struct SiluMulParams {
+  const float* __restrict__ x = nullptr;  // [m, 2n] rows x_stride apart
+  int64_t x_stride = 0;
+  float* __restrict__ out = nullptr;  // [m, n] rows out_stride apart
+  int64_t out_stride = 0;
+  int64_t m = 0, n = 0;
+};
+void silu_mul(const SiluMulParams& p, cudaStream_t stream);
+
+// y += x.
+struct AddInplaceParams {
+  float* __restrict__ y = nullptr;  // [m, n] rows y_stride apart
+  int64_t y_stride = 0;
+  const float* __restrict__ x = nullptr;  // [m, n] rows x_stride apart
+  int64_t x_stride = 0;
+  int64_t m = 0, n = 0;
+};
+void add_inplace(const AddInplaceParams& p, cudaStream_t stream);
+
+// y *= scale.
+struct ScaleInplaceParams {
+  float* __restrict__ y = nullptr;  // [m, n] rows y_stride apart
+  int64_t y_stride = 0;
+  int64_t m = 0, n = 0;
+  float scale = 1.0f;
+};
+void scale_inplace(const ScaleInplaceParams& p, cudaStream_t stream);
+
+// dst[i, :] = src[index[i], :]. An index outside [0, src_rows) reads nothing and fills its row with NaN.
+struct GatherRowsParams {
+  const float* __restrict__ src = nullptr;  // [src_rows, n] rows src_stride apart
+  int64_t src_stride = 0, src_rows = 0;
+  const int32_t* __restrict__ index = nullptr;  // [k] on the device
+  float* __restrict__ dst = nullptr;            // [k, n] rows dst_stride apart
+  int64_t dst_stride = 0;
+  int64_t k = 0, n = 0;
+};
+void gather_rows(const GatherRowsParams& p, cudaStream_t stream);
+
+// out = bf16(x), round to nearest even, NaN stays NaN: bit-exact with quant::f32_to_bf16.
+struct CastBf16Params {
+  const float* __restrict__ x = nullptr;  // [m, n] rows x_stride apart
+  int64_t x_stride = 0;
+  __nv_bfloat16* __restrict__ out = nullptr;  // [m, n] rows out_stride apart
+  int64_t out_stride = 0;
+  int64_t m = 0, n = 0;
+};
+void cast_f32_to_bf16(const CastBf16Params& p, cudaStream_t stream);
+
+}  // namespace ms::cuda

@@ -1,0 +1,107 @@
+#include "kernels/cuda/gemm/linear.h"
+
+#include "core/error.h"
+#include "kernels/cuda/gemm/dequant_weight.h"
+#include "kernels/cuda/gemm/direct_linear.h"
+
+namespace ms::cuda {
+
+const char* linear_path_name(LinearPath p) {
+  switch (p) {
+    case LinearPath::Direct:
+      return "direct";
+    case LinearPath::BlasLtF32:
+      return "cublaslt-f32";
+    case LinearPath::BlasLtBf16:
+      return "cublaslt-bf16";
+    case LinearPath::DequantBlasLt:
+      return "dequant-cublaslt-bf16";
+  }
+  return "unknown";
+}
+
+LinearScratchBytes linear_scratch_bytes(LinearPath path, int64_t m, int64_t n, int64_t k) {
+  LinearScratchBytes s;
+  const size_t mk = static_cast<size_t>(m > 0 ? m : 0) * static_cast<size_t>(k > 0 ? k : 0);
+  const size_t nk = static_cast<size_t>(n > 0 ? n : 0) * static_cast<size_t>(k > 0 ? k : 0);
+  if (path == LinearPath::BlasLtBf16 || path == LinearPath::DequantBlasLt) s.x_bytes = mk * 2;
+  if (path == LinearPath::DequantBlasLt) s.w_bytes = nk * 2;
+  return s;
+}
+
+void linear(const LinearParams& p, LinearPath path, BlasLtHandle& lt, cudaStream_t stream) {
+  check_weight(p.w, "linear");
+  MS_CHECK(p.row0 >= 0 && p.n >= 0 && p.row0 + p.n <= p.w.rows,
+           "linear: rows [{}, {}) outside the weight's {} rows", p.row0, p.row0 + p.n, p.w.rows);
+  const int64_t k = p.w.cols;
+  switch (path) {
+    case LinearPath::Direct: {
+      DirectLinearParams d;
+      d.x = p.x;
+      d.x_stride = p.x_stride;
+      d.w = p.w;
+      d.row0 = p.row0;
+      d.n = p.n;
+      d.y = p.y;
+      d.y_stride = p.y_stride;
+      d.m = p.m;
+      direct_linear(d, stream);
+      return;
+    }
+    case LinearPath::BlasLtF32: {
+      MS_CHECK(p.w.format == WeightFormat::F32, "linear: path {} needs f32 weights, got {}",
+               linear_path_name(path), weight_format_name(p.w.format));
+      GemmF32Params g;
+      g.x = p.x;
+      g.x_stride = p.x_stride;
+      g.w = static_cast<const float*>(p.w.data) + p.row0 * k;
+      g.w_stride = k;
+      g.y = p.y;
+      g.y_stride = p.y_stride;
+      g.m = p.m;
+      g.n = p.n;
+      g.k = k;
+      gemm_f32(g, lt, stream);
+      return;
+    }
+    case LinearPath::BlasLtBf16:
+    case LinearPath::DequantBlasLt: {
+      const bool dequant = path == LinearPath::DequantBlasLt;
+      MS_CHECK(dequant || p.w.format == WeightFormat::BF16, "linear: path {} needs bf16 weights, got {}",
+               linear_path_name(path), weight_format_name(p.w.format));
+      MS_CHECK(p.m == 0 || p.x_scratch != nullptr, "linear: path {} needs x_scratch ({} bytes)",
+               linear_path_name(path), linear_scratch_bytes(path, p.m, p.n, k).x_bytes);
+      MS_CHECK(!dequant || p.n == 0 || p.w_scratch != nullptr, "linear: path {} needs w_scratch ({} bytes)",
+               linear_path_name(path), linear_scratch_bytes(path, p.m, p.n, k).w_bytes);
+      GemmBf16Params g;
+      if (dequant) {
+        if (p.m == 0 || p.n == 0) return;
+        DequantWeightParams d;
+        d.w = p.w;
+        d.row0 = p.row0;
+        d.n = p.n;
+        d.out_bf16 = p.w_scratch;
+        d.out_stride = k;
+        dequant_weight(d, stream);
+        g.w = p.w_scratch;
+      } else {
+        g.w = static_cast<const __nv_bfloat16*>(p.w.data) + p.row0 * k;
+      }
+      g.w_stride = k;
+      g.x_f32 = p.x;
+      g.x_f32_stride = p.x_stride;
+      g.x_bf16 = p.x_scratch;
+      g.x_bf16_stride = k;
+      g.y = p.y;
+      g.y_stride = p.y_stride;
+      g.m = p.m;
+      g.n = p.n;
+      g.k = k;
+      gemm_bf16(g, lt, stream);
+      return;
+    }
+  }
+  MS_THROW("linear: unknown path {}", static_cast<int>(path));
+}
+
+}  // namespace ms::cuda

@@ -1,0 +1,62 @@
+// A linear layer on the device, y [m, n] = x [m, k] W^T for a weight in any stored format: which path runs
+// (linear_plan, a pure function of format and shape, kept apart from the launch), the scratch each path
+// needs, and one launcher that runs a given path.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/common/weight.h"
+#include "kernels/cuda/gemm/blaslt.h"
+
+namespace ms::cuda {
+
+enum class LinearPath : uint8_t {
+  Direct,         // direct_linear: CUDA cores, weight dequantised on the fly, f32 activations
+  BlasLtF32,      // f32 weights: cuBLASLt f32 GEMM
+  BlasLtBf16,     // bf16 weights: x cast to bf16 scratch, cuBLASLt bf16 GEMM
+  DequantBlasLt,  // FP8-block / NVFP4: weight rows dequantised to bf16 scratch, x cast, cuBLASLt bf16 GEMM
+};
+const char* linear_path_name(LinearPath p);
+
+// Rows of x up to which the direct kernel runs (decode batches): there the weight bytes dominate, and the
+// direct kernel reads them once without writing a scratch copy.
+constexpr int64_t kLinearDirectMaxM = 16;
+
+// Few rows -> Direct; more -> the cuBLASLt path of the format, when k keeps every bf16 row 16-byte aligned
+// (f32: k % 4 == 0), else Direct.
+inline LinearPath linear_plan(WeightFormat format, int64_t m, int64_t n, int64_t k) {
+  if (m <= kLinearDirectMaxM || n <= 0) return LinearPath::Direct;
+  if (format == WeightFormat::F32) return k % 4 == 0 ? LinearPath::BlasLtF32 : LinearPath::Direct;
+  if (k % 8 != 0) return LinearPath::Direct;
+  return format == WeightFormat::BF16 ? LinearPath::BlasLtBf16 : LinearPath::DequantBlasLt;
+}
+
+// Scratch a path needs, in bytes: x_bytes for the bf16 copy of x [m, k] (row stride k), w_bytes for the
+// dequantised weight [n, k] (row stride k). Zero where the path needs none.
+struct LinearScratchBytes {
+  size_t x_bytes = 0, w_bytes = 0;
+};
+LinearScratchBytes linear_scratch_bytes(LinearPath path, int64_t m, int64_t n, int64_t k);
+
+struct LinearParams {
+  const float* __restrict__ x = nullptr;  // [m, k] rows x_stride apart (k = w.cols)
+  int64_t x_stride = 0;
+  DeviceWeight w;                   // [w.rows, k]; rows [row0, row0 + n) are used
+  int64_t row0 = 0, n = 0;          // output features computed
+  float* __restrict__ y = nullptr;  // [m, n] rows y_stride apart
+  int64_t y_stride = 0;
+  int64_t m = 0;
+  // Scratch for the cuBLASLt paths, linear_scratch_bytes(path, m, n, k) each, 256-byte aligned preferred.
+  __nv_bfloat16* __restrict__ x_scratch = nullptr;  // [m, k] row stride k
+  __nv_bfloat16* __restrict__ w_scratch = nullptr;  // [n, k] row stride k
+};
+
+// Runs `path` (normally linear_plan(p.w.format, p.m, p.n, p.w.cols)); throws when the path does not fit the
+// weight's format or its scratch is missing. `lt` is used by the cuBLASLt paths only.
+void linear(const LinearParams& p, LinearPath path, BlasLtHandle& lt, cudaStream_t stream);
+
+}  // namespace ms::cuda

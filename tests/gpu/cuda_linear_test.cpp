@@ -1,0 +1,424 @@
+// The CUDA linear paths against the CPU reference: weight dequantisation (bit-exact with
+// kernels/cpu dequantize_row, and its bf16 rounding), the direct dequantising kernel for every format,
+// cuBLASLt bf16 and f32 GEMMs, and the linear() runner on the path linear_plan picks.
+// Tolerances, relative to sum_k |x_k w_k| of each output (not to the possibly cancelling result):
+//   direct kernel and f32 GEMM 1e-4 (f32 accumulation of up to ~1000 terms, typical error ~1e-6);
+//   bf16 GEMM vs the same bf16 inputs in double 5e-5; bf16 paths vs the f32 CPU reference 1e-2 (x and the
+//   weight rounded to bf16, 2^-9 each).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/weight_view.h"
+#include "kernels/cuda/gemm/blaslt.h"
+#include "kernels/cuda/gemm/dequant_weight.h"
+#include "kernels/cuda/gemm/direct_linear.h"
+#include "kernels/cuda/gemm/linear.h"
+#include "quant/float_formats.h"
+#include "quant/fp8_block.h"
+#include "quant/nvfp4.h"
+
+namespace {
+
+using ms::cuda::WeightFormat;
+using ms::test::DeviceBuffer;
+using ms::test::random_floats;
+namespace cpu = ms::kernels::cpu;
+
+const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::FP8Block,
+                                 WeightFormat::NVFP4};
+
+// One weight in its stored format, on the host (for the CPU reference) and on the device.
+struct TestWeight {
+  WeightFormat format;
+  int64_t rows, cols;
+  std::vector<uint8_t> data, scale;  // raw bytes
+  float scale2 = 1.0f;
+  std::unique_ptr<DeviceBuffer<uint8_t>> d_data, d_scale;
+
+  TestWeight(WeightFormat f, int64_t r, int64_t c, uint32_t seed) : format(f), rows(r), cols(c) {
+    const auto w = random_floats(static_cast<size_t>(r * c), seed, 0.0f, 0.05f);
+    auto bytes_of = [](const auto& v) {
+      std::vector<uint8_t> b(v.size() * sizeof(v[0]));
+      std::memcpy(b.data(), v.data(), b.size());
+      return b;
+    };
+    switch (f) {
+      case WeightFormat::F32:
+        data = bytes_of(w);
+        break;
+      case WeightFormat::BF16: {
+        std::vector<uint16_t> h(w.size());
+        for (size_t i = 0; i < w.size(); ++i) h[i] = ms::quant::f32_to_bf16(w[i]);
+        data = bytes_of(h);
+        break;
+      }
+      case WeightFormat::FP8Block: {
+        auto q = ms::quant::fp8_block_quantize(w.data(), r, c);
+        data = q.data;
+        scale = bytes_of(q.scale_inv);
+        break;
+      }
+      case WeightFormat::NVFP4: {
+        auto q = ms::quant::nvfp4_quantize(w.data(), r, c);
+        data = q.packed;
+        scale = q.scales;
+        scale2 = q.scale2;
+        break;
+      }
+    }
+    d_data = std::make_unique<DeviceBuffer<uint8_t>>(data);
+    if (!scale.empty()) d_scale = std::make_unique<DeviceBuffer<uint8_t>>(scale);
+  }
+  cpu::WeightView cpu_view() const {
+    cpu::WeightView v;
+    v.format = static_cast<cpu::WeightFormat>(static_cast<int>(format));
+    v.rows = rows;
+    v.cols = cols;
+    v.data = data.data();
+    v.scale = scale.empty() ? nullptr : scale.data();
+    v.scale2 = scale2;
+    v.block = 128;
+    return v;
+  }
+  ms::cuda::DeviceWeight device() const {
+    ms::cuda::DeviceWeight d;
+    d.format = format;
+    d.rows = rows;
+    d.cols = cols;
+    d.data = d_data->get();
+    d.scale = d_scale ? d_scale->get() : nullptr;
+    d.scale2 = scale2;
+    d.block = 128;
+    return d;
+  }
+  std::vector<float> dequant_row(int64_t r) const {
+    std::vector<float> out(static_cast<size_t>(cols));
+    cpu::dequantize_row(cpu_view(), r, out.data());
+    return out;
+  }
+};
+
+std::string name_of(WeightFormat f) {
+  return ms::cuda::weight_format_name(f);
+}
+
+// Reference y and sum |terms| in double, from rows [row0, row0 + n) of the CPU-dequantised weight.
+// `round_bf16`: x and w rounded to bf16 first (the inputs a bf16 GEMM sees).
+void reference(const TestWeight& w, int64_t row0, int64_t n, const std::vector<float>& x, int64_t x_stride,
+               int64_t m, bool round_bf16, std::vector<double>& ref, std::vector<double>& abs_sum) {
+  const int64_t k = w.cols;
+  auto rb = [&](float v) { return round_bf16 ? ms::quant::bf16_to_f32(ms::quant::f32_to_bf16(v)) : v; };
+  ref.assign(static_cast<size_t>(m * n), 0.0);
+  abs_sum.assign(ref.size(), 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    const auto row = w.dequant_row(row0 + j);
+    for (int64_t i = 0; i < m; ++i) {
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double t = static_cast<double>(rb(row[c])) * rb(x[i * x_stride + c]);
+        s += t;
+        a += std::fabs(t);
+      }
+      ref[i * n + j] = s;
+      abs_sum[i * n + j] = a;
+    }
+  }
+}
+
+// Every output within rtol * sum|terms| (+ a denormal-scale floor); padding after n stays poisoned.
+void expect_linear_close(const std::vector<float>& y, int64_t y_stride, const std::vector<double>& ref,
+                         const std::vector<double>& abs_sum, int64_t m, int64_t n, double rtol,
+                         const std::string& what) {
+  int bad = 0;
+  for (int64_t i = 0; i < m && bad < 5; ++i)
+    for (int64_t j = 0; j < y_stride && bad < 5; ++j) {
+      const float g = y[i * y_stride + j];
+      if (j >= n) {
+        if (!std::isnan(g)) {
+          ADD_FAILURE() << what << ": padding [" << i << ", " << j << "] written";
+          ++bad;
+        }
+        continue;
+      }
+      const double e = ref[i * n + j], tol = rtol * abs_sum[i * n + j] + 1e-30;
+      if (!(std::fabs(g - e) <= tol)) {
+        ADD_FAILURE() << what << ": [" << i << ", " << j << "] got " << g << " want " << e << " (tol " << tol
+                      << ")";
+        ++bad;
+      }
+    }
+}
+
+TEST(CudaDequantWeight, ExactVsCpuDequantisation) {
+  MS_REQUIRE_GPU();
+  struct Case {
+    WeightFormat f;
+    int64_t rows, cols;
+  };
+  for (const Case c : {Case{WeightFormat::FP8Block, 200, 300}, Case{WeightFormat::FP8Block, 130, 128},
+                       Case{WeightFormat::NVFP4, 77, 208}, Case{WeightFormat::BF16, 9, 33},
+                       Case{WeightFormat::F32, 12, 17}}) {
+    TestWeight w(c.f, c.rows, c.cols, 100);
+    const int64_t row0 = 3, n = c.rows - 5, stride = c.cols + 8;
+    DeviceBuffer<float> d_f32(static_cast<size_t>(n * stride));
+    DeviceBuffer<uint16_t> d_bf16(static_cast<size_t>(n * stride));
+    ms::cuda::DequantWeightParams p;
+    p.w = w.device();
+    p.row0 = row0;
+    p.n = n;
+    p.out_f32 = d_f32.get();
+    p.out_stride = stride;
+    ms::cuda::dequant_weight(p, nullptr);
+    p.out_f32 = nullptr;
+    p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(d_bf16.get());
+    ms::cuda::dequant_weight(p, nullptr);
+    const auto got = d_f32.download();
+    const auto got_bf16 = d_bf16.download();
+    for (int64_t j = 0; j < n; ++j) {
+      const auto row = w.dequant_row(row0 + j);
+      for (int64_t c2 = 0; c2 < stride; ++c2) {
+        const size_t at = static_cast<size_t>(j * stride + c2);
+        if (c2 >= c.cols) {
+          ASSERT_TRUE(std::isnan(got[at]) && got_bf16[at] == 0xffff) << name_of(c.f) << " padding written";
+          continue;
+        }
+        ASSERT_TRUE(ms::test::same_float(got[at], row[c2]))
+            << name_of(c.f) << " row " << j << " col " << c2 << ": " << got[at] << " vs " << row[c2];
+        ASSERT_EQ(got_bf16[at], ms::quant::f32_to_bf16(row[c2])) << name_of(c.f) << " bf16 row " << j;
+      }
+    }
+  }
+}
+
+TEST(CudaDequantWeight, EveryFp8CodeDecodesAsTheCpuTable) {
+  MS_REQUIRE_GPU();
+  // One 2 x 128 block of all 256 codes with scale 1: the device decoder against quant's table, NaNs included.
+  TestWeight w(WeightFormat::FP8Block, 2, 128, 101);
+  for (int i = 0; i < 256; ++i) w.data[static_cast<size_t>(i)] = static_cast<uint8_t>(i);
+  const float one = 1.0f;
+  std::memcpy(w.scale.data(), &one, 4);
+  w.d_data->upload(w.data);
+  w.d_scale->upload(w.scale);
+  DeviceBuffer<float> d_out(256);
+  ms::cuda::DequantWeightParams p;
+  p.w = w.device();
+  p.n = 2;
+  p.out_f32 = d_out.get();
+  p.out_stride = 128;
+  ms::cuda::dequant_weight(p, nullptr);
+  const auto got = d_out.download();
+  const float* table = ms::quant::fp8_e4m3_table();
+  for (int i = 0; i < 256; ++i)
+    ASSERT_TRUE(ms::test::same_float(got[static_cast<size_t>(i)], table[i])) << "code " << i;
+}
+
+TEST(CudaDirectLinear, EveryFormatMatchesCpuDequantisedDot) {
+  MS_REQUIRE_GPU();
+  struct Case {
+    int64_t m, rows, k;
+  };
+  for (WeightFormat f : kFormats) {
+    for (const Case c : {Case{1, 65, 48}, Case{3, 130, 1040}, Case{16, 64, 304}, Case{17, 1, 16},
+                         Case{40, 200, 300}, Case{5, 3, 7}}) {
+      const int64_t k = f == WeightFormat::NVFP4 ? (c.k + 15) / 16 * 16 : c.k;
+      TestWeight w(f, c.rows, k, 200 + static_cast<uint32_t>(c.m));
+      const int64_t row0 = c.rows > 2 ? 1 : 0, n = c.rows > 2 ? c.rows - 2 : c.rows;
+      const int64_t xs = k + 5, ys = n + 3;
+      const auto x = random_floats(static_cast<size_t>(c.m * xs), 300);
+      std::vector<double> ref, abs_sum;
+      reference(w, row0, n, x, xs, c.m, false, ref, abs_sum);
+      DeviceBuffer<float> d_x(x), d_y(static_cast<size_t>(c.m * ys));
+      ms::cuda::DirectLinearParams p;
+      p.x = d_x.get();
+      p.x_stride = xs;
+      p.w = w.device();
+      p.row0 = row0;
+      p.n = n;
+      p.y = d_y.get();
+      p.y_stride = ys;
+      p.m = c.m;
+      ms::cuda::direct_linear(p, nullptr);
+      expect_linear_close(d_y.download(), ys, ref, abs_sum, c.m, n, 1e-4,
+                          "direct " + name_of(f) + " m=" + std::to_string(c.m) + " k=" + std::to_string(k));
+    }
+  }
+}
+
+TEST(CudaBlasLt, Bf16GemmMatchesReference) {
+  MS_REQUIRE_GPU();
+  ms::cuda::BlasLtHandle lt;
+  struct Case {
+    int64_t m, n, k, w_pad;
+  };
+  for (const Case c :
+       {Case{1, 8, 64, 0}, Case{17, 72, 136, 8}, Case{64, 257, 1024, 0}, Case{129, 96, 520, 0}}) {
+    for (bool from_f32 : {true, false}) {
+      TestWeight w(WeightFormat::BF16, c.n, c.k, 400);
+      const int64_t ws = c.k + c.w_pad, xs = c.k + 3, xbs = c.k + 8, ys = c.n + 4;
+      // The weight with padded rows when w_pad > 0.
+      std::vector<uint16_t> wp(static_cast<size_t>(c.n * ws), 0xffff);
+      for (int64_t j = 0; j < c.n; ++j)
+        std::memcpy(&wp[j * ws], w.data.data() + j * c.k * 2, static_cast<size_t>(c.k) * 2);
+      const auto x = random_floats(static_cast<size_t>(c.m * xs), 401);
+      std::vector<uint16_t> xb(static_cast<size_t>(c.m * xbs), 0xffff);
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t t = 0; t < c.k; ++t) xb[i * xbs + t] = ms::quant::f32_to_bf16(x[i * xs + t]);
+      std::vector<double> ref, abs_sum, ref32, abs32;
+      reference(w, 0, c.n, x, xs, c.m, true, ref, abs_sum);
+      reference(w, 0, c.n, x, xs, c.m, false, ref32, abs32);
+      DeviceBuffer<float> d_x(x), d_y(static_cast<size_t>(c.m * ys));
+      DeviceBuffer<uint16_t> d_w(wp), d_xb(static_cast<size_t>(c.m * xbs));
+      if (!from_f32) d_xb.upload(xb);
+      ms::cuda::GemmBf16Params p;
+      p.x_f32 = from_f32 ? d_x.get() : nullptr;
+      p.x_f32_stride = xs;
+      p.x_bf16 = reinterpret_cast<__nv_bfloat16*>(d_xb.get());
+      p.x_bf16_stride = xbs;
+      p.w = reinterpret_cast<const __nv_bfloat16*>(d_w.get());
+      p.w_stride = ws;
+      p.y = d_y.get();
+      p.y_stride = ys;
+      p.m = c.m;
+      p.n = c.n;
+      p.k = c.k;
+      ms::cuda::gemm_bf16(p, lt, nullptr);
+      const auto y = d_y.download();
+      const std::string what = "gemm_bf16 m=" + std::to_string(c.m) + " n=" + std::to_string(c.n);
+      expect_linear_close(y, ys, ref, abs_sum, c.m, c.n, 5e-5, what);
+      expect_linear_close(y, ys, ref32, abs32, c.m, c.n, 1e-2, what + " vs f32");
+      if (from_f32) {  // the cast wrote the scratch exactly as the CPU rounds
+        const auto got_xb = d_xb.download();
+        for (int64_t i = 0; i < c.m; ++i)
+          for (int64_t t = 0; t < c.k; ++t) ASSERT_EQ(got_xb[i * xbs + t], xb[i * xbs + t]);
+      }
+    }
+  }
+  EXPECT_GT(lt.cached_plans(), 0u);
+}
+
+TEST(CudaBlasLt, F32GemmMatchesReference) {
+  MS_REQUIRE_GPU();
+  ms::cuda::BlasLtHandle lt;
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case c : {Case{1, 8, 64}, Case{33, 100, 260}, Case{64, 64, 1024}, Case{20, 3, 4}}) {
+    TestWeight w(WeightFormat::F32, c.n, c.k, 500);
+    const int64_t xs = c.k + 4, ys = c.n + 1;
+    const auto x = random_floats(static_cast<size_t>(c.m * xs), 501);
+    std::vector<double> ref, abs_sum;
+    reference(w, 0, c.n, x, xs, c.m, false, ref, abs_sum);
+    DeviceBuffer<float> d_x(x), d_y(static_cast<size_t>(c.m * ys));
+    ms::cuda::GemmF32Params p;
+    p.x = d_x.get();
+    p.x_stride = xs;
+    p.w = reinterpret_cast<const float*>(w.d_data->get());
+    p.w_stride = c.k;
+    p.y = d_y.get();
+    p.y_stride = ys;
+    p.m = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    ms::cuda::gemm_f32(p, lt, nullptr);
+    const size_t plans = lt.cached_plans();
+    d_y.poison();
+    ms::cuda::gemm_f32(p, lt, nullptr);  // the cached plan
+    EXPECT_EQ(lt.cached_plans(), plans);
+    expect_linear_close(d_y.download(), ys, ref, abs_sum, c.m, c.n, 1e-4,
+                        "gemm_f32 m=" + std::to_string(c.m) + " n=" + std::to_string(c.n));
+  }
+}
+
+TEST(CudaLinear, PlannedPathMatchesCpuLinear) {
+  MS_REQUIRE_GPU();
+  ms::cuda::BlasLtHandle lt;
+  for (WeightFormat f : kFormats) {
+    for (int64_t m : {2, 16, 40, 200}) {
+      const int64_t rows = 96, k = 256, row0 = 16, n = 64, xs = k + 8, ys = n + 2;
+      TestWeight w(f, rows, k, 600);
+      const auto x = random_floats(static_cast<size_t>(m * xs), 601);
+      // The CPU op's own kernel as the reference value, the double dot for the tolerance scale.
+      std::vector<float> ref_cpu(static_cast<size_t>(m * n));
+      cpu::LinearParams cp;
+      cp.x = x.data();
+      cp.x_stride = xs;
+      cp.w = w.cpu_view();
+      cp.row0 = row0;
+      cp.n = n;
+      cp.y = ref_cpu.data();
+      cp.y_stride = n;
+      cp.m = m;
+      cpu::linear(cp);
+      std::vector<double> ref, abs_sum;
+      reference(w, row0, n, x, xs, m, false, ref, abs_sum);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] = ref_cpu[i];
+      const auto path = ms::cuda::linear_plan(f, m, n, k);
+      const auto scratch = ms::cuda::linear_scratch_bytes(path, m, n, k);
+      DeviceBuffer<float> d_x(x), d_y(static_cast<size_t>(m * ys));
+      DeviceBuffer<uint16_t> d_xs(scratch.x_bytes / 2 + 1), d_ws(scratch.w_bytes / 2 + 1);
+      ms::cuda::LinearParams p;
+      p.x = d_x.get();
+      p.x_stride = xs;
+      p.w = w.device();
+      p.row0 = row0;
+      p.n = n;
+      p.y = d_y.get();
+      p.y_stride = ys;
+      p.m = m;
+      p.x_scratch = reinterpret_cast<__nv_bfloat16*>(d_xs.get());
+      p.w_scratch = reinterpret_cast<__nv_bfloat16*>(d_ws.get());
+      ms::cuda::linear(p, path, lt, nullptr);
+      const bool bf16_path =
+          path == ms::cuda::LinearPath::BlasLtBf16 || path == ms::cuda::LinearPath::DequantBlasLt;
+      expect_linear_close(
+          d_y.download(), ys, ref, abs_sum, m, n, bf16_path ? 1e-2 : 1e-4,
+          "linear " + name_of(f) + " m=" + std::to_string(m) + " path " + ms::cuda::linear_path_name(path));
+    }
+  }
+}
+
+TEST(CudaLinear, PlanChoosesByFormatAndRows) {
+  using ms::cuda::linear_plan;
+  using ms::cuda::LinearPath;
+  for (WeightFormat f : kFormats) EXPECT_EQ(linear_plan(f, 1, 4096, 4096), LinearPath::Direct);
+  EXPECT_EQ(linear_plan(WeightFormat::F32, 64, 512, 512), LinearPath::BlasLtF32);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 64, 512, 512), LinearPath::BlasLtBf16);
+  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 64, 512, 512), LinearPath::DequantBlasLt);
+  EXPECT_EQ(linear_plan(WeightFormat::NVFP4, 64, 512, 512), LinearPath::DequantBlasLt);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 64, 512, 300), LinearPath::Direct);  // k rows not 16-byte aligned
+  EXPECT_EQ(ms::cuda::linear_scratch_bytes(LinearPath::DequantBlasLt, 64, 512, 256).w_bytes, 512u * 256 * 2);
+  EXPECT_EQ(ms::cuda::linear_scratch_bytes(LinearPath::Direct, 64, 512, 256).x_bytes, 0u);
+}
+
+TEST(CudaLinear, LaunchersRefuseBadWeights) {
+  float dummy[64] = {};
+  ms::cuda::DirectLinearParams p;
+  p.x = dummy;
+  p.x_stride = 40;
+  p.w.format = WeightFormat::NVFP4;
+  p.w.rows = 1;
+  p.w.cols = 40;  // not a multiple of 16
+  p.w.data = dummy;
+  p.w.scale = dummy;
+  p.n = 1;
+  p.y = dummy;
+  p.y_stride = 1;
+  p.m = 1;
+  EXPECT_THROW(ms::cuda::direct_linear(p, nullptr), ms::Error);
+  p.w.cols = 32;
+  p.x_stride = 32;
+  p.w.scale = nullptr;  // missing block scales
+  EXPECT_THROW(ms::cuda::direct_linear(p, nullptr), ms::Error);
+  p.w.scale = dummy;
+  p.row0 = 1;  // rows [1, 2) of a 1-row weight
+  EXPECT_THROW(ms::cuda::direct_linear(p, nullptr), ms::Error);
+}
+
+}  // namespace
