@@ -1,7 +1,7 @@
 // Grouping plan in two kernels:
 //   1. one block: a shared-memory histogram of the slots (integer atomics: the counts do not depend on their
 //      order), then an exclusive scan by one warp (each lane owns a run of consecutive experts);
-//   2. one warp per expert: walks the slots 32 at a time in index order and places its matches by ballot
+//   2. one warp per expert: walks the slots 128 at a time in index order and places its matches by ballot
 //   rank,
 //      so each expert's list is in slot order with no atomics. Experts with no slot return at once; the
 //      others stop after their last match. Threads also fill the unused tail of sorted_slots with -1.
@@ -16,7 +16,7 @@ namespace ms::cuda {
 namespace {
 
 constexpr int kCountThreads = 1024;
-constexpr int kScatterWarps = 8;
+constexpr int kScatterWarps = 4;  // small blocks: the experts' warps spread over more SMs
 constexpr unsigned kFull = 0xffffffffu;
 
 __global__ void __launch_bounds__(kCountThreads) moe_plan_count_kernel(const MoePlanParams p) {
@@ -67,12 +67,21 @@ __global__ void __launch_bounds__(kScatterWarps * 32) moe_plan_scatter_kernel(co
   int32_t* out = p.sorted_slots + p.expert_offsets[e];
   const unsigned lower = (1u << lane) - 1u;
   int32_t placed = 0;
-  for (int64_t base = 0; base < slots && placed < count; base += 32) {
-    const int64_t s = base + lane;
-    const bool hit = s < slots && p.topk_ids[s] == e;
-    const unsigned mask = __ballot_sync(kFull, hit);
-    if (hit) out[placed + __popc(mask & lower)] = static_cast<int32_t>(s);
-    placed += __popc(mask);
+  // Four chunks of 32 slots per round: their loads are in flight together; chunks are ranked in slot order.
+  for (int64_t base = 0; base < slots && placed < count; base += 4 * 32) {
+    int32_t v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t s = base + 32 * j + lane;
+      v[j] = s < slots ? p.topk_ids[s] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool hit = v[j] == e;
+      const unsigned mask = __ballot_sync(kFull, hit);
+      if (hit) out[placed + __popc(mask & lower)] = static_cast<int32_t>(base + 32 * j + lane);
+      placed += __popc(mask);
+    }
   }
 }
 
