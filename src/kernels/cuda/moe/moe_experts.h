@@ -1,0 +1,82 @@
+// Routed experts on the GPU over the grouping plan (moe_plan.h), in three launches:
+//   gate_up: act[pos]   = SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T)    for every grouped position pos
+//   down:    slot_out[slot] = act[pos] @ down_e^T                            (slot = sorted_slots[pos])
+//   combine: out[t] += sum over k in slot order of topk_weights[t, k] * slot_out[t * top_k + k]   (ids >= 0)
+// A block owns (a column tile, one expert, every z-th token tile of that expert); a block whose expert has no
+// token exits before reading any weight byte, so untouched experts cost nothing. A touched expert's weight
+// tile is read once per tile of up to kMoeTokenTile tokens and dequantised on the fly (F32, BF16, FP8 128x128
+// block, NVFP4) into shared memory as f32; all math is f32. Deterministic: no atomics, fixed summation
+// orders.
+//
+// Weights: one device array of MoeExpertWeights [n_experts], built once by the executor. Entries of experts
+// that no token uses are never read (they may hold null pointers). A fused gate_up [2 * inter, hidden] matrix
+// is expressed by pointing `up` (and `up_scale`) at its second half (for FP8 blocks only when inter % block
+// == 0).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ms::cuda {
+
+enum class MoeWeightFormat : int32_t { F32, BF16, FP8Block, NVFP4 };
+
+// One expert's three matrices as stored: gate, up [inter, hidden]; down [hidden, inter] (rows = out
+// features).
+//   F32:      data f32 [rows, cols];  scale unused
+//   BF16:     data bf16 [rows, cols]; scale unused
+//   FP8Block: data e4m3 [rows, cols]; scale f32 [ceil(rows/block), ceil(cols/block)] (weight_scale_inv)
+//   NVFP4:    data u8 [rows, cols/2] (element 2i in the low nibble); scale e4m3 [rows, cols/16]; scale2 f32
+// Data pointers 16-byte aligned; FP8 scales 4-byte aligned.
+struct MoeExpertWeights {
+  const void* gate;
+  const void* gate_scale;
+  const void* up;
+  const void* up_scale;
+  const void* down;
+  const void* down_scale;
+  float gate_scale2, up_scale2, down_scale2;  // NVFP4 weight_scale_2; 1 otherwise
+  float pad_;
+};
+
+constexpr int kMoeTokenTile = 32;  // tokens whose rows share one read of a weight tile
+constexpr int kMoeKTile = 64;      // hidden and inter must be multiples of this
+
+struct MoeExpertsParams {
+  const float* __restrict__ x;                   // [m, hidden] activations, row stride ldx; 16-byte aligned
+  int64_t ldx = 0;                               // elements, multiple of 4
+  const int32_t* __restrict__ topk_ids;          // [m, top_k] (ids < 0 or >= n_experts: empty slot)
+  const float* __restrict__ topk_weights;        // [m, top_k]
+  const int32_t* __restrict__ expert_counts;     // [n_experts]      from moe_plan
+  const int32_t* __restrict__ expert_offsets;    // [n_experts + 1]  from moe_plan
+  const int32_t* __restrict__ sorted_slots;      // [m * top_k]      from moe_plan
+  const MoeExpertWeights* __restrict__ experts;  // [n_experts] device array
+  MoeWeightFormat format = MoeWeightFormat::BF16;
+  int fp8_block = 128;           // FP8Block block edge, a multiple of 16
+  float* __restrict__ act;       // [m * top_k, inter] workspace, row = grouped position
+  float* __restrict__ slot_out;  // [m * top_k, hidden] workspace, row = slot
+  float* __restrict__ out;       // [m, hidden] accumulated into, row stride ldo; 16-byte aligned
+  int64_t ldo = 0;               // elements, multiple of 4
+  int m = 0, top_k = 0, n_experts = 0;
+  int hidden = 0, inter = 0;  // multiples of kMoeKTile
+};
+
+// Workspace the executor preallocates for the largest m it will run.
+size_t moe_experts_act_bytes(int m, int top_k, int inter);        // m * top_k * inter * 4
+size_t moe_experts_slot_out_bytes(int m, int top_k, int hidden);  // m * top_k * hidden * 4
+
+// Throws ms::Error naming the field when shapes, alignment or pointers are unusable.
+void moe_experts_check(const MoeExpertsParams& p);
+
+// The three launches, in this order on one stream after moe_plan; moe_experts runs all three.
+void moe_experts_gate_up(const MoeExpertsParams& p, cudaStream_t stream);
+void moe_experts_down(const MoeExpertsParams& p, cudaStream_t stream);
+void moe_experts_combine(const MoeExpertsParams& p, cudaStream_t stream);
+void moe_experts(const MoeExpertsParams& p, cudaStream_t stream);
+
+// Shared memory one gate_up / down block uses (static), for configuration checks.
+size_t moe_experts_smem_bytes();
+
+}  // namespace ms::cuda
