@@ -172,7 +172,8 @@ Registration reg(
       sub.add_option("--batch-size", o->batch_sizes, "Batch sizes, comma-separated")->capture_default_str();
       sub.add_option("--input-len", o->input_len, "Prompt tokens per sequence")->capture_default_str();
       sub.add_option("--output-len", o->output_len, "Generated tokens per sequence")->capture_default_str();
-      sub.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16, fp8_e4m3 or f32")->capture_default_str();
+      sub.add_option("--kv-cache-dtype", o->kv_dtype, "auto, f32 (exact), bf16 or fp8_e4m3")
+          ->capture_default_str();
       sub.add_option("--page-size", o->page_size, "Tokens per KV page")->capture_default_str();
       sub.add_flag("--json", o->json, "Print the results as JSON on stdout");
       return [o]() { return run_bench_one_batch(*o); };

@@ -109,7 +109,8 @@ Registration reg(
       app.add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
       app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
       app.add_option("--seed", o->seed, "Random seed (0: none)");
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16 or fp8_e4m3")->capture_default_str();
+      app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, f32 (exact), bf16 or fp8_e4m3")
+          ->capture_default_str();
       app.add_option("--page-size", o->page_size, "KV cache page size in tokens")->capture_default_str();
       app.add_option("--oea-k0", o->oea_k0,
                      "Opportunistic Expert Activation on decode steps: experts each token keeps (0: off)");

@@ -91,8 +91,10 @@ int run_inspect(const Options& o) {
     kv_dtype = DType::BF16;
   else if (o.kv_dtype == "fp8_e4m3" || o.kv_dtype == "fp8")
     kv_dtype = DType::F8_E4M3;
+  else if (o.kv_dtype == "f32")
+    kv_dtype = DType::F32;
   else if (o.kv_dtype != "auto")
-    MS_THROW("--kv-cache-dtype '{}' is not one of auto, bf16, fp8_e4m3", o.kv_dtype);
+    MS_THROW("--kv-cache-dtype '{}' is not one of auto, f32, bf16, fp8_e4m3", o.kv_dtype);
   MS_CHECK(o.bandwidth_gbs > 0, "--bandwidth-gbs must be positive");
 
   json r;
@@ -279,7 +281,7 @@ const Registration reg(
           ->capture_default_str();
       sub.add_option("--kv-cache-dtype", o->kv_dtype,
                      "KV cache dtype for bytes per token: auto (fp8_e4m3 when the checkpoint's "
-                     "quantization config says FP8, else bf16), bf16, fp8_e4m3")
+                     "quantization config says FP8, else bf16), f32, bf16, fp8_e4m3")
           ->capture_default_str();
       return [o] { return run_inspect(*o); };
     });

@@ -176,7 +176,8 @@ Registration reg(
       app.add_flag("--json", o->json, "Print the summary as JSON instead of the table");
       app.add_option("--ceilings", o->ceilings,
                      "Use these ceilings instead of measuring them: MEM_GBPS,GFLOPS (e.g. 20,100)");
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16, fp8_e4m3 or f32")->capture_default_str();
+      app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, f32 (exact), bf16 or fp8_e4m3")
+          ->capture_default_str();
       app.add_option("--kv-cache-tokens", o->kv_cache_tokens,
                      "KV pool size in tokens (0: the server's default, or what the run needs)")
           ->capture_default_str();

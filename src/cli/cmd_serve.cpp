@@ -97,30 +97,31 @@ int run_serve(const ServeOptions& o) {
                             [&](int port) { return curl_example(o.http.server, port, name); });
 }
 
-Registration reg(
-    "serve", "OpenAI-compatible HTTP server on a model (the built-in one without --model)",
-    [](CLI::App& sub) {
-      auto o = std::make_shared<ServeOptions>();
-      add_http_serve_options(sub, o->http);
-      sub.add_option("--model", o->model_dir,
-                     "Hugging Face checkpoint directory (default: the built-in model)");
-      sub.add_option("--chat-template", o->chat_template, "Jinja chat template file (default: the model's)");
-      sub.add_option("--max-running-requests", o->max_running)->capture_default_str();
-      sub.add_option("--max-prefill-tokens", o->max_prefill_tokens,
-                     "Prompt tokens per step (longer prompts are prefilled in chunks)")
-          ->capture_default_str();
-      sub.add_option("--kv-cache-dtype", o->kv_dtype, "auto, bf16, fp8_e4m3 or f32")->capture_default_str();
-      sub.add_option("--page-size", o->page_size, "Tokens per KV page")->capture_default_str();
-      sub.add_option("--mem-fraction-static", o->mem_fraction,
-                     "KV cache size as a fraction of the memory available after the weights "
-                     "are loaded (capped at max running requests x context)")
-          ->capture_default_str();
-      sub.add_option("--kv-cache-tokens", o->kv_cache_tokens,
-                     "KV cache size in tokens (overrides --mem-fraction-static)");
-      sub.add_option("--context-length", o->context_length,
-                     "Tokens per request, prompt and completion (default: the model's)");
-      return [o]() { return run_serve(*o); };
-    });
+Registration reg("serve", "OpenAI-compatible HTTP server on a model (the built-in one without --model)",
+                 [](CLI::App& sub) {
+                   auto o = std::make_shared<ServeOptions>();
+                   add_http_serve_options(sub, o->http);
+                   sub.add_option("--model", o->model_dir,
+                                  "Hugging Face checkpoint directory (default: the built-in model)");
+                   sub.add_option("--chat-template", o->chat_template,
+                                  "Jinja chat template file (default: the model's)");
+                   sub.add_option("--max-running-requests", o->max_running)->capture_default_str();
+                   sub.add_option("--max-prefill-tokens", o->max_prefill_tokens,
+                                  "Prompt tokens per step (longer prompts are prefilled in chunks)")
+                       ->capture_default_str();
+                   sub.add_option("--kv-cache-dtype", o->kv_dtype, "auto, f32 (exact), bf16 or fp8_e4m3")
+                       ->capture_default_str();
+                   sub.add_option("--page-size", o->page_size, "Tokens per KV page")->capture_default_str();
+                   sub.add_option("--mem-fraction-static", o->mem_fraction,
+                                  "KV cache size as a fraction of the memory available after the weights "
+                                  "are loaded (capped at max running requests x context)")
+                       ->capture_default_str();
+                   sub.add_option("--kv-cache-tokens", o->kv_cache_tokens,
+                                  "KV cache size in tokens (overrides --mem-fraction-static)");
+                   sub.add_option("--context-length", o->context_length,
+                                  "Tokens per request, prompt and completion (default: the model's)");
+                   return [o]() { return run_serve(*o); };
+                 });
 
 }  // namespace
 

@@ -18,7 +18,12 @@ void add_http_serve_options(CLI::App& sub, HttpServeOptions& o) {
   sub.add_option("--reasoning-parser", o.reasoning_parser,
                  "Split <think>...</think> into reasoning_content: glm45 or deepseek-r1")
       ->check(CLI::IsMember({"", "glm45", "deepseek-r1"}));
-  sub.add_option("--max-body-bytes", o.server.max_body_bytes)->capture_default_str();
+  sub.add_option("--default-max-tokens", o.server.default_max_tokens,
+                 "Completion tokens of a chat request that names no max_tokens (0: up to the context)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub.add_option("--max-body-bytes", o.server.max_body_bytes, "Largest request body accepted, in bytes")
+      ->capture_default_str();
   sub.add_option("--http-threads", o.server.http_threads,
                  "HTTP worker threads (each streaming client holds one)")
       ->capture_default_str();

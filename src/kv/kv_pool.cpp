@@ -9,7 +9,7 @@ KvCacheDType parse_kv_cache_dtype(std::string_view s) {
   if (s == "bf16" || s == "bfloat16") return KvCacheDType::BF16;
   if (s == "fp8_e4m3" || s == "fp8") return KvCacheDType::FP8E4M3;
   if (s == "f32" || s == "float32") return KvCacheDType::F32;
-  MS_THROW("--kv-cache-dtype: unknown value '{}' (expected auto, bf16 or fp8_e4m3)", s);
+  MS_THROW("--kv-cache-dtype: unknown value '{}' (expected auto, f32, bf16 or fp8_e4m3)", s);
 }
 
 std::string_view kv_cache_dtype_name(KvCacheDType d) {

@@ -198,6 +198,21 @@ void Model::check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool, const
   }
   for (int32_t p : b.block_table)
     MS_CHECK(p >= -1 && p < pc.num_pages, "forward: block table names page {} of {}", p, pc.num_pages);
+  // Attention reads every position below a sequence's length through its block table: each of those pages
+  // must be there, or the kernels would read (or write) outside the pool.
+  for (size_t s = 0; s < b.seq_lens.size(); ++s) {
+    const int64_t len = b.seq_lens[s];
+    MS_CHECK(len > 0 && len <= static_cast<int64_t>(b.max_blocks) * pc.page_size,
+             "forward: sequence {} of length {} does not fit its block table of {} pages of {}", s, len,
+             b.max_blocks, pc.page_size);
+    const int64_t pages = (len + pc.page_size - 1) / pc.page_size;
+    for (int64_t j = 0; j < pages; ++j)
+      MS_CHECK(
+          b.block_table[s * static_cast<size_t>(b.max_blocks) + static_cast<size_t>(j)] >= 0,
+          "forward: sequence {} has no page for positions [{}, {}) (block {} of its table is -1) but its "
+          "length is {}",
+          s, j * pc.page_size, std::min<int64_t>((j + 1) * pc.page_size, len), j, len);
+  }
   for (int32_t r : b.logit_rows)
     MS_CHECK(r >= 0 && static_cast<size_t>(r) < m, "forward: logit row {} outside {} tokens", r, m);
 }

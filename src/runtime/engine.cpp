@@ -169,49 +169,60 @@ std::vector<RequestOutput> Engine::step() {
 
   const scheduler::BatchPlan plan = sched_->schedule();
   if (plan.empty()) return out;  // only after preempting every running prompt; the next step readmits
-  kv::ForwardBatch batch = to_forward_batch(scheduler::flatten(plan, pool_.page_size()));
-  step_rows_.clear();
-  model::StepRouting routing;
-  routing.oea = cfg_.oea;
-  routing.expert_stats = expert_stats_.get();
-  for (const auto& p : plan.seqs) {
-    Sequence& s = *seqs_.at(p.seq_id);
-    if (!s.admitted) {
-      s.admitted = true;
-      s.cached_prompt_tokens = std::min(p.cached_prefix_tokens, s.prompt_len);
-      s.prompt_done = s.cached_prompt_tokens;
-    }
-    // Decode tokens (OEA applies) are generated tokens fed back one at a time; prompt chunks and the
-    // recompute of a preempted sequence route plainly.
-    const bool decode = !p.prefill && p.token_begin >= s.prompt_len;
-    routing.decode_tokens.insert(routing.decode_tokens.end(),
-                                 static_cast<size_t>(p.token_end - p.token_begin), decode ? 1 : 0);
-    if (p.sample) step_rows_.push_back(&s);
-  }
-
+  // Any failure from here to the forward pass's end (a bad batch, out of memory in a scratch buffer, a device
+  // error) fails the planned requests and clears the plan, so the next step starts clean.
+  auto fail_plan = [&](const std::string& why) {
+    MS_LOG_ERROR("engine step failed: {}", why);
+    for (const auto& p : plan.seqs) finish(p.seq_id, FinishReason::Error, out, why);
+    sched_->commit({});  // every planned sequence is gone: this only clears the plan
+  };
   // The hook sees the whole step, token choice included; ok stays false if the step throws.
   struct HookBracket {
-    profiler::StepHook* hook;
+    profiler::StepHook* hook = nullptr;
     bool ok = false;
     ~HookBracket() {
       if (hook) hook->step_end(ok);
     }
-  } bracket{hook_};
-  profiler::OpSink* sink = sink_;
-  if (hook_) {
-    const int32_t n = batch.n_tokens(), seqs = batch.n_seqs();
-    const std::string label =
-        fmt::format("{} tokens={} seqs={} ctx={}", plan.num_prefill_tokens == 0 ? "decode" : "prefill", n,
-                    seqs, *std::max_element(batch.seq_lens.begin(), batch.seq_lens.end()));
-    if (profiler::OpSink* s = hook_->step_begin(label)) sink = s;
-  }
+  } bracket;
   Tensor logits;
   try {
+    kv::ForwardBatch batch = to_forward_batch(scheduler::flatten(plan, pool_.page_size()));
+    step_rows_.clear();
+    model::StepRouting routing;
+    routing.oea = cfg_.oea;
+    routing.expert_stats = expert_stats_.get();
+    for (const auto& p : plan.seqs) {
+      Sequence& s = *seqs_.at(p.seq_id);
+      if (!s.admitted) {
+        s.admitted = true;
+        s.cached_prompt_tokens = std::min(p.cached_prefix_tokens, s.prompt_len);
+        s.prompt_done = s.cached_prompt_tokens;
+      }
+      // Decode tokens (OEA applies) are generated tokens fed back one at a time; prompt chunks and the
+      // recompute of a preempted sequence route plainly.
+      const bool decode = !p.prefill && p.token_begin >= s.prompt_len;
+      routing.decode_tokens.insert(routing.decode_tokens.end(),
+                                   static_cast<size_t>(p.token_end - p.token_begin), decode ? 1 : 0);
+      if (p.sample) step_rows_.push_back(&s);
+    }
+    profiler::OpSink* sink = sink_;
+    if (hook_) {
+      const int32_t n = batch.n_tokens(), seqs = batch.n_seqs();
+      const std::string label =
+          fmt::format("{} tokens={} seqs={} ctx={}", plan.num_prefill_tokens == 0 ? "decode" : "prefill", n,
+                      seqs, *std::max_element(batch.seq_lens.begin(), batch.seq_lens.end()));
+      bracket.hook = hook_;
+      if (profiler::OpSink* s = hook_->step_begin(label)) sink = s;
+    }
     logits = model_->forward(batch, pool_, sink, routing);
   } catch (const Error& e) {
-    MS_LOG_ERROR("engine step failed: {}", e.what());
-    for (const auto& p : plan.seqs) finish(p.seq_id, FinishReason::Error, out, e.message());
-    sched_->commit({});  // every planned sequence is gone: this only clears the plan
+    fail_plan(e.message());
+    return out;
+  } catch (const std::exception& e) {
+    fail_plan(e.what());
+    return out;
+  } catch (...) {
+    fail_plan("unknown error");
     return out;
   }
   for (const auto& p : plan.seqs) {
@@ -241,11 +252,20 @@ std::vector<RequestOutput> Engine::step() {
           std::span<const float>(logits.data<float>(), rows * static_cast<size_t>(mc.vocab_size)),
           step_params_, step_states_, step_tokens_);
     for (size_t i = 0; i < rows; ++i) sampled.push_back({step_rows_[i]->id, step_tokens_[i].token});
-  } catch (const Error& e) {
-    MS_LOG_ERROR("engine sampling failed: {}", e.what());
+  } catch (...) {
+    std::string why = "unknown error";
+    try {
+      throw;
+    } catch (const Error& e) {
+      why = e.message();
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    MS_LOG_ERROR("engine sampling failed: {}", why);
     std::vector<uint64_t> ids;
     for (Sequence* s : step_rows_) ids.push_back(s->id);
-    for (uint64_t id : ids) finish(id, FinishReason::Error, out, e.message());
+    for (uint64_t id : ids) finish(id, FinishReason::Error, out, why);
     sampled.clear();  // the rows that sampled are gone; prefill chunks without a sample still commit
   }
 

@@ -19,6 +19,8 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   std::optional<uint64_t> seed;  // per-request stream of random numbers
   int top_logprobs = -1;         // -1: no logprobs; 0: logprob of the chosen token only; n: and the top n
+  // Added to the logits of these token ids before penalties and sampling (OpenAI logit_bias, in [-100, 100]).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct Request {
@@ -50,6 +52,8 @@ struct RequestOutput {
   std::vector<GeneratedToken> tokens;
   FinishReason finish = FinishReason::None;
   std::string error;  // when finish == Error
+  bool refused =
+      false;  // Error before the request ran: its input was refused (a client error, not a failure)
   int prompt_tokens = 0;
   int cached_prompt_tokens = 0;  // served from the prefix cache
   int completion_tokens = 0;     // so far

@@ -299,6 +299,12 @@ void Sampler::validate(const SamplingParams& p) const {
     MS_THROW("frequency_penalty must be in [-2, 2], got {}", p.frequency_penalty);
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
     MS_THROW("presence_penalty must be in [-2, 2], got {}", p.presence_penalty);
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (token < 0 || token >= vocab_size_)
+      MS_THROW("logit_bias: token id {} is outside the vocabulary [0, {})", token, vocab_size_);
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      MS_THROW("logit_bias: the bias of token {} must be in [-100, 100], got {}", token, bias);
+  }
   if (p.top_logprobs < -1 || p.top_logprobs > options_.max_top_logprobs)
     MS_THROW("top_logprobs must be in [0, {}] (or -1: none), got {}", options_.max_top_logprobs,
              p.top_logprobs);
@@ -334,6 +340,10 @@ SamplerState Sampler::new_state(const SamplingParams& params, std::span<const in
   return s;
 }
 
+void Sampler::apply_bias(std::span<float> logits, const SamplingParams& p) const {
+  for (const auto& [token, bias] : p.logit_bias) logits[static_cast<size_t>(token)] += bias;
+}
+
 void Sampler::apply_penalties(std::span<float> logits, const SamplingParams& p,
                               const SamplerState& state) const {
   MS_CHECK(static_cast<int64_t>(logits.size()) == vocab_size_, "logits row has {} values, the vocabulary {}",
@@ -356,9 +366,10 @@ void Sampler::sample_row(const float* raw, const SamplingParams& p, SamplerState
   MS_CHECK(!penalised || state.track_,
            "the request's sampler state was made without penalties; make it with the params it samples with");
   const float* x = raw;
-  if (penalised) {
+  if (penalised || !p.logit_bias.empty()) {
     ws.logits.assign(raw, raw + vocab);
-    apply_penalties(std::span<float>(ws.logits), p, state);
+    apply_bias(std::span<float>(ws.logits), p);
+    if (penalised) apply_penalties(std::span<float>(ws.logits), p, state);
     x = ws.logits.data();
   }
   const RowMax mx = row_max(x, vocab);
@@ -447,9 +458,10 @@ std::vector<TokenProbability> Sampler::kept_distribution(std::span<const float> 
            "the request's sampler state was made without penalties; make it with the params it samples with");
   Workspace& ws = *workspaces_[0];
   const float* x = logits.data();
-  if (penalties_active(p)) {
+  if (penalties_active(p) || !p.logit_bias.empty()) {
     ws.logits.assign(logits.begin(), logits.end());
-    apply_penalties(std::span<float>(ws.logits), p, state);
+    apply_bias(std::span<float>(ws.logits), p);
+    if (penalties_active(p)) apply_penalties(std::span<float>(ws.logits), p, state);
     x = ws.logits.data();
   }
   const RowMax mx = row_max(x, vocab_size_);

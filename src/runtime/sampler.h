@@ -2,6 +2,7 @@
 // seeded draw, and logprobs.
 //
 // Order of processing, as OpenAI / vLLM / SGLang users expect:
+//   0. logit_bias: each listed token's bias is added to its logit (-100 all but bans it, 100 all but forces);
 //   1. repetition_penalty r over tokens seen in the prompt or the output: x > 0 -> x / r, else x * r;
 //   2. frequency_penalty f and presence_penalty p over output tokens only: x -= f * count + p * (count > 0);
 //   3. temperature T: T < 1e-5 means greedy (argmax of the penalised logits, ties to the lowest id);
@@ -112,6 +113,8 @@ class Sampler {
   void sample_batch(std::span<const float> logits, std::span<const SamplingParams* const> params,
                     std::span<SamplerState* const> states, std::span<GeneratedToken> out);
 
+  // Applies step 0 above to `logits` [vocab] in place (ids validated by validate()).
+  void apply_bias(std::span<float> logits, const SamplingParams& params) const;
   // Applies steps 1-2 above to `logits` [vocab] in place.
   void apply_penalties(std::span<float> logits, const SamplingParams& params,
                        const SamplerState& state) const;

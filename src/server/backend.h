@@ -33,8 +33,8 @@ class Backend {
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // The prompt text of a chat: messages as the OpenAI API sends them, tools (array or null) and
   // chat_template_kwargs (object or null) passed through to the template. Throws ms::Error on bad input.
-  virtual std::string render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
-                                  const nlohmann::json& template_kwargs) const = 0;
+  virtual std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                  const nlohmann::ordered_json& template_kwargs) const = 0;
 
   // ---- engine: engine-loop thread only ----
   // Queues a request under the server's id. Throws ms::Error (with the field in its message) when the request

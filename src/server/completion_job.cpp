@@ -37,12 +37,12 @@ std::string leading_field(const std::string& message) {
 }  // namespace
 
 CompletionJob::CompletionJob(EngineLoop& loop, Metrics& metrics, CompletionParams params,
-                             std::vector<int32_t> prompt_ids, std::string model,
+                             std::vector<std::vector<int32_t>> prompts, std::string model,
                              std::optional<ReasoningFormat> reasoning)
     : loop_(loop),
       metrics_(metrics),
       params_(std::move(params)),
-      prompt_ids_(std::move(prompt_ids)),
+      prompts_(std::move(prompts)),
       model_(std::move(model)),
       id_(new_id(params_.chat)),
       reasoning_format_(params_.chat ? reasoning : std::nullopt),
@@ -69,31 +69,33 @@ void CompletionJob::cancel() {
 
 void CompletionJob::start() {
   Backend& backend = loop_.backend();
-  for (int i = 0; i < params_.n; ++i) {
-    runtime::Request r;
-    r.prompt_ids = prompt_ids_;
-    r.sampling = params_.sampling;
-    if (r.sampling.seed)
-      r.sampling.seed = *r.sampling.seed + static_cast<uint64_t>(i);  // n different samples
-    r.max_tokens = *params_.max_tokens;
-    r.stop_token_ids = params_.stop_token_ids;
-    r.ignore_eos = params_.ignore_eos;
-    Choice c;
-    c.text = std::make_unique<TextStream>(
-        [&backend](const std::vector<int32_t>& ids) { return backend.decode(ids); }, params_.stop);
-    if (reasoning_format_)
-      c.reasoning = std::make_unique<ReasoningParser>(*reasoning_format_, params_.thinking);
-    if (params_.chat) {
-      c.logprobs = json::array();
-    } else {
-      c.logprobs = {{"tokens", json::array()},
-                    {"token_logprobs", json::array()},
-                    {"top_logprobs", json::array()},
-                    {"text_offset", json::array()}};
+  for (size_t pi = 0; pi < prompts_.size(); ++pi)
+    for (int i = 0; i < params_.n; ++i) {
+      runtime::Request r;
+      r.prompt_ids = prompts_[pi];
+      r.sampling = params_.sampling;
+      if (r.sampling.seed)
+        r.sampling.seed = *r.sampling.seed + static_cast<uint64_t>(i);  // n different samples
+      r.max_tokens = *params_.max_tokens;
+      r.stop_token_ids = params_.stop_token_ids;
+      r.ignore_eos = params_.ignore_eos;
+      Choice c;
+      c.prompt = pi;
+      c.text = std::make_unique<TextStream>(
+          [&backend](const std::vector<int32_t>& ids) { return backend.decode(ids); }, params_.stop);
+      if (reasoning_format_)
+        c.reasoning = std::make_unique<ReasoningParser>(*reasoning_format_, params_.thinking);
+      if (params_.chat) {
+        c.logprobs = json::array();
+      } else {
+        c.logprobs = {{"tokens", json::array()},
+                      {"token_logprobs", json::array()},
+                      {"top_logprobs", json::array()},
+                      {"text_offset", json::array()}};
+      }
+      c.stream = loop_.submit(std::move(r));
+      choices_.push_back(std::move(c));
     }
-    c.stream = loop_.submit(std::move(r));
-    choices_.push_back(std::move(c));
-  }
 }
 
 void CompletionJob::logprob_entry(Choice& c, const runtime::GeneratedToken& g, json& out) {
@@ -159,6 +161,7 @@ void CompletionJob::consume(size_t index, runtime::RequestOutput& o, Delta& d) {
     c.done = true;
     c.finish = o.finish;
     c.error = o.error;
+    c.refused = o.refused;
   }
   if (c.reasoning) {
     auto r = c.reasoning->feed(piece);
@@ -175,12 +178,16 @@ void CompletionJob::consume(size_t index, runtime::RequestOutput& o, Delta& d) {
 }
 
 json CompletionJob::usage() const {
-  int completion = 0;
+  // Each prompt counts once, however many choices it has (as OpenAI counts); its cached tokens are those of
+  // its first choice.
+  int completion = 0, prompt = 0, cached = 0;
   for (const auto& c : choices_) completion += c.completion_tokens;
-  const int prompt = static_cast<int>(prompt_ids_.size());
+  for (const auto& ids : prompts_) prompt += static_cast<int>(ids.size());
+  for (size_t i = 0; i < choices_.size(); i += static_cast<size_t>(params_.n))
+    cached += choices_[i].cached_tokens;
   json u = {
       {"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
-  if (!choices_.empty()) u["prompt_tokens_details"] = {{"cached_tokens", choices_.front().cached_tokens}};
+  if (!choices_.empty()) u["prompt_tokens_details"] = {{"cached_tokens", cached}};
   return u;
 }
 
@@ -197,7 +204,7 @@ void CompletionJob::finish_metrics() {
   for (const auto& c : choices_) all_done &= c.done;
   if (metrics_done_ || !all_done || choices_.empty()) return;
   metrics_done_ = true;
-  metrics_.prompt_tokens += static_cast<int64_t>(prompt_ids_.size());
+  for (const auto& ids : prompts_) metrics_.prompt_tokens += static_cast<int64_t>(ids.size());
   bool failed = false, cancelled = false;
   for (const auto& c : choices_) {
     failed |= c.finish == runtime::FinishReason::Error;
@@ -269,7 +276,9 @@ bool CompletionJob::poll(std::vector<json>& chunks, std::chrono::milliseconds ti
     }
     if (c.finish == runtime::FinishReason::Error && !c.finished_chunk) {
       c.finished_chunk = true;
-      chunks.push_back({{"error", ApiError(500, c.error, "", "engine_error").to_json()["error"]}});
+      const ApiError e = c.refused ? ApiError(400, c.error, leading_field(c.error))
+                                   : ApiError(500, c.error, "", "engine_error");
+      chunks.push_back({{"error", e.to_json()["error"]}});
     }
     if (c.finish == runtime::FinishReason::Cancelled && !c.finished_chunk && !cancelled_here_) {
       c.finished_chunk = true;  // the server cancelled it (shutting down): say so rather than end silently
@@ -291,8 +300,12 @@ bool CompletionJob::poll(std::vector<json>& chunks, std::chrono::milliseconds ti
   return false;
 }
 
-json CompletionJob::collect() {
+json CompletionJob::collect(const std::function<bool()>& client_gone) {
   for (;;) {
+    if (client_gone && client_gone()) {
+      cancel();
+      return nullptr;
+    }
     bool all_done = true;
     for (size_t i = 0; i < choices_.size(); ++i) {
       Choice& c = choices_[i];
@@ -314,7 +327,7 @@ json CompletionJob::collect() {
   for (size_t i = 0; i < choices_.size(); ++i) {
     Choice& c = choices_[i];
     if (c.finish == runtime::FinishReason::Error) {
-      if (c.completion_tokens == 0) throw ApiError(400, c.error, leading_field(c.error));
+      if (c.refused) throw ApiError(400, c.error, leading_field(c.error));
       throw ApiError(500, c.error, "", "engine_error");
     }
     if (c.finish == runtime::FinishReason::Cancelled)

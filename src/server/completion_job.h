@@ -1,10 +1,12 @@
-// One OpenAI completion call in flight: its n engine requests, their text (detokenized, stop strings,
-// reasoning split), logprobs, usage and latency metrics, as one response or as stream chunks.
+// One OpenAI completion call in flight: its engine requests (n per prompt; choice index prompt * n + k),
+// their text (detokenized, stop strings, reasoning split), logprobs, usage and latency metrics, as one
+// response or as stream chunks.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,8 +23,9 @@ namespace ms::server {
 class CompletionJob {
  public:
   using Clock = std::chrono::steady_clock;
-  CompletionJob(EngineLoop& loop, Metrics& metrics, CompletionParams params, std::vector<int32_t> prompt_ids,
-                std::string model, std::optional<ReasoningFormat> reasoning);
+  CompletionJob(EngineLoop& loop, Metrics& metrics, CompletionParams params,
+                std::vector<std::vector<int32_t>> prompts, std::string model,
+                std::optional<ReasoningFormat> reasoning);
   ~CompletionJob();  // cancels what still runs
 
   void start();
@@ -30,11 +33,14 @@ class CompletionJob {
   // choice has finished and its last chunk (and the usage chunk, when asked) was appended.
   bool poll(std::vector<nlohmann::json>& chunks, std::chrono::milliseconds timeout);
   // Not streaming: waits for every choice; the whole response. Throws ApiError when the engine refused it.
-  nlohmann::json collect();
+  // `client_gone`, when given, is asked while waiting: once it says true, the job is cancelled (its pages
+  // freed) and collect returns null.
+  nlohmann::json collect(const std::function<bool()>& client_gone = {});
   void cancel();
 
  private:
   struct Choice {
+    size_t prompt = 0;  // index into prompts_
     std::shared_ptr<RequestStream> stream;
     std::unique_ptr<TextStream> text;
     std::unique_ptr<ReasoningParser> reasoning;
@@ -43,6 +49,7 @@ class CompletionJob {
     int text_offset = 0;
     runtime::FinishReason finish = runtime::FinishReason::None;
     std::string error;
+    bool refused = false;  // the engine refused its input: a client error
     bool done = false, sent_role = false, finished_chunk = false;
     int completion_tokens = 0, cached_tokens = 0;
     Clock::time_point last_token;
@@ -60,7 +67,7 @@ class CompletionJob {
   EngineLoop& loop_;
   Metrics& metrics_;
   CompletionParams params_;
-  std::vector<int32_t> prompt_ids_;
+  std::vector<std::vector<int32_t>> prompts_;
   std::string model_, id_;
   std::optional<ReasoningFormat> reasoning_format_;
   std::vector<Choice> choices_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <stdexcept>
 #include <thread>
 
 #include "core/error.h"
@@ -39,12 +41,39 @@ std::string EchoBackend::decode(const std::vector<int32_t>& ids) const {
   return s;
 }
 
-std::string EchoBackend::render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
-                                     const nlohmann::json& template_kwargs) const {
+std::vector<std::pair<std::string, std::string>> load_echo_script(const std::string& path) {
+  std::ifstream f(path);
+  MS_CHECK(f.good(), "--script {}: cannot open", path);
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(f);
+  } catch (const std::exception& e) {
+    MS_THROW("--script {}: not JSON: {}", path, e.what());
+  }
+  MS_CHECK(j.is_object(), "--script {}: expected an object of trigger -> reply", path);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    MS_CHECK(it.value().is_string() && !it.key().empty(), "--script {}: '{}' must map to a string reply",
+             path, it.key());
+    out.emplace_back(it.key(), it.value().get<std::string>());
+  }
+  return out;
+}
+
+std::string EchoBackend::render_chat(const nlohmann::ordered_json& messages,
+                                     const nlohmann::ordered_json& tools,
+                                     const nlohmann::ordered_json& template_kwargs) const {
   MS_CHECK(messages.is_array(), "messages: expected an array");
+  if (config_.chat_template) {
+    tokenizer::ChatInputs in;
+    in.messages = messages;
+    if (tools.is_array()) in.tools = tools;
+    if (template_kwargs.is_object()) in.extra = template_kwargs;
+    return config_.chat_template->render(in);
+  }
   std::string out;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const auto& c = messages[i].value("content", nlohmann::json());
+    const auto& c = messages[i].value("content", nlohmann::ordered_json());
     if (i) out += "\n";
     if (c.is_string()) {
       out += c.get<std::string>();
@@ -63,7 +92,18 @@ void EchoBackend::submit(uint64_t id, const runtime::Request& request) {
   p.stop_token_ids = request.stop_token_ids;
   if (!request.ignore_eos) p.stop_token_ids.push_back(kEos);
   scheduler_->add(id, std::move(p));
-  live_[id] = {request};
+  Live live{request, std::nullopt};
+  if (!config_.script.empty()) {
+    const std::string text = decode(request.prompt_ids);
+    size_t best_end = 0;
+    for (const auto& [trigger, reply] : config_.script) {
+      const size_t at = text.rfind(trigger);
+      if (at == std::string::npos || at + trigger.size() <= best_end) continue;
+      best_end = at + trigger.size();
+      live.reply = encode(reply, false);
+    }
+  }
+  live_[id] = std::move(live);
 }
 
 void EchoBackend::cancel(uint64_t id) {
@@ -73,14 +113,20 @@ void EchoBackend::cancel(uint64_t id) {
 
 std::vector<runtime::RequestOutput> EchoBackend::step() {
   if (config_.step_time.count() > 0) std::this_thread::sleep_for(config_.step_time);
+  if (++steps_ == config_.fail_at_step) throw std::runtime_error("injected step failure");
   auto plan = scheduler_->schedule();
   std::vector<scheduler::SampledToken> sampled;
   for (const auto& e : plan.seqs) {
     if (!e.sample) continue;
-    const auto& prompt = live_.at(e.seq_id).request.prompt_ids;
+    const Live& live = live_.at(e.seq_id);
+    const auto& prompt = live.request.prompt_ids;
     const auto* seq = scheduler_->find(e.seq_id);
     const size_t i = static_cast<size_t>(seq->num_generated());
-    sampled.push_back({e.seq_id, prompt[i % prompt.size()]});
+    if (live.reply) {
+      sampled.push_back({e.seq_id, i < live.reply->size() ? (*live.reply)[i] : kEos});
+    } else {
+      sampled.push_back({e.seq_id, prompt[i % prompt.size()]});
+    }
     if (e.prefill) prompt_tokens_total_ += static_cast<int64_t>(e.token_end - e.cached_prefix_tokens);
   }
   std::vector<runtime::RequestOutput> outs;

@@ -18,9 +18,9 @@ constexpr const char* kEndOfTextTokens[] = {"<|endoftext|>", "</s>", "<|end_of_t
 
 // A message's content as the template expects it: a string. The API also allows an array of parts, of
 // which a text-only model reads the text ones.
-ordered_json message_for_template(const json& m, size_t index) {
+ordered_json message_for_template(const ordered_json& m, size_t index) {
   MS_CHECK(m.is_object(), "messages[{}]: expected an object", index);
-  ordered_json out = ordered_json::parse(m.dump());
+  ordered_json out = m;
   if (m.contains("content") && m["content"].is_array()) {
     std::string text;
     for (const auto& part : m["content"])
@@ -70,17 +70,17 @@ std::string EngineBackend::decode(const std::vector<int32_t>& ids) const {
   return tokenizer_->decode(ids, /*skip_special_tokens=*/true);
 }
 
-std::string EngineBackend::render_chat(const json& messages, const json& tools,
-                                       const json& template_kwargs) const {
+std::string EngineBackend::render_chat(const ordered_json& messages, const ordered_json& tools,
+                                       const ordered_json& template_kwargs) const {
   MS_CHECK(chat_template_ != nullptr,
            "messages: this model has no chat template (start the server with --chat-template FILE, or use "
            "/v1/completions)");
   MS_CHECK(messages.is_array(), "messages: expected an array");
   tokenizer::ChatInputs in;
   for (size_t i = 0; i < messages.size(); ++i) in.messages.push_back(message_for_template(messages[i], i));
-  if (tools.is_array()) in.tools = ordered_json::parse(tools.dump());
+  if (tools.is_array()) in.tools = tools;
   if (template_kwargs.is_object()) {
-    in.extra = ordered_json::parse(template_kwargs.dump());
+    in.extra = template_kwargs;
     // The one keyword the renderer itself reads; the rest go to the template as variables.
     if (auto it = in.extra.find("add_generation_prompt"); it != in.extra.end() && it->is_boolean()) {
       in.add_generation_prompt = it->get<bool>();

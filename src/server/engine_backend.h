@@ -37,8 +37,8 @@ class EngineBackend : public Backend {
   int32_t vocab_size() const override { return vocab_size_; }
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
-  std::string render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
-                          const nlohmann::json& template_kwargs) const override;
+  std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                          const nlohmann::ordered_json& template_kwargs) const override;
 
   void submit(uint64_t id, const runtime::Request& request) override;
   void cancel(uint64_t id) override;

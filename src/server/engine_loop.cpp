@@ -72,11 +72,13 @@ runtime::EngineStats EngineLoop::stats() const {
 }
 
 void EngineLoop::run() {
-  auto finish = [&](const std::shared_ptr<RequestStream>& s, runtime::FinishReason why, std::string error) {
+  auto finish = [&](const std::shared_ptr<RequestStream>& s, runtime::FinishReason why, std::string error,
+                    bool refused = false) {
     runtime::RequestOutput o;
     o.request_id = s->id();
     o.finish = why;
     o.error = std::move(error);
+    o.refused = refused;
     s->push(std::move(o));
     --active_;
   };
@@ -102,7 +104,7 @@ void EngineLoop::run() {
         backend_.submit(s->id(), req);
         streams_[s->id()] = s;
       } catch (const ms::Error& e) {
-        finish(s, runtime::FinishReason::Error, e.message());
+        finish(s, runtime::FinishReason::Error, e.message(), /*refused=*/true);
       } catch (const std::exception& e) {
         finish(s, runtime::FinishReason::Error, e.what());
       }

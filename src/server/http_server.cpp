@@ -11,12 +11,14 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/client_connection.h"
 #include "server/completion_job.h"
 
 namespace ms::server {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 void reply_json(httplib::Response& res, int status, const json& j) {
   res.status = status;
@@ -195,18 +197,19 @@ void HttpServer::routes() {
 
   h.Post("/tokenize", [this, error](const httplib::Request& req, httplib::Response& res) {
     try {
-      json body = parse_json_body(req.body);
+      ordered_json body = parse_json_body(req.body);
       Backend& b = loop_.backend();
       std::string text;
       bool chat = false;
       if (body.contains("messages")) {
         chat = true;
         CompletionParams p;
-        json probe = {{"model", model_name()}, {"messages", body["messages"]}};
+        ordered_json probe = {{"model", model_name()}, {"messages", body["messages"]}};
+        for (const char* k : {"tools", "chat_template_kwargs"})
+          if (body.contains(k)) probe[k] = body[k];
         p = parse_completion_request(probe, true, config_.limits);
         try {
-          text = b.render_chat(p.messages, body.value("tools", json()),
-                               body.value("chat_template_kwargs", json()));
+          text = b.render_chat(p.messages, p.tools, p.template_kwargs);
         } catch (const ms::Error& e) {
           throw ApiError(400, e.message(), "messages");
         }
@@ -245,15 +248,14 @@ void HttpServer::routes() {
     return [this, error, chat](const httplib::Request& req, httplib::Response& res) {
       try {
         if (draining_) throw ApiError(503, "the server is shutting down", "", "service_unavailable");
-        json body = parse_json_body(req.body);
+        ordered_json body = parse_json_body(req.body);
         CompletionParams p = parse_completion_request(body, chat, config_.limits);
         if (p.model != model_name())
           throw ApiError(
               404, fmt::format("model '{}' does not exist; this server serves '{}'", p.model, model_name()),
               "model", "model_not_found");
         Backend& b = loop_.backend();
-        const char* prompt_field = chat ? "messages" : "prompt";
-        std::vector<int32_t> ids;
+        std::vector<std::vector<int32_t>> prompts;
         if (chat) {
           std::string text;
           try {
@@ -261,52 +263,73 @@ void HttpServer::routes() {
           } catch (const ms::Error& e) {
             throw ApiError(400, e.message(), "messages");
           }
-          ids = b.encode(text, false);
-        } else if (p.prompt_text) {
-          ids = b.encode(*p.prompt_text, true);
+          prompts.push_back(b.encode(text, false));
         } else {
-          ids = p.prompt_ids;
+          for (const PromptInput& in : p.prompts)
+            prompts.push_back(in.text ? b.encode(*in.text, true) : in.ids);
         }
         const int32_t vocab = b.vocab_size();
-        for (size_t i = 0; i < ids.size(); ++i)
-          if (ids[i] >= vocab)
-            throw ApiError(
-                400,
-                fmt::format("prompt[{}]: token id {} is not below the vocabulary size {}", i, ids[i], vocab),
-                "prompt");
         for (int32_t t : p.stop_token_ids)
           if (t >= vocab)
             throw ApiError(
                 400, fmt::format("stop_token_ids: token id {} is not below the vocabulary size {}", t, vocab),
                 "stop_token_ids");
-        if (ids.empty())
-          throw ApiError(400, fmt::format("{}: the prompt has no tokens", prompt_field), prompt_field);
+        for (const auto& [t, bias] : p.sampling.logit_bias)
+          if (t >= vocab)
+            throw ApiError(
+                400, fmt::format("logit_bias: token id {} is not below the vocabulary size {}", t, vocab),
+                "logit_bias");
         const int64_t ctx = b.max_context();
-        const int64_t n_prompt = static_cast<int64_t>(ids.size());
-        if (n_prompt >= ctx)
-          throw ApiError(400,
-                         fmt::format("{}: the prompt is {} tokens; the context length is {} tokens",
-                                     prompt_field, n_prompt, ctx),
-                         prompt_field, "context_length_exceeded");
-        if (!p.max_tokens) {
-          p.max_tokens = static_cast<int>(ctx - n_prompt);
-        } else if (n_prompt + *p.max_tokens > ctx) {
-          const char* f =
-              chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-          throw ApiError(
-              400,
-              fmt::format("{}: {} + the prompt's {} tokens exceeds the context length of {} tokens", f,
-                          *p.max_tokens, n_prompt, ctx),
-              f, "context_length_exceeded");
+        const std::optional<int> asked = p.max_tokens;
+        int64_t longest = 0;
+        for (size_t k = 0; k < prompts.size(); ++k) {
+          const auto& ids = prompts[k];
+          const std::string prompt_field =
+              chat ? "messages" : (prompts.size() > 1 ? fmt::format("prompt[{}]", k) : std::string("prompt"));
+          for (size_t i = 0; i < ids.size(); ++i)
+            if (ids[i] >= vocab)
+              throw ApiError(400,
+                             fmt::format("{}[{}]: token id {} is not below the vocabulary size {}",
+                                         prompt_field, i, ids[i], vocab),
+                             chat ? "messages" : "prompt");
+          if (ids.empty())
+            throw ApiError(400, fmt::format("{}: the prompt has no tokens", prompt_field),
+                           chat ? "messages" : "prompt");
+          const int64_t n_prompt = static_cast<int64_t>(ids.size());
+          if (n_prompt >= ctx)
+            throw ApiError(400,
+                           fmt::format("{}: the prompt is {} tokens; the context length is {} tokens",
+                                       prompt_field, n_prompt, ctx),
+                           chat ? "messages" : "prompt", "context_length_exceeded");
+          if (asked && n_prompt + *asked > ctx) {
+            const char* f =
+                chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+            throw ApiError(
+                400,
+                fmt::format("{}: {} + the prompt's {} tokens exceeds the context length of {} tokens", f,
+                            *asked, n_prompt, ctx),
+                f, "context_length_exceeded");
+          }
+          longest = std::max(longest, n_prompt);
         }
-        auto job = std::make_shared<CompletionJob>(loop_, metrics_, p, std::move(ids), model_name(),
+        if (!asked) {  // chat without max_tokens: the server's default, within what the context leaves
+          int64_t room = ctx - longest;
+          if (config_.default_max_tokens > 0) room = std::min<int64_t>(room, config_.default_max_tokens);
+          p.max_tokens = static_cast<int>(room);
+        }
+        auto job = std::make_shared<CompletionJob>(loop_, metrics_, p, std::move(prompts), model_name(),
                                                    config_.reasoning_parser);
         // Counted until the answer is written: for a stream, until httplib releases the provider.
         ++completions_in_flight_;
         std::shared_ptr<void> in_flight(nullptr, [this](void*) { --completions_in_flight_; });
         job->start();
         if (!p.stream) {
-          reply_json(res, 200, job->collect());
+          // Nothing is written while the answer is made: watch the socket, so that a client that went away
+          // is cancelled and its pages freed rather than run to its end.
+          const ClientConnection conn(req.remote_addr, req.remote_port, port_);
+          json answer = job->collect([&conn] { return conn.closed(); });
+          if (answer.is_null()) return;  // nobody to answer; counted as cancelled
+          reply_json(res, 200, answer);
           return;
         }
         res.set_header("Cache-Control", "no-cache");

@@ -28,6 +28,8 @@ struct ServerConfig {
   size_t max_body_bytes = 32u << 20;
   int http_threads = 512;  // each streaming client holds one
   std::optional<ReasoningFormat> reasoning_parser;
+  // max_tokens of a chat request that gives none (bounded by what is left of the context); 0: the context.
+  int default_max_tokens = 4096;
   ProtocolLimits limits;
 };
 

@@ -7,7 +7,7 @@
 namespace ms::server {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 const char* type_name(const json& v) {
   switch (v.type()) {
@@ -118,10 +118,6 @@ void parse_messages(const json& body, CompletionParams& p) {
     if (!content && *role != "assistant") bad(at + ".content", "is required", "missing_required_parameter");
   }
   p.messages = *m;
-  if (const json* t = field(body, "tools")) {
-    if (!t->is_array()) wrong_type("tools", "an array", *t);
-    p.tools = *t;
-  }
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) wrong_type("chat_template_kwargs", "an object", *k);
     p.template_kwargs = *k;
@@ -131,28 +127,147 @@ void parse_messages(const json& body, CompletionParams& p) {
   }
 }
 
-void parse_prompt(const json& body, CompletionParams& p) {
+PromptInput one_prompt(const json& v, const std::string& name) {
+  PromptInput in;
+  if (v.is_string()) {
+    if (v.get_ref<const std::string&>().empty()) bad(name, "must not be empty");
+    in.text = v.get<std::string>();
+  } else if (v.is_array()) {
+    if (v.empty()) bad(name, "must not be empty");
+    in.ids = token_list(v, name);
+  } else {
+    wrong_type(name, "a string or an array of token ids", v);
+  }
+  return in;
+}
+
+// A string, an array of token ids, or a batch: an array of strings or of token id arrays.
+void parse_prompt(const json& body, CompletionParams& p, const ProtocolLimits& limits) {
   const json* v = field(body, "prompt");
   if (!v) bad("prompt", "is required", "missing_required_parameter");
-  const json* one = v;
   if (v->is_array() && !v->empty() && (v->front().is_string() || v->front().is_array())) {
-    if (v->size() != 1) bad("prompt", "batches of prompts are not supported; send one prompt per request");
-    one = &v->front();
-  }
-  if (one->is_string()) {
-    if (one->get_ref<const std::string&>().empty()) bad("prompt", "must not be empty");
-    p.prompt_text = one->get<std::string>();
-  } else if (one->is_array()) {
-    if (one->empty()) bad("prompt", "must not be empty");
-    p.prompt_ids = token_list(*one, "prompt");
+    if (static_cast<int>(v->size()) > limits.max_prompts)
+      bad("prompt", fmt::format("at most {} prompts in one request, got {}", limits.max_prompts, v->size()));
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& one = (*v)[i];
+      if (!one.is_string() && !one.is_array())
+        wrong_type(fmt::format("prompt[{}]", i), "a string or an array of token ids", one);
+      p.prompts.push_back(one_prompt(one, v->size() == 1 ? "prompt" : fmt::format("prompt[{}]", i)));
+    }
   } else {
-    wrong_type("prompt", "a string or an array of token ids", *v);
+    if (!v->is_string() && !v->is_array()) wrong_type("prompt", "a string or an array of token ids", *v);
+    p.prompts.push_back(one_prompt(*v, "prompt"));
+  }
+}
+
+void parse_tool_choice(const json& body, CompletionParams& p) {
+  const json* tc = field(body, "tool_choice");
+  const bool has_tools = !p.tools.is_null() && !p.tools.empty();
+  if (!tc) {
+    p.tool_choice.mode = has_tools ? ToolChoice::Mode::Auto : ToolChoice::Mode::None;
+    return;
+  }
+  if (tc->is_string()) {
+    const std::string s = tc->get<std::string>();
+    if (s == "none") {
+      p.tool_choice.mode = ToolChoice::Mode::None;
+    } else if (s == "auto") {
+      p.tool_choice.mode = has_tools ? ToolChoice::Mode::Auto : ToolChoice::Mode::None;
+    } else if (s == "required") {
+      if (!has_tools) bad("tool_choice", "'required' needs tools");
+      p.tool_choice.mode = ToolChoice::Mode::Required;
+    } else {
+      bad("tool_choice", fmt::format("expected 'none', 'auto', 'required' or a named function, got '{}'", s));
+    }
+    return;
+  }
+  if (!tc->is_object()) wrong_type("tool_choice", "a string or an object", *tc);
+  const json* fn = field(*tc, "function");
+  if (tc->value("type", "") != "function" || !fn || !fn->is_object() || !fn->contains("name") ||
+      !(*fn)["name"].is_string())
+    bad("tool_choice", R"(expected {"type": "function", "function": {"name": ...}})");
+  p.tool_choice.mode = ToolChoice::Mode::Named;
+  p.tool_choice.name = (*fn)["name"].get<std::string>();
+  bool found = false;
+  if (has_tools)
+    for (const auto& t : p.tools)
+      found |= t.is_object() && t.contains("function") && t["function"].is_object() &&
+               t["function"].value("name", "") == p.tool_choice.name;
+  if (!found)
+    bad("tool_choice", fmt::format("names function '{}', which is not among the tools", p.tool_choice.name));
+}
+
+void parse_tools(const json& body, CompletionParams& p) {
+  const json* t = field(body, "tools");
+  if (!t) return;
+  if (!t->is_array()) wrong_type("tools", "an array", *t);
+  for (size_t i = 0; i < t->size(); ++i) {
+    const json& tool = (*t)[i];
+    const std::string at = fmt::format("tools[{}]", i);
+    if (!tool.is_object()) wrong_type(at, "an object", tool);
+    if (tool.value("type", "function") != "function") bad(at + ".type", "only function tools are supported");
+    const json* fn = field(tool, "function");
+    if (!fn || !fn->is_object()) bad(at + ".function", "expected an object with a name");
+    if (!fn->contains("name") || !(*fn)["name"].is_string() ||
+        (*fn)["name"].get_ref<const std::string&>().empty())
+      bad(at + ".function.name", "expected a non-empty string");
+    if (const json* ps = field(*fn, "parameters"); ps && !ps->is_object())
+      wrong_type(at + ".function.parameters", "a JSON schema object", *ps);
+  }
+  p.tools = *t;
+}
+
+// Fields of the OpenAI API this server does not implement: refused with their name, never ignored.
+void refuse_unimplemented(const json& body, bool chat, int n) {
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object() || rf->value("type", "") != "text")
+      bad("response_format", R"(only {"type": "text"} is supported (no JSON mode or schema-guided output))",
+          "unsupported_value");
+  }
+  static const char* kNever[] = {"functions",          "function_call", "audio",        "prediction",
+                                 "web_search_options", "guided_json",   "guided_regex", "guided_choice",
+                                 "guided_grammar",     "suffix"};
+  for (const char* name : kNever)
+    if (field(body, name)) bad(name, "is not supported by this server", "unsupported_parameter");
+  if (const json* m = field(body, "modalities")) {
+    if (*m != json::array({"text"})) bad("modalities", R"(only ["text"] is supported)", "unsupported_value");
+  }
+  if (const json* b = field(body, "best_of")) {
+    if (!b->is_number_integer() || b->get<int64_t>() != n)
+      bad("best_of", "only best_of equal to n is supported", "unsupported_value");
+  }
+  if (chat) {
+    if (const json* ptc = field(body, "parallel_tool_calls"); ptc && !ptc->is_boolean())
+      wrong_type("parallel_tool_calls", "a boolean", *ptc);
+  }
+}
+
+void parse_logit_bias(const json& body, runtime::SamplingParams& s) {
+  const json* lb = field(body, "logit_bias");
+  if (!lb) return;
+  if (!lb->is_object()) wrong_type("logit_bias", "an object of token id -> bias", *lb);
+  for (auto it = lb->begin(); it != lb->end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = -1;
+    size_t used = 0;
+    try {
+      id = std::stoll(key, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != key.size() || id < 0 || id > INT32_MAX)
+      bad("logit_bias", fmt::format("key '{}' is not a token id", key));
+    if (!it.value().is_number()) wrong_type(fmt::format("logit_bias.{}", key), "a number", it.value());
+    const double b = it.value().get<double>();
+    if (!std::isfinite(b) || b < -100.0 || b > 100.0)
+      bad("logit_bias", fmt::format("the bias of token {} must be in [-100, 100], got {}", key, b));
+    s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
   }
 }
 
 }  // namespace
 
-nlohmann::json parse_json_body(const std::string& text) {
+nlohmann::ordered_json parse_json_body(const std::string& text) {
   json body;
   try {
     body = json::parse(text);
@@ -164,6 +279,10 @@ nlohmann::json parse_json_body(const std::string& text) {
 }
 
 std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string dump_json(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -176,8 +295,12 @@ CompletionParams parse_completion_request(const json& body, bool chat, const Pro
   p.model = model->get<std::string>();
   if (chat) {
     parse_messages(body, p);
+    parse_tools(body, p);
+    parse_tool_choice(body, p);
   } else {
-    parse_prompt(body, p);
+    parse_prompt(body, p, limits);
+    if (field(body, "tools") || field(body, "tool_choice"))
+      bad(field(body, "tools") ? "tools" : "tool_choice", "tools are for /v1/chat/completions");
   }
 
   auto max_tokens = get_int(body, "max_tokens", 1, INT32_MAX);
@@ -204,7 +327,9 @@ CompletionParams parse_completion_request(const json& body, bool chat, const Pro
     bad("repetition_penalty", "must be in (0, 2], got 0");
   if (auto seed = get_int(body, "seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*seed);
 
+  parse_logit_bias(body, s);
   p.n = static_cast<int>(get_int(body, "n", 1, limits.max_n).value_or(1));
+  refuse_unimplemented(body, chat, p.n);
   p.ignore_eos = get_bool(body, "ignore_eos", false);
   if (get_bool(body, "echo", false)) bad("echo", "echo is not supported");
 

@@ -17,18 +17,32 @@ struct ProtocolLimits {
   int max_n = 16;
   int max_top_logprobs = 20;
   int max_stop = 16;
+  int max_prompts = 64;  // prompts in one /v1/completions call (each gets n choices)
+};
+
+// One prompt of /v1/completions: text or token ids.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> ids;  // when text is absent
+};
+
+// tool_choice: which tool calls the answer may (or must) make.
+struct ToolChoice {
+  enum class Mode { Auto, None, Required, Named };
+  Mode mode = Mode::Auto;
+  std::string name;  // Named: the function to call
 };
 
 // One /v1/chat/completions or /v1/completions call, before tokenization.
 struct CompletionParams {
   bool chat = false;
   std::string model;
-  // chat
-  nlohmann::json messages, tools, template_kwargs;
-  // completions: either text or token ids
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_ids;
-  std::optional<int> max_tokens;  // absent: up to the context
+  // chat: kept in the client's key order, which is what the template renders
+  nlohmann::ordered_json messages, tools, template_kwargs;
+  ToolChoice tool_choice;  // Auto without tools means no tool calls
+  // completions: one or more prompts (a list of strings or of token id lists); each gets n choices
+  std::vector<PromptInput> prompts;
+  std::optional<int> max_tokens;  // absent: the server's default (chat) or up to the context
   runtime::SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;
@@ -39,14 +53,17 @@ struct CompletionParams {
   bool thinking = true;   // chat_template_kwargs.enable_thinking / thinking
 };
 
-// Throws ApiError(400) naming the field. `body` is the parsed JSON.
-CompletionParams parse_completion_request(const nlohmann::json& body, bool chat,
+// Throws ApiError(400) naming the field. `body` is the parsed JSON. A field the server knows but does not
+// implement (response_format other than text, functions, suffix, ...) is refused, never ignored.
+CompletionParams parse_completion_request(const nlohmann::ordered_json& body, bool chat,
                                           const ProtocolLimits& limits);
 
-// Parses text as JSON; ApiError(400) with the parser's message when it is not a JSON object.
-nlohmann::json parse_json_body(const std::string& text);
+// Parses text as JSON, keys in the order sent; ApiError(400) with the parser's message when it is not a JSON
+// object.
+nlohmann::ordered_json parse_json_body(const std::string& text);
 
 // Serialises without throwing on invalid UTF-8 (replaced by U+FFFD): model text may end mid-character.
 std::string dump_json(const nlohmann::json& j);
+std::string dump_json(const nlohmann::ordered_json& j);
 
 }  // namespace ms::server

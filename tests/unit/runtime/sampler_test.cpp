@@ -572,3 +572,43 @@ TEST(Sampler, BadInputNamesWhatIsWrong) {
   sp = {&st, &st};
   EXPECT_THROW(s.sample_batch(std::vector<float>(20, 0.0f), pp, sp, out), ms::Error);
 }
+
+// logit_bias moves the logits the draw sees (not the reported logprobs); ids and values are validated.
+TEST(Sampler, LogitBiasShiftsTheDistributionAndIsValidated) {
+  Sampler s(4, fixed_seed());
+  const std::vector<float> x = {0.0f, 2.0f, 1.0f, 0.5f};
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.top_logprobs = 0;
+  p.logit_bias = {{0, 5.0f}, {1, -100.0f}};
+  SamplerState st = s.new_state(p, {});
+  const GeneratedToken g = s.sample(x, p, st);
+  EXPECT_EQ(g.token, 0);  // 0 + 5 beats 2 - 100 and the rest
+  double z = 0;
+  for (float v : x) z += std::exp(v);
+  EXPECT_NEAR(g.logprob, 0.0 - std::log(z), 1e-5);  // raw logprob, before the bias
+
+  // Temperature 1: probabilities are softmax(x + bias).
+  p.temperature = 1.0f;
+  p.logit_bias = {{3, 1.5f}};
+  const auto d = s.kept_distribution(x, p, s.new_state(p, {}));
+  const std::vector<float> biased = {0.0f, 2.0f, 1.0f, 2.0f};
+  double zb = 0;
+  for (float v : biased) zb += std::exp(v);
+  for (const auto& e : d)
+    EXPECT_NEAR(e.probability, std::exp(biased[static_cast<size_t>(e.token)]) / zb, 1e-5);
+
+  p.logit_bias = {{4, 1.0f}};
+  EXPECT_THROW(
+      {
+        try {
+          s.new_state(p, {});
+        } catch (const ms::Error& e) {
+          EXPECT_THAT(e.message(), ::testing::HasSubstr("logit_bias: token id 4 is outside the vocabulary"));
+          throw;
+        }
+      },
+      ms::Error);
+  p.logit_bias = {{1, 100.5f}};
+  EXPECT_THROW(s.new_state(p, {}), ms::Error);
+}

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "server/echo_backend.h"
@@ -387,4 +388,81 @@ TEST(HttpServer, MetricsReportTraffic) {
   EXPECT_NE(m->body.find("moeserve_time_to_first_token_seconds_count 1\n"), std::string::npos);
   EXPECT_NE(m->body.find("moeserve_inter_token_latency_seconds_count 2\n"), std::string::npos);
   EXPECT_NE(m->body.find("moeserve_kv_pages_total 1024\n"), std::string::npos);
+}
+
+TEST(HttpServer, SeveralPromptsInOneCompletion) {
+  Fixture f;
+  auto r = post(f, "/v1/completions",
+                json{{"model", "echo"}, {"prompt", {"ab", "cde"}}, {"max_tokens", 3}, {"n", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.body["choices"].size(), 4u);  // prompt-major: index = prompt * n + k, as OpenAI numbers them
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.body["choices"][i]["index"], i);
+    EXPECT_EQ(r.body["choices"][i]["text"], i < 2 ? "aba" : "cde");
+  }
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], 5);  // each prompt once
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 12);
+  r = post(f, "/v1/completions", json{{"model", "echo"}, {"prompt", {{104, 105}, {106}}}, {"max_tokens", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body["choices"][0]["text"], "hi");
+  EXPECT_EQ(r.body["choices"][1]["text"], "jj");
+  auto s = stream(f, "/v1/completions",
+                  json{{"model", "echo"}, {"prompt", {"xy", "z"}}, {"max_tokens", 2}, {"stream", true}});
+  std::map<int, std::string> text;
+  for (const auto& e : s.events) text[e["choices"][0]["index"].get<int>()] += e["choices"][0]["text"];
+  EXPECT_EQ(text[0], "xy");
+  EXPECT_EQ(text[1], "zz");
+  EXPECT_TRUE(s.done);
+  EXPECT_TRUE(settles(f));
+}
+
+TEST(HttpServer, NonStreamingClientThatDisconnectsIsCancelledAndFreesItsPages) {
+  EchoBackendConfig bc;
+  bc.step_time = std::chrono::microseconds(2000);
+  Fixture f({}, bc);
+  {
+    httplib::Client c("127.0.0.1", f.server->port());
+    c.set_read_timeout(0, 300000);  // gives up (and closes) long before 3000 tokens at 2 ms a step
+    auto r =
+        c.Post("/v1/completions",
+               json{{"model", "echo"}, {"prompt", "abc"}, {"max_tokens", 3000}, {"ignore_eos", true}}.dump(),
+               "application/json");
+    EXPECT_FALSE(r);
+  }
+  EXPECT_TRUE(settles(f)) << "the abandoned request still runs or holds pages";
+  EXPECT_EQ(f.server->metrics().requests_cancelled.load(), 1);
+  EXPECT_LT(f.loop.stats().generation_tokens_total, 1500);
+}
+
+TEST(HttpServer, LogitBiasUnimplementedFieldsAndDefaultMaxTokens) {
+  ServerConfig sc;
+  sc.default_max_tokens = 5;
+  Fixture f(sc);
+  auto r = post(f, "/v1/chat/completions", chat_body("abcdefghij", {{"ignore_eos", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
+  r = post(f, "/v1/chat/completions", chat_body("a", {{"logit_bias", {{"300", 5}}}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "logit_bias");
+  r = post(f, "/v1/chat/completions", chat_body("a", {{"logit_bias", {{"98", 5}}}, {"max_tokens", 2}}));
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = post(f, "/v1/chat/completions", chat_body("a", {{"response_format", {{"type", "json_object"}}}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "response_format");
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("response_format"), std::string::npos);
+}
+
+// A step that throws answers its requests with a 500 (streamed: an error event) and the server goes on.
+TEST(HttpServer, FailedStepAnswers500AndLaterRequestsSucceed) {
+  EchoBackendConfig bc;
+  bc.fail_at_step = 2;
+  Fixture f({}, bc);
+  auto r = post(f, "/v1/completions", json{{"model", "echo"}, {"prompt", "abc"}, {"max_tokens", 5}});
+  EXPECT_EQ(r.status, 500) << r.body;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("injected step failure"), std::string::npos);
+  r = post(f, "/v1/completions", json{{"model", "echo"}, {"prompt", "abc"}, {"max_tokens", 5}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body["choices"][0]["text"], "abcab");
+  EXPECT_TRUE(settles(f));
 }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 using ms::server::ApiError;
 using ms::server::parse_completion_request;
 using nlohmann::json;
@@ -29,21 +31,22 @@ json chat(json extra = json::object()) {
 }  // namespace
 
 TEST(OpenAiProtocol, ParsesAChatRequest) {
-  auto p = parse_completion_request(chat({{"max_completion_tokens", 7},
-                                          {"temperature", 0.5},
-                                          {"top_p", 0.9},
-                                          {"top_k", 20},
-                                          {"min_p", 0.1},
-                                          {"n", 2},
-                                          {"stop", "END"},
-                                          {"seed", 42},
-                                          {"logprobs", true},
-                                          {"top_logprobs", 3},
-                                          {"stream", true},
-                                          {"stream_options", {{"include_usage", true}}},
-                                          {"chat_template_kwargs", {{"enable_thinking", false}}},
-                                          {"tools", json::array({{{"type", "function"}}})}}),
-                                    true, {});
+  auto p = parse_completion_request(
+      chat({{"max_completion_tokens", 7},
+            {"temperature", 0.5},
+            {"top_p", 0.9},
+            {"top_k", 20},
+            {"min_p", 0.1},
+            {"n", 2},
+            {"stop", "END"},
+            {"seed", 42},
+            {"logprobs", true},
+            {"top_logprobs", 3},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}}},
+            {"chat_template_kwargs", {{"enable_thinking", false}}},
+            {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})}}),
+      true, {});
   EXPECT_TRUE(p.chat);
   EXPECT_EQ(p.max_tokens, 7);
   EXPECT_FLOAT_EQ(p.sampling.temperature, 0.5f);
@@ -59,13 +62,20 @@ TEST(OpenAiProtocol, ParsesAChatRequest) {
 
 TEST(OpenAiProtocol, ParsesCompletionPrompts) {
   auto p = parse_completion_request({{"model", "m"}, {"prompt", "abc"}, {"logprobs", 2}}, false, {});
-  EXPECT_EQ(p.prompt_text, "abc");
+  ASSERT_EQ(p.prompts.size(), 1u);
+  EXPECT_EQ(p.prompts[0].text, "abc");
   EXPECT_EQ(p.max_tokens, 16);
   EXPECT_EQ(p.sampling.top_logprobs, 2);
   p = parse_completion_request({{"model", "m"}, {"prompt", {1, 2, 3}}}, false, {});
-  EXPECT_EQ(p.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(p.prompts.at(0).ids, (std::vector<int32_t>{1, 2, 3}));
   p = parse_completion_request({{"model", "m"}, {"prompt", {"only"}}}, false, {});
-  EXPECT_EQ(p.prompt_text, "only");
+  EXPECT_EQ(p.prompts.at(0).text, "only");
+  p = parse_completion_request({{"model", "m"}, {"prompt", {"a", "bc"}}}, false, {});
+  ASSERT_EQ(p.prompts.size(), 2u);
+  EXPECT_EQ(p.prompts[1].text, "bc");
+  p = parse_completion_request({{"model", "m"}, {"prompt", {{1, 2}, {3}}}}, false, {});
+  ASSERT_EQ(p.prompts.size(), 2u);
+  EXPECT_EQ(p.prompts[1].ids, std::vector<int32_t>{3});
   EXPECT_EQ(p.sampling.top_logprobs, -1);
 }
 
@@ -107,11 +117,53 @@ TEST(OpenAiProtocol, EveryRejectionNamesItsField) {
   EXPECT_EQ(rejected_field(chat({{"chat_template_kwargs", 1}}), true), "chat_template_kwargs");
   EXPECT_EQ(rejected_field({{"model", "m"}, {"prompt", ""}}, false), "prompt");
   EXPECT_EQ(rejected_field({{"model", "m"}, {"prompt", 5}}, false), "prompt");
-  EXPECT_EQ(rejected_field({{"model", "m"}, {"prompt", {"a", "b"}}}, false), "prompt");
+  EXPECT_EQ(rejected_field({{"model", "m"}, {"prompt", {"a", ""}}}, false), "prompt[1]");
+  EXPECT_EQ(rejected_field(chat({{"logit_bias", {{"5", 101}}}}), true), "logit_bias");
+  EXPECT_EQ(rejected_field(chat({{"logit_bias", {{"x", 1}}}}), true), "logit_bias");
+  EXPECT_EQ(rejected_field(chat({{"logit_bias", 3}}), true), "logit_bias");
+  EXPECT_EQ(rejected_field(chat({{"response_format", {{"type", "json_object"}}}}), true), "response_format");
+  EXPECT_EQ(rejected_field(chat({{"response_format", {{"type", "text"}}}}), true), "");
+  EXPECT_EQ(rejected_field(chat({{"functions", json::array()}}), true), "functions");
+  EXPECT_EQ(rejected_field({{"model", "m"}, {"prompt", "a"}, {"suffix", "z"}}, false), "suffix");
+  EXPECT_EQ(rejected_field(chat({{"tool_choice", "required"}}), true), "tool_choice");
+  EXPECT_EQ(rejected_field(chat({{"tools", {{{"type", "function"}}}}}), true), "tools[0].function");
+  EXPECT_EQ(rejected_field(chat({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+                                 {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}}),
+                           true),
+            "tool_choice");
   EXPECT_EQ(rejected_field({{"model", "m"}, {"prompt", {1, "b"}}}, false), "prompt[1]");
   EXPECT_EQ(rejected_field({{"model", "m"}, {"prompt", "a"}, {"echo", true}}, false), "echo");
   EXPECT_EQ(rejected_field({{"model", "m"}, {"prompt", "a"}, {"logprobs", 30}}, false), "logprobs");
   EXPECT_EQ(rejected_field(chat({{"unknown_field", 1}, {"temperature", nullptr}}), true), "");
+}
+
+TEST(OpenAiProtocol, LogitBiasAndToolChoice) {
+  auto p = parse_completion_request(chat({{"logit_bias", {{"7", -100}, {"3", 2.5}}}}), true, {});
+  ASSERT_EQ(p.sampling.logit_bias.size(), 2u);
+  std::map<int32_t, float> bias(p.sampling.logit_bias.begin(), p.sampling.logit_bias.end());
+  EXPECT_EQ(bias, (std::map<int32_t, float>{{3, 2.5f}, {7, -100.0f}}));
+  EXPECT_EQ(p.tool_choice.mode, ms::server::ToolChoice::Mode::None);  // no tools
+  const json tools = {{{"type", "function"}, {"function", {{"name", "f"}}}}};
+  p = parse_completion_request(chat({{"tools", tools}}), true, {});
+  EXPECT_EQ(p.tool_choice.mode, ms::server::ToolChoice::Mode::Auto);
+  p = parse_completion_request(
+      chat({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}), true,
+      {});
+  EXPECT_EQ(p.tool_choice.mode, ms::server::ToolChoice::Mode::Named);
+  EXPECT_EQ(p.tool_choice.name, "f");
+}
+
+// Tools and message contents keep the client's key order all the way to the template.
+TEST(OpenAiProtocol, KeepsTheClientsKeyOrder) {
+  const std::string body =
+      R"({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",
+          "function": {"name": "f", "parameters": {"type": "object", "properties": {"zeta": {"type": "string"},
+          "alpha": {"type": "integer"}}}}}]})";
+  auto p = parse_completion_request(ms::server::parse_json_body(body), true, {});
+  EXPECT_EQ(p.tools[0].dump(),
+            R"({"type":"function","function":{"name":"f","parameters":{"type":"object","properties":)"
+            R"({"zeta":{"type":"string"},"alpha":{"type":"integer"}}}}})");
+  EXPECT_EQ(p.messages[0].begin().key(), "role");
 }
 
 TEST(OpenAiProtocol, MalformedBodies) {
