@@ -104,7 +104,7 @@ size_t Workspace::bytes() const {
                           &route.decode_logits,
                           &route.decode_ids,
                           &route.decode_weights})
-    if (t->numel() > 0) b += t->nbytes();
+    if (t->raw() != nullptr) b += t->nbytes();
   return b;
 }
 
