@@ -7,20 +7,24 @@
 
 #include "core/error.h"
 #include "kv/forward_batch.h"
+#include "kv/page_allocator.h"
 #include "moe/expert_stats.h"
+#include "runtime/cpu_executor.h"
 
 namespace ms::bench {
 
 namespace {
 
-// One run (baseline or OEA): its KV pool, each stream's pages, and its distinct-expert counts.
+// One run (baseline or OEA): its executor (and KV pool), each stream's pages, and its distinct-expert counts.
 struct Run {
-  kv::KvPool pool;
+  runtime::CpuExecutor exec;
+  kv::PageAllocator alloc;
   std::vector<std::vector<int32_t>> pages;
   moe::ExpertStats stats;
   model::StepRouting routing;
-  Run(const model::Model& m, int32_t num_pages, int32_t page_size, kv::KvCacheDType dt)
-      : pool(m.kv_pool_config(num_pages, page_size, dt)),
+  Run(const model::Model& m, const runtime::ExecutorConfig& ec)
+      : exec(std::shared_ptr<const model::Model>(&m, [](const model::Model*) {}), ec),
+        alloc(ec.num_pages),
         stats(m.config().num_hidden_layers, std::max(m.config().n_routed_experts, 1)) {}
 };
 
@@ -73,14 +77,24 @@ MoeEvalResult evaluate(model::Model& m, const std::vector<std::vector<int32_t>>&
   int32_t pages_total = 0;
   for (const auto& p : prompts)
     pages_total += static_cast<int32_t>((static_cast<int64_t>(p.size()) + steps + page - 1) / page);
-  Run base(m, pages_total, page, o.kv_dtype), oea(m, pages_total, page, o.kv_dtype);
+  runtime::ExecutorConfig ec;
+  ec.num_pages = pages_total;
+  ec.page_size = page;
+  ec.kv_cache_dtype = o.kv_dtype;
+  ec.max_seqs = B;
+  for (const auto& p : prompts) ec.max_tokens += static_cast<int64_t>(p.size());  // the prefill step
+  ec.max_tokens = std::max<int64_t>(ec.max_tokens, B);
+  ec.max_logit_rows = B;
+  ec.max_context = longest + steps;
+  Run base(m, ec), oea(m, ec);
   for (Run* r : {&base, &oea}) {
     r->pages.resize(static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i)
-      MS_CHECK(r->pool.allocator().allocate(
-                   r->pool.pages_for(static_cast<int64_t>(prompts[static_cast<size_t>(i)].size()) + steps),
-                   r->pages[static_cast<size_t>(i)]),
+    for (int i = 0; i < B; ++i) {
+      const int64_t tokens = static_cast<int64_t>(prompts[static_cast<size_t>(i)].size()) + steps;
+      MS_CHECK(r->alloc.allocate(static_cast<int32_t>((tokens + page - 1) / page),
+                                 r->pages[static_cast<size_t>(i)]),
                "moe-eval: KV pool too small");
+    }
     r->routing.expert_stats = &r->stats;
   }
   oea.routing.oea = moe::OeaConfig{true, o.k0, o.kmax};
@@ -105,13 +119,13 @@ MoeEvalResult evaluate(model::Model& m, const std::vector<std::vector<int32_t>>&
       const auto& p = prompts[static_cast<size_t>(i)];
       bb.add_sequence(base.pages[static_cast<size_t>(i)], 0, p.data(), static_cast<int32_t>(p.size()), true);
     }
-    Tensor lb = m.forward(bb.finish(), base.pool);
+    Tensor lb = base.exec.run(bb.finish());
     kv::ForwardBatchBuilder bo(page);
     for (int i = 0; i < B; ++i) {
       const auto& p = prompts[static_cast<size_t>(i)];
       bo.add_sequence(oea.pages[static_cast<size_t>(i)], 0, p.data(), static_cast<int32_t>(p.size()), true);
     }
-    Tensor lo = m.forward(bo.finish(), oea.pool);
+    Tensor lo = oea.exec.run(bo.finish());
     for (int i = 0; i < B; ++i) {
       const float* rb = lb.data<float>() + static_cast<int64_t>(i) * V;
       next[static_cast<size_t>(i)] = forced ? (*forced)[static_cast<size_t>(i)][0] : argmax(rb, V);
@@ -135,7 +149,7 @@ MoeEvalResult evaluate(model::Model& m, const std::vector<std::vector<int32_t>>&
         bb.add_sequence(runs[r]->pages[static_cast<size_t>(i)], pos, &next[static_cast<size_t>(i)], 1, true);
       }
       runs[r]->routing.decode_tokens.assign(static_cast<size_t>(B), 1);
-      logits[r] = m.forward(bb.finish(), runs[r]->pool, nullptr, runs[r]->routing);
+      logits[r] = runs[r]->exec.run(bb.finish(), runs[r]->routing);
     }
     for (int i = 0; i < B; ++i) {
       const float* rb = logits[0].data<float>() + static_cast<int64_t>(i) * V;

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/load_model.h"
+#include "runtime/cpu_executor.h"
 
 namespace ms::cli {
 
@@ -40,15 +41,22 @@ int run_logits(const LogitsOptions& o) {
   const int32_t page = 64;
   kv::KvCacheDType dt = kv::parse_kv_cache_dtype(o.kv_dtype);
   if (dt == kv::KvCacheDType::Auto) dt = lm.kv_auto;
-  kv::KvPool pool(lm.model->kv_pool_config(static_cast<int32_t>((ids.size() + page - 1) / page), page, dt));
-  std::vector<int32_t> pages;
-  MS_CHECK(pool.allocator().allocate(pool.pages_for(static_cast<int64_t>(ids.size())), pages),
-           "KV pool too small");
+  runtime::ExecutorConfig ec;
+  ec.page_size = page;
+  ec.num_pages = static_cast<int32_t>((ids.size() + page - 1) / page);
+  ec.kv_cache_dtype = dt;
+  ec.max_tokens = static_cast<int64_t>(ids.size());
+  ec.max_seqs = 1;
+  ec.max_logit_rows = ec.max_tokens;
+  ec.max_context = ec.max_tokens;
+  runtime::CpuExecutor exec(lm.model, ec);
+  std::vector<int32_t> pages(static_cast<size_t>(ec.num_pages));
+  for (int32_t i = 0; i < ec.num_pages; ++i) pages[static_cast<size_t>(i)] = i;
   kv::ForwardBatchBuilder bb(page);
   bb.add_sequence(pages, 0, ids.data(), static_cast<int32_t>(ids.size()), false);
   kv::ForwardBatch b = bb.finish();
   for (int32_t i = 0; i < b.n_tokens(); ++i) b.logit_rows.push_back(i);
-  Tensor logits = lm.model->forward(b, pool);
+  Tensor logits = exec.run(b);
   io::write_safetensors(o.out, {{"logits", logits}});
   std::fprintf(stderr, "wrote logits f32[%zu, %lld] to %s\n", ids.size(),
                static_cast<long long>(cfg.vocab_size), o.out.c_str());

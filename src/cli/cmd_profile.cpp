@@ -87,7 +87,7 @@ int run_profile(const ProfileCliOptions& o) {
 
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   std::fprintf(stderr, "filling %d sequences to %d tokens (KV cache %s, %lld tokens)...\n", o.batch,
-               o.context, std::string(kv::kv_cache_dtype_name(engine.kv_pool().config().dtype)).c_str(),
+               o.context, std::string(kv::kv_cache_dtype_name(engine.kv_capacity().dtype)).c_str(),
                static_cast<long long>(ec.kv_cache_tokens));
   for (int s = 0; s < o.batch; ++s) {
     runtime::Request r;
@@ -136,10 +136,9 @@ int run_profile(const ProfileCliOptions& o) {
     prefill = ctl.stop();
   }
 
-  const std::string workload =
-      fmt::format("batch {}, context {}, {} timed decode steps after {} warm-up, KV cache {} ({} tokens)",
-                  o.batch, o.context, o.steps, o.warmup,
-                  kv::kv_cache_dtype_name(engine.kv_pool().config().dtype), ec.kv_cache_tokens);
+  const std::string workload = fmt::format(
+      "batch {}, context {}, {} timed decode steps after {} warm-up, KV cache {} ({} tokens)", o.batch,
+      o.context, o.steps, o.warmup, kv::kv_cache_dtype_name(engine.kv_capacity().dtype), ec.kv_cache_tokens);
   if (o.json) {
     nlohmann::json j = {{"model", lm.description}, {"workload", workload}, {"decode", decode.summary_json}};
     if (prefill) j["prefill"] = prefill->summary_json;

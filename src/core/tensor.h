@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -66,6 +67,10 @@ class Tensor {
   DType dtype_ = DType::F32;
   Device device_ = Device::CPU;
 };
+
+// Makes a tensor of the given shape and dtype in one device's memory: Tensor::empty on the CPU, device memory
+// on CUDA. Workspaces, step buffers and KV pages are allocated through it once, never per step.
+using TensorAlloc = std::function<Tensor(const Shape& shape, DType dtype)>;
 
 // Contiguous row-major strides for a shape.
 Shape contiguous_strides(std::span<const int64_t> shape);

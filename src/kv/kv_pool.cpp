@@ -26,7 +26,10 @@ std::string_view kv_cache_dtype_name(KvCacheDType d) {
   return "?";
 }
 
-KvPool::KvPool(const KvPoolConfig& cfg) : cfg_(cfg), alloc_(cfg.num_pages) {
+KvPool::KvPool(const KvPoolConfig& cfg)
+    : KvPool(cfg, [](const Shape& shape, DType dt) { return Tensor::zeros(shape, dt); }) {}
+
+KvPool::KvPool(const KvPoolConfig& cfg, const TensorAlloc& alloc) : cfg_(cfg) {
   MS_CHECK(cfg.dtype != KvCacheDType::Auto, "KV cache dtype must be resolved before the pool is built");
   MS_CHECK(cfg.page_size > 0 && cfg.num_pages > 0 && cfg.width > 0 && cfg.num_layers > 0,
            "KV pool needs positive pages ({}), page size ({}), width ({}) and layers ({})", cfg.num_pages,
@@ -38,9 +41,9 @@ KvPool::KvPool(const KvPoolConfig& cfg) : cfg_(cfg), alloc_(cfg.num_pages) {
                                                      : DType::F8_E4M3;
   const DType idt = cfg.dtype == KvCacheDType::F32 ? DType::F32 : DType::BF16;
   for (int l = 0; l < cfg.num_layers; ++l) {
-    latent_.push_back(Tensor::zeros({cfg.num_pages, cfg.page_size, cfg.width}, dt));
+    latent_.push_back(alloc({cfg.num_pages, cfg.page_size, cfg.width}, dt));
     if (cfg.index_width > 0)
-      index_.push_back(Tensor::zeros({cfg.num_pages, cfg.page_size, cfg.index_width}, idt));
+      index_.push_back(alloc({cfg.num_pages, cfg.page_size, cfg.index_width}, idt));
     else
       index_.emplace_back();
     const float s = cfg.scales.empty() ? 1.0f : cfg.scales[static_cast<size_t>(l)];

@@ -1,7 +1,8 @@
-// The paged KV pool: per layer, the MLA cache of kv_cache_width (576 for GLM-5 / DeepSeek-V3) values per
-// token (normalised latent, then rotated k_pe) and, for DSA models, the indexer's key cache; pages of
-// page_size tokens handed out by a PageAllocator. The pool is allocated once and never converted: FP8 pages
-// are read in place with the layer's scale.
+// The paged KV pool's memory: per layer, the MLA cache of kv_cache_width (576 for GLM-5 / DeepSeek-V3) values
+// per token (normalised latent, then rotated k_pe) and, for DSA models, the indexer's key cache, in pages of
+// page_size tokens. An Executor owns it on its device; the page ids that address it come from the Engine's
+// PageAllocator. The pool is allocated once and never converted: FP8 pages are read in place with the
+// layer's scale.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,6 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "kv/page_allocator.h"
 
 namespace ms::kv {
 
@@ -31,12 +31,14 @@ struct KvPoolConfig {
 
 class KvPool {
  public:
+  // Pages zero-filled in CPU memory.
   explicit KvPool(const KvPoolConfig& cfg);
+  // Pages from `alloc` (e.g. device memory; contents left as the allocator gives them: every slot is written
+  // before attention reads it).
+  KvPool(const KvPoolConfig& cfg, const TensorAlloc& alloc);
 
   const KvPoolConfig& config() const { return cfg_; }
   int32_t page_size() const { return cfg_.page_size; }
-  PageAllocator& allocator() { return alloc_; }
-  const PageAllocator& allocator() const { return alloc_; }
 
   const Tensor& latent(int layer) const {
     return latent_[static_cast<size_t>(layer)];
@@ -52,7 +54,6 @@ class KvPool {
 
  private:
   KvPoolConfig cfg_;
-  PageAllocator alloc_;
   std::vector<Tensor> latent_, index_;
   std::vector<float> scales_;
 };

@@ -1,6 +1,7 @@
-// One DeepSeek-V3-family model: its config, its weights and its forward pass, a sequence of named ops
-// (`layer.12.attn.mla`, `layer.12.moe.experts`, ...) each reported to the profiler with its cost. The model
-// reads a ForwardBatch and one KvPool; it owns no per-request state.
+// One DeepSeek-V3-family model: its config, its weights (on the device of the executor that built it) and its
+// forward pass, a sequence of named ops (`layer.12.attn.mla`, `layer.12.moe.experts`, ...) over a
+// preallocated Workspace, each reported to the profiler with its cost (model/op_costs). The model reads one
+// step's StepInputs and one KvPool; it owns no per-request or per-step state and launches no kernel itself.
 #pragma once
 
 #include <functional>
@@ -15,9 +16,11 @@
 #include "kv/kv_pool.h"
 #include "model/model_weights.h"
 #include "model/rope_setup.h"
+#include "model/step_inputs.h"
+#include "model/workspace.h"
 #include "moe/expert_stats.h"
 #include "moe/router.h"
-#include "ops/moe_experts.h"
+#include "ops/ctx.h"
 #include "profiler/op_record.h"
 
 namespace ms::model {
@@ -74,30 +77,27 @@ class Model {
   // The routing of this model's MoE layers (layers without a correction bias drop it).
   const moe::RouterConfig& router_config() const { return router_; }
 
-  // Runs one step: writes the new tokens' keys into `pool` and returns logits f32 [b.logit_rows.size(),
-  // vocab].
-  Tensor forward(const kv::ForwardBatch& b, kv::KvPool& pool, profiler::OpSink* sink = nullptr,
-                 const StepRouting& routing = {});
+  const ModelOptions& options() const { return opt_; }
+
+  // Throws ms::Error naming what in a batch cannot run on `pool` (host checks, before the batch is copied to
+  // a device).
+  void check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool, const StepRouting& routing) const;
+
+  // Runs one step on ctx.device: every activation lives in `ws` (same device), the new tokens' keys go into
+  // `pool`. Returns logits f32 [in.n_logit_rows, vocab], a view of ws.logits (valid until the next step).
+  // Reads device data on the host only for expert stats, probes and a listening profiler (each a sync).
+  Tensor forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& pool, Workspace& ws,
+                 const StepRouting& routing = {}, profiler::OpSink* sink = nullptr) const;
 
  private:
-  struct Scratch {
-    std::vector<float> attn, indexer;
-    ops::MoeScratch moe;
-    std::vector<int32_t> topk_ids;
-    std::vector<float> topk_weights, router_logits;
-    std::vector<float> pool_cast;                  // debug_cast_whole_pool only
-    std::vector<int32_t> decode_rows, decode_ids;  // OEA: decode token indices, their routed ids
-    std::vector<float> decode_weights;
-  };
-  void check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool, const StepRouting& routing) const;
-  void route(int layer, const MoeWeights& mw, const Tensor& logits, const StepRouting& routing);
+  void record_stats(const ops::Ctx& ctx, int layer, const StepInputs& in, Workspace& ws, const Tensor& plain,
+                    const StepRouting& routing) const;
 
   io::ModelConfig cfg_;
   ModelWeights w_;
   ModelOptions opt_;
   AttentionScales scales_;
   moe::RouterConfig router_;
-  Scratch scratch_;
 };
 
 }  // namespace ms::model

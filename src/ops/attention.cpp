@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/mla.h"
+#include "kernels/cpu/paged_cache.h"
 
 namespace ms::ops {
 
@@ -36,12 +37,19 @@ kernels::cpu::PagedCacheView cache_view(const PagedCacheLayer& c, std::string_vi
   return v;
 }
 
+void check_i32(const Tensor& t, std::string_view what) {
+  MS_CHECK(t.dtype() == DType::I32 && t.is_contiguous(),
+           "attention metadata {} must be contiguous i32, got {}", what, t.desc());
+}
+
 void check_meta(const AttentionMeta& meta, int64_t m, const kernels::cpu::PagedCacheView& v) {
-  MS_CHECK(
-      static_cast<int64_t>(meta.token_seq.size()) == m && static_cast<int64_t>(meta.positions.size()) == m,
-      "attention metadata covers {} tokens, expected {}", meta.positions.size(), m);
-  MS_CHECK(meta.max_blocks > 0 && meta.block_table.size() % static_cast<size_t>(meta.max_blocks) == 0,
-           "block table of {} entries is not [n_seqs, {}]", meta.block_table.size(), meta.max_blocks);
+  check_i32(meta.token_seq, "token_seq");
+  check_i32(meta.positions, "positions");
+  check_i32(meta.block_table, "block_table");
+  MS_CHECK(meta.m == m && meta.token_seq.numel() == m && meta.positions.numel() == m,
+           "attention metadata covers {} tokens, expected {}", meta.positions.numel(), m);
+  MS_CHECK(meta.max_blocks > 0 && meta.block_table.numel() == meta.n_seqs * meta.max_blocks,
+           "block table {} is not [{} seqs, {}]", meta.block_table.desc(), meta.n_seqs, meta.max_blocks);
   MS_CHECK(meta.max_blocks * v.page_size > meta.max_position,
            "block table of {} pages of {} cannot hold position {}", meta.max_blocks, v.page_size,
            meta.max_position);
@@ -54,25 +62,29 @@ void check_f32(const Tensor& t, int dims, std::string_view what) {
 
 }  // namespace
 
-void cache_write(const Tensor& x, const PagedCacheLayer& cache, const AttentionMeta& meta) {
+void cache_write(const Ctx& ctx, const Tensor& x, const PagedCacheLayer& cache, const AttentionMeta& meta) {
+  check_device(ctx, "cache_write", {&x, &cache.data, &meta.slots});
   auto v = cache_view(cache, "cache_write");
   MS_CHECK(x.dtype() == DType::F32 && x.dim() == 2 && x.size(1) == v.width && x.stride(1) == 1,
            "cache_write input must be f32 [m, {}], got {}", v.width, x.desc());
-  MS_CHECK(static_cast<int64_t>(meta.slots.size()) == x.size(0), "cache_write: {} rows, {} slots", x.size(0),
-           meta.slots.size());
-  for (int64_t s : meta.slots)
-    MS_CHECK(s >= 0 && s < v.num_pages * v.page_size, "cache slot {} outside the pool of {} slots", s,
-             v.num_pages * v.page_size);
+  MS_CHECK(meta.slots.dtype() == DType::I64 && meta.slots.is_contiguous() && meta.slots.numel() == x.size(0),
+           "cache_write: {} rows, slots {}", x.size(0), meta.slots.desc());
+  const int64_t* slots = meta.slots.data<int64_t>();
+  for (int64_t i = 0; i < x.size(0); ++i)
+    MS_CHECK(slots[i] >= 0 && slots[i] < v.num_pages * v.page_size,
+             "cache slot {} outside the pool of {} slots", slots[i], v.num_pages * v.page_size);
   kernels::cpu::CacheWriteParams p;
   p.cache = v;
   p.x = x.data<float>();
   p.x_stride = x.stride(0);
-  p.slots = meta.slots.data();
+  p.slots = slots;
   p.m = x.size(0);
   kernels::cpu::cache_write(p);
 }
 
-void mla_absorb_q(const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64_t v, const Tensor& q_cat) {
+void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64_t v,
+                  const Tensor& q_cat) {
+  check_device(ctx, "mla_absorb_q", {&q, &q_cat, &kv_b.weight, &kv_b.scale});
   check_f32(q, 3, "mla q");
   check_f32(q_cat, 3, "mla q_cat");
   const int64_t m = q.size(0), heads = q.size(1), rope = q.size(2) - nope, r = kv_b.in;
@@ -93,8 +105,22 @@ void mla_absorb_q(const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64
   kernels::cpu::mla_absorb_q(p);
 }
 
-void mla_attention(const Tensor& q_cat, const PagedCacheLayer& cache, const AttentionMeta& meta,
-                   const Tensor& topk, float softmax_scale, const Tensor& lat, std::vector<float>& scratch) {
+int64_t mla_attention_scratch_floats(Device device, int64_t heads, int64_t max_keys, int64_t width) {
+  MS_CHECK(device == Device::CPU, "op mla_attention: no CUDA backend built");
+  return kernels::cpu::mla_attention_scratch_floats(heads, max_keys, width, omp_get_max_threads());
+}
+
+int64_t dsa_indexer_scratch_floats(Device device, int64_t max_keys, int64_t dim) {
+  MS_CHECK(device == Device::CPU, "op dsa_indexer: no CUDA backend built");
+  return kernels::cpu::dsa_indexer_scratch_floats(max_keys, dim, omp_get_max_threads());
+}
+
+void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache,
+                   const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat,
+                   const Tensor& scratch) {
+  check_device(
+      ctx, "mla_attention",
+      {&q_cat, &cache.data, &meta.token_seq, &meta.positions, &meta.block_table, &topk, &lat, &scratch});
   auto v = cache_view(cache, "mla");
   check_f32(q_cat, 3, "mla q_cat");
   check_f32(lat, 3, "mla output");
@@ -110,9 +136,9 @@ void mla_attention(const Tensor& q_cat, const PagedCacheLayer& cache, const Atte
   p.m = m;
   p.heads = heads;
   p.kv_lora_rank = lat.size(2);
-  p.token_seq = meta.token_seq.data();
-  p.positions = meta.positions.data();
-  p.block_table = meta.block_table.data();
+  p.token_seq = meta.token_seq.data<int32_t>();
+  p.positions = meta.positions.data<int32_t>();
+  p.block_table = meta.block_table.data<int32_t>();
   p.max_blocks = meta.max_blocks;
   p.softmax_scale = softmax_scale;
   p.max_keys = meta.max_position + 1;
@@ -123,15 +149,18 @@ void mla_attention(const Tensor& q_cat, const PagedCacheLayer& cache, const Atte
     p.topk_width = topk.size(1);
     p.max_keys = topk.size(1);
   }
-  const int threads = omp_get_max_threads();
-  const auto need =
-      static_cast<size_t>(kernels::cpu::mla_attention_scratch_floats(heads, p.max_keys, v.width, threads));
-  if (scratch.size() < need) scratch.resize(need);
-  p.scratch = scratch.data();
+  const int64_t need = mla_attention_scratch_floats(ctx.device, heads, p.max_keys, v.width);
+  MS_CHECK(scratch.dtype() == DType::F32 && scratch.is_contiguous() && scratch.numel() >= need,
+           "mla: scratch {} holds less than the {} floats {} keys need (workspace sized for fewer keys or "
+           "threads)",
+           scratch.desc(), need, p.max_keys);
+  p.scratch = scratch.data<float>();
   kernels::cpu::mla_attention(p);
 }
 
-void mla_out_v(const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_t v, const Tensor& out) {
+void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_t v,
+               const Tensor& out) {
+  check_device(ctx, "mla_out_v", {&lat, &out, &kv_b.weight, &kv_b.scale});
   check_f32(lat, 3, "mla latent");
   const int64_t m = lat.size(0), heads = lat.size(1);
   MS_CHECK(kv_b.out == heads * (nope + v) && kv_b.in == lat.size(2), "{}: [{}, {}] does not match latent {}",
@@ -150,8 +179,10 @@ void mla_out_v(const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_
   kernels::cpu::mla_out_v(p);
 }
 
-void dsa_indexer(const Tensor& q, const Tensor& w, const PagedCacheLayer& keys, const AttentionMeta& meta,
-                 float softmax_scale, const Tensor& topk, std::vector<float>& scratch) {
+void dsa_indexer(const Ctx& ctx, const Tensor& q, const Tensor& w, const PagedCacheLayer& keys,
+                 const AttentionMeta& meta, float softmax_scale, const Tensor& topk, const Tensor& scratch) {
+  check_device(ctx, "dsa_indexer",
+               {&q, &w, &keys.data, &meta.token_seq, &meta.positions, &meta.block_table, &topk, &scratch});
   auto v = cache_view(keys, "indexer");
   check_f32(q, 3, "indexer q");
   check_f32(w, 2, "indexer weights");
@@ -170,18 +201,32 @@ void dsa_indexer(const Tensor& q, const Tensor& w, const PagedCacheLayer& keys, 
   p.heads = heads;
   p.dim = dim;
   p.softmax_scale = softmax_scale;
-  p.token_seq = meta.token_seq.data();
-  p.positions = meta.positions.data();
-  p.block_table = meta.block_table.data();
+  p.token_seq = meta.token_seq.data<int32_t>();
+  p.positions = meta.positions.data<int32_t>();
+  p.block_table = meta.block_table.data<int32_t>();
   p.max_blocks = meta.max_blocks;
   p.topk = topk.size(1);
   p.out = topk.data<int32_t>();
   p.max_keys = meta.max_position + 1;
-  const auto need =
-      static_cast<size_t>(kernels::cpu::dsa_indexer_scratch_floats(p.max_keys, dim, omp_get_max_threads()));
-  if (scratch.size() < need) scratch.resize(need);
-  p.scratch = scratch.data();
+  const int64_t need = dsa_indexer_scratch_floats(ctx.device, p.max_keys, dim);
+  MS_CHECK(
+      scratch.dtype() == DType::F32 && scratch.is_contiguous() && scratch.numel() >= need,
+      "indexer: scratch {} holds less than the {} floats {} keys need (workspace sized for fewer keys or "
+      "threads)",
+      scratch.desc(), need, p.max_keys);
+  p.scratch = scratch.data<float>();
   kernels::cpu::dsa_indexer(p);
+}
+
+void debug_pool_cast(const Ctx& ctx, const PagedCacheLayer& cache, const Tensor& out) {
+  check_device(ctx, "debug_pool_cast", {&cache.data, &out});
+  const kernels::cpu::PagedCacheView v = cache_view(cache, "debug_pool_cast");
+  const int64_t slots = v.num_pages * v.page_size, width = v.width;
+  MS_CHECK(out.dtype() == DType::F32 && out.is_contiguous() && out.numel() >= slots * width,
+           "debug_pool_cast: {} cannot hold {} x {} floats", out.desc(), slots, width);
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < slots; ++s) kernels::cpu::cache_read_row(v, s, o + s * width);
 }
 
 }  // namespace ms::ops

@@ -2,10 +2,9 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
-#include <vector>
 
 #include "core/tensor.h"
+#include "ops/ctx.h"
 #include "ops/linear_weight.h"
 
 namespace ms::ops {
@@ -16,32 +15,48 @@ struct PagedCacheLayer {
   float scale = 1.0f;  // fp8: value = e4m3 * scale
 };
 
-// Per-step attention metadata (from the ForwardBatch).
+// Per-step attention metadata: tensors on the op's device (filled once per step by the executor, at fixed
+// addresses on CUDA so a captured graph can be replayed), plus the host scalars that shapes and scratch sizes
+// need.
 struct AttentionMeta {
-  std::span<const int32_t> token_seq;    // [m] batch sequence of each token
-  std::span<const int32_t> positions;    // [m]
-  std::span<const int64_t> slots;        // [m] cache slot each token's key is written to
-  std::span<const int32_t> block_table;  // [n_seqs, max_blocks]
-  int64_t max_blocks = 0;
+  Tensor token_seq;    // i32 [m] batch sequence of each token
+  Tensor positions;    // i32 [m]
+  Tensor slots;        // i64 [m] cache slot each token's key is written to
+  Tensor block_table;  // i32 [n_seqs, max_blocks], -1 past a sequence's pages
+  Tensor seq_lens;     // i32 [n_seqs] context length after this step
+  int64_t m = 0, n_seqs = 0, max_blocks = 0;
   int32_t max_position = 0;  // over the batch
 };
 
 // Stores rows x [m, width] into the cache at meta.slots (converting to the cache dtype).
-void cache_write(const Tensor& x, const PagedCacheLayer& cache, const AttentionMeta& meta);
+void cache_write(const Ctx& ctx, const Tensor& x, const PagedCacheLayer& cache, const AttentionMeta& meta);
 
 // q [m, heads, nope + rope] (rope part rotated) -> q_cat [m, heads, kv_lora_rank + rope].
-void mla_absorb_q(const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64_t v, const Tensor& q_cat);
+void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64_t v,
+                  const Tensor& q_cat);
 
+// Scratch floats mla_attention needs on `device` for up to max_keys keys per token (a workspace sizes it once
+// with its worst case; on the CPU it grows with the OpenMP thread count).
+int64_t mla_attention_scratch_floats(Device device, int64_t heads, int64_t max_keys, int64_t width);
 // lat [m, heads, kv_lora_rank] = softmax(scale * q_cat . kv_j) kv_j[:kv_lora_rank] over the visible keys (all
-// positions 0..pos, or the DSA selection topk [m, topk_width] when defined). `scratch` grows, never shrinks.
-void mla_attention(const Tensor& q_cat, const PagedCacheLayer& cache, const AttentionMeta& meta,
-                   const Tensor& topk, float softmax_scale, const Tensor& lat, std::vector<float>& scratch);
+// positions 0..pos, or the DSA selection topk [m, topk_width] when defined). scratch: f32 [>= the size
+// above].
+void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache,
+                   const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat,
+                   const Tensor& scratch);
 
 // out [m, heads * v] = per-head W_UV lat.
-void mla_out_v(const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_t v, const Tensor& out);
+void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_t v,
+               const Tensor& out);
 
+int64_t dsa_indexer_scratch_floats(Device device, int64_t max_keys, int64_t dim);
 // DSA selection: q [m, heads, dim] rotated, w [m, heads], keys cache of width dim -> topk i32 [m, topk].
-void dsa_indexer(const Tensor& q, const Tensor& w, const PagedCacheLayer& keys, const AttentionMeta& meta,
-                 float softmax_scale, const Tensor& topk, std::vector<float>& scratch);
+// scratch: f32 [>= dsa_indexer_scratch_floats].
+void dsa_indexer(const Ctx& ctx, const Tensor& q, const Tensor& w, const PagedCacheLayer& keys,
+                 const AttentionMeta& meta, float softmax_scale, const Tensor& topk, const Tensor& scratch);
+
+// The planted whole-pool cast (model option debug_cast_whole_pool): every slot of the cache cast to f32 into
+// out [>= slots * width]. Needless work on purpose, for the profiler's test.
+void debug_pool_cast(const Ctx& ctx, const PagedCacheLayer& cache, const Tensor& out);
 
 }  // namespace ms::ops

@@ -4,9 +4,9 @@
 
 #include <cstdint>
 #include <span>
-#include <vector>
 
 #include "core/tensor.h"
+#include "ops/ctx.h"
 #include "ops/linear_weight.h"
 
 namespace ms::ops {
@@ -16,14 +16,24 @@ struct ExpertWeights {
   LinearWeight down;      // [hidden, intermediate]
 };
 
+// Preallocated scratch on the op's device, sized for the worst case of a step of up to max_tokens tokens:
+// an expert serves each token at most once, so one expert's group holds at most max_tokens rows.
 struct MoeScratch {
-  std::vector<int32_t> offsets, order;  // tokens grouped by expert
-  std::vector<float> x, gate_up, act, y;
+  Tensor offsets;  // i32 [n_experts + 1] group starts
+  Tensor cursor;   // i32 [n_experts] fill position while grouping
+  Tensor order;    // i32 [max_tokens * top_k] (token, k) slots grouped by expert
+  Tensor x;        // f32 [max_tokens * hidden] one expert's gathered rows
+  Tensor gate_up;  // f32 [max_tokens * 2 * intermediate]
+  Tensor act;      // f32 [max_tokens * intermediate]
+  Tensor y;        // f32 [max_tokens * hidden]
+
+  static MoeScratch make(const TensorAlloc& alloc, int64_t max_tokens, int top_k, int n_experts,
+                         int64_t hidden, int64_t intermediate);
 };
 
 // out [m, hidden] += sum_k topk_weights[t, k] * expert[topk_ids[t, k]](x[t]); ids < 0 are skipped.
-// Returns the number of distinct experts run (their weights are the bytes this op must read).
-int moe_experts(const Tensor& x, std::span<const int32_t> topk_ids, std::span<const float> topk_weights,
-                int top_k, std::span<const ExpertWeights> experts, const Tensor& out, MoeScratch& scratch);
+// topk_ids i32 [m, top_k], topk_weights f32 [m, top_k], on the op's device.
+void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                 std::span<const ExpertWeights> experts, const Tensor& out, const MoeScratch& scratch);
 
 }  // namespace ms::ops

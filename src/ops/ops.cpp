@@ -1,5 +1,7 @@
 #include "ops/ops.h"
 
+#include <cstring>
+
 #include "core/error.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/linear.h"
@@ -13,7 +15,6 @@ void check_rows_f32(const Tensor& t, int64_t cols, std::string_view what) {
            t.desc());
   MS_CHECK(t.size(1) == cols && t.stride(1) == 1, "{} must be f32 [rows, {}] with unit column stride, got {}",
            what, cols, t.desc());
-  MS_CHECK(t.device() == Device::CPU, "{}: only the CPU backend is built", what);
 }
 
 void check_vec_f32(const Tensor& t, int64_t n, std::string_view what) {
@@ -23,7 +24,8 @@ void check_vec_f32(const Tensor& t, int64_t n, std::string_view what) {
 
 }  // namespace
 
-void linear_rows(const Tensor& x, const LinearWeight& w, int64_t row0, const Tensor& y) {
+void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t row0, const Tensor& y) {
+  check_device(ctx, "linear", {&x, &y, &w.weight, &w.scale});
   check_rows_f32(x, w.in, "linear " + w.name + " input");
   MS_CHECK(y.dim() == 2, "linear {} output must be 2-D, got {}", w.name, y.desc());
   const int64_t n = y.size(1);
@@ -44,24 +46,29 @@ void linear_rows(const Tensor& x, const LinearWeight& w, int64_t row0, const Ten
   kernels::cpu::linear(p);
 }
 
-void linear(const Tensor& x, const LinearWeight& w, const Tensor& y) {
+void linear(const Ctx& ctx, const Tensor& x, const LinearWeight& w, const Tensor& y) {
   MS_CHECK(y.dim() == 2 && y.size(1) == w.out, "linear {} output must be [rows, {}], got {}", w.name, w.out,
            y.desc());
-  linear_rows(x, w, 0, y);
+  linear_rows(ctx, x, w, 0, y);
 }
 
-void embedding(std::span<const int32_t> ids, const LinearWeight& table, const Tensor& out) {
+void embedding(const Ctx& ctx, const Tensor& ids, const LinearWeight& table, const Tensor& out) {
+  check_device(ctx, "embedding", {&ids, &out, &table.weight, &table.scale});
+  MS_CHECK(ids.dtype() == DType::I32 && ids.dim() == 1 && ids.is_contiguous(),
+           "embedding ids must be contiguous i32 [m], got {}", ids.desc());
+  const int64_t m = ids.size(0);
   check_rows_f32(out, table.in, "embedding output");
-  MS_CHECK(out.is_contiguous() && out.size(0) == static_cast<int64_t>(ids.size()),
-           "embedding output must be contiguous [{}, {}], got {}", ids.size(), table.in, out.desc());
-  for (size_t i = 0; i < ids.size(); ++i)
-    MS_CHECK(ids[i] >= 0 && ids[i] < table.out, "token id {} (position {}) is outside the vocabulary [0, {})",
-             ids[i], i, table.out);
+  MS_CHECK(out.is_contiguous() && out.size(0) == m, "embedding output must be contiguous [{}, {}], got {}", m,
+           table.in, out.desc());
+  const int32_t* id = ids.data<int32_t>();
+  for (int64_t i = 0; i < m; ++i)
+    MS_CHECK(id[i] >= 0 && id[i] < table.out, "token id {} (position {}) is outside the vocabulary [0, {})",
+             id[i], i, table.out);
   kernels::cpu::EmbeddingParams p;
-  p.ids = ids.data();
+  p.ids = id;
   p.table = table.cpu_view();
   p.out = out.data<float>();
-  p.m = static_cast<int64_t>(ids.size());
+  p.m = m;
   kernels::cpu::embedding(p);
 }
 
@@ -85,22 +92,38 @@ static kernels::cpu::NormParams norm_params(const Tensor& x, const Tensor& weigh
   return p;
 }
 
-void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+void rms_norm(const Ctx& ctx, const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  check_device(ctx, "rms_norm", {&x, &weight, &out});
   kernels::cpu::rms_norm(norm_params(x, weight, eps, out, "rms_norm"));
 }
 
-void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& out) {
+void add_rms_norm(const Ctx& ctx, const Tensor& h, const Tensor& delta, const Tensor& weight, float eps,
+                  const Tensor& xn) {
+  check_device(ctx, "add_rms_norm", {&h, &delta, &weight, &xn});
+  MS_CHECK(h.dtype() == DType::F32 && delta.dtype() == DType::F32 && h.shape() == delta.shape() &&
+               h.is_contiguous() && delta.is_contiguous(),
+           "add_rms_norm: {} += {}", h.desc(), delta.desc());
+  const auto p = norm_params(h, weight, eps, xn, "add_rms_norm");
+  kernels::cpu::add_inplace(h.data<float>(), delta.data<float>(), h.numel());
+  kernels::cpu::rms_norm(p);
+}
+
+void layer_norm(const Ctx& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                const Tensor& out) {
+  check_device(ctx, "layer_norm", {&x, &weight, &bias, &out});
   auto p = norm_params(x, weight, eps, out, "layer_norm");
   check_vec_f32(bias, x.size(1), "layer_norm bias");
   p.bias = bias.data<float>();
   kernels::cpu::layer_norm(p);
 }
 
-void rope(const Tensor& x, int64_t offset, std::span<const int32_t> positions, const RopeTable& table) {
+void rope(const Ctx& ctx, const Tensor& x, int64_t offset, const Tensor& positions, const RopeTable& table) {
+  check_device(ctx, "rope", {&x, &positions, &table.inv_freq});
+  MS_CHECK(positions.dtype() == DType::I32 && positions.dim() == 1 && positions.is_contiguous(),
+           "rope positions must be contiguous i32 [m], got {}", positions.desc());
   MS_CHECK(x.dtype() == DType::F32 && x.dim() == 3 && x.stride(2) == 1,
            "rope input must be f32 [m, heads, d], got {}", x.desc());
-  MS_CHECK(x.size(0) == static_cast<int64_t>(positions.size()), "rope: {} rows but {} positions", x.size(0),
-           positions.size());
+  MS_CHECK(x.size(0) == positions.size(0), "rope: {} rows but {} positions", x.size(0), positions.size(0));
   MS_CHECK(offset >= 0 && offset + table.dim() <= x.size(2), "rope: channels [{}, {}) outside head of {}",
            offset, offset + table.dim(), x.size(2));
   kernels::cpu::RopeParams p;
@@ -111,14 +134,15 @@ void rope(const Tensor& x, int64_t offset, std::span<const int32_t> positions, c
   p.m = x.size(0);
   p.heads = x.size(1);
   p.dim = table.dim();
-  p.positions = positions.data();
+  p.positions = positions.data<int32_t>();
   p.inv_freq = table.inv_freq.data<float>();
   p.attention_scaling = table.attention_scaling;
   p.interleaved = table.interleaved;
   kernels::cpu::rope(p);
 }
 
-void silu_mul(const Tensor& x, const Tensor& out) {
+void silu_mul(const Ctx& ctx, const Tensor& x, const Tensor& out) {
+  check_device(ctx, "silu_mul", {&x, &out});
   MS_CHECK(out.dim() == 2, "silu_mul output must be 2-D, got {}", out.desc());
   const int64_t n = out.size(1);
   check_rows_f32(x, 2 * n, "silu_mul input");
@@ -134,11 +158,46 @@ void silu_mul(const Tensor& x, const Tensor& out) {
   kernels::cpu::silu_mul(p);
 }
 
-void add_inplace(const Tensor& y, const Tensor& x) {
+void add_inplace(const Ctx& ctx, const Tensor& y, const Tensor& x) {
+  check_device(ctx, "add", {&y, &x});
   MS_CHECK(y.dtype() == DType::F32 && x.dtype() == DType::F32 && y.shape() == x.shape() &&
                y.is_contiguous() && x.is_contiguous(),
            "add: {} += {}", y.desc(), x.desc());
   kernels::cpu::add_inplace(y.data<float>(), x.data<float>(), y.numel());
+}
+
+void scale(const Ctx& ctx, const Tensor& x, float s) {
+  check_device(ctx, "scale", {&x});
+  MS_CHECK(x.dtype() == DType::F32 && x.is_contiguous(), "scale: {} must be contiguous f32", x.desc());
+  kernels::cpu::scale_inplace(x.data<float>(), s, x.numel());
+}
+
+void fill_zero(const Ctx& ctx, const Tensor& x) {
+  check_device(ctx, "fill_zero", {&x});
+  MS_CHECK(x.is_contiguous(), "fill_zero: {} must be contiguous", x.desc());
+  if (x.nbytes()) std::memset(x.raw(), 0, x.nbytes());
+}
+
+void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tensor& out) {
+  check_device(ctx, "gather_rows", {&x, &rows, &out});
+  MS_CHECK(x.dtype() == DType::F32 && x.dim() == 2 && x.is_contiguous(),
+           "gather_rows input must be contiguous f32 [m, cols], got {}", x.desc());
+  MS_CHECK(rows.dtype() == DType::I32 && rows.dim() == 1 && rows.is_contiguous(),
+           "gather_rows rows must be contiguous i32 [n], got {}", rows.desc());
+  const int64_t n = rows.size(0), cols = x.size(1);
+  MS_CHECK(out.dtype() == DType::F32 && out.dim() == 2 && out.is_contiguous() && out.size(0) == n &&
+               out.size(1) == cols,
+           "gather_rows output must be contiguous f32 [{}, {}], got {}", n, cols, out.desc());
+  const int32_t* r = rows.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i)
+    MS_CHECK(r[i] >= 0 && r[i] < x.size(0), "gather_rows: row {} outside {} rows", r[i], x.size(0));
+  kernels::cpu::GatherRowsParams p;
+  p.x = x.data<float>();
+  p.rows = r;
+  p.out = out.data<float>();
+  p.n = n;
+  p.cols = cols;
+  kernels::cpu::gather_rows(p);
 }
 
 }  // namespace ms::ops

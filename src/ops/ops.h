@@ -1,5 +1,6 @@
-// Op entry points: each checks shapes and dtypes once, fills its kernel's Params struct and dispatches to the
-// backend of the tensors' device (CPU today; a CUDA backend slots in beside it). Activations are f32.
+// Op entry points: each takes the op context first, checks shapes, dtypes and devices once, fills its
+// kernel's Params struct and dispatches on ctx.device (the CPU today; a CUDA backend slots in beside it, and
+// until it exists a CUDA context throws "op X: no CUDA backend built"). Activations are f32.
 #pragma once
 
 #include <cstdint>
@@ -7,22 +8,28 @@
 #include <string_view>
 
 #include "core/tensor.h"
+#include "ops/ctx.h"
 #include "ops/linear_weight.h"
 
 namespace ms::ops {
 
 // y [m, w.out] = x [m, w.in] W^T. x and y may be column slices (row stride != width).
-void linear(const Tensor& x, const LinearWeight& w, const Tensor& y);
+void linear(const Ctx& ctx, const Tensor& x, const LinearWeight& w, const Tensor& y);
 // Rows [row0, row0 + y.size(1)) of w only.
-void linear_rows(const Tensor& x, const LinearWeight& w, int64_t row0, const Tensor& y);
+void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t row0, const Tensor& y);
 
-// out [m, hidden] = table[ids]; every id is checked against the vocabulary.
-void embedding(std::span<const int32_t> ids, const LinearWeight& table, const Tensor& out);
+// out [m, hidden] = table[ids]; ids i32 [m], every id is checked against the vocabulary.
+void embedding(const Ctx& ctx, const Tensor& ids, const LinearWeight& table, const Tensor& out);
 
 // out = RMSNorm(x) * weight; out may alias x. x, out [m, n]; weight f32 [n].
-void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out);
+void rms_norm(const Ctx& ctx, const Tensor& x, const Tensor& weight, float eps, const Tensor& out);
+// h += delta; xn = RMSNorm(h) * weight (the residual add fused with the next norm). h, delta, xn f32 [m, n]
+// contiguous; the result is bit-identical to add_inplace then rms_norm.
+void add_rms_norm(const Ctx& ctx, const Tensor& h, const Tensor& delta, const Tensor& weight, float eps,
+                  const Tensor& xn);
 // out = LayerNorm(x) * weight + bias.
-void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& out);
+void layer_norm(const Ctx& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                const Tensor& out);
 
 struct RopeTable {
   Tensor inv_freq;  // f32 [dim / 2]
@@ -30,13 +37,19 @@ struct RopeTable {
   bool interleaved = false;
   int64_t dim() const { return inv_freq.numel() * 2; }
 };
-// Rotates channels [offset, offset + dim) of each head of x [m, heads, head_dim] in place.
-void rope(const Tensor& x, int64_t offset, std::span<const int32_t> positions, const RopeTable& table);
+// Rotates channels [offset, offset + dim) of each head of x [m, heads, head_dim] in place; positions i32 [m].
+void rope(const Ctx& ctx, const Tensor& x, int64_t offset, const Tensor& positions, const RopeTable& table);
 
 // out [m, n] = silu(x[:, :n]) * x[:, n:], x [m, 2n].
-void silu_mul(const Tensor& x, const Tensor& out);
+void silu_mul(const Ctx& ctx, const Tensor& x, const Tensor& out);
 
 // y += x, same shape, contiguous.
-void add_inplace(const Tensor& y, const Tensor& x);
+void add_inplace(const Ctx& ctx, const Tensor& y, const Tensor& x);
+// x *= s, contiguous f32.
+void scale(const Ctx& ctx, const Tensor& x, float s);
+// Every byte of a contiguous tensor set to zero.
+void fill_zero(const Ctx& ctx, const Tensor& x);
+// out [n, cols] = x[rows[i]] for rows i32 [n], each in [0, x.size(0)); x [m, cols] f32 contiguous.
+void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tensor& out);
 
 }  // namespace ms::ops

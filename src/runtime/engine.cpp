@@ -9,36 +9,12 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/cpu_executor.h"
 #include "scheduler/batch_plan.h"
 
 namespace ms::runtime {
 
 namespace {
-
-kv::KvPoolConfig pool_config(const model::Model& m, const EngineConfig& c) {
-  MS_CHECK(c.page_size > 0, "--page-size must be positive, got {}", c.page_size);
-  MS_CHECK(c.kv_cache_tokens >= c.page_size, "KV cache of {} tokens holds less than one page of {}",
-           c.kv_cache_tokens, c.page_size);
-  const auto pages = static_cast<int32_t>(c.kv_cache_tokens / c.page_size);
-  return m.kv_pool_config(pages, c.page_size, c.kv_cache_dtype);
-}
-
-// The scheduler's flattened plan in the model's batch layout (same order: plan.seqs, tokens by position).
-kv::ForwardBatch to_forward_batch(const scheduler::ForwardInputs& f) {
-  kv::ForwardBatch b;
-  b.token_ids = f.token_ids;
-  b.positions = f.positions;
-  b.token_seq.resize(f.token_ids.size());
-  for (size_t s = 0; s + 1 < f.query_start.size(); ++s)
-    std::fill(b.token_seq.begin() + f.query_start[s], b.token_seq.begin() + f.query_start[s + 1],
-              static_cast<int32_t>(s));
-  b.seq_lens = f.seq_lens;
-  b.block_table = f.block_tables;
-  b.max_blocks = f.max_pages;
-  b.slot_mapping.assign(f.slot_mapping.begin(), f.slot_mapping.end());
-  b.logit_rows = f.sample_index;
-  return b;
-}
 
 FinishReason finish_of(scheduler::SeqFinish f) {
   switch (f) {
@@ -54,32 +30,53 @@ FinishReason finish_of(scheduler::SeqFinish f) {
 
 }  // namespace
 
+std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<const model::Model> model,
+                                            const EngineConfig& cfg) {
+  MS_CHECK(model, "engine: no model");
+  const ExecutorConfig ec =
+      executor_config_for(*model, cfg.page_size, cfg.kv_cache_tokens, cfg.kv_cache_dtype, cfg.max_running,
+                          cfg.max_prefill_tokens, cfg.max_context);
+  return std::make_unique<CpuExecutor>(std::move(model), ec);
+}
+
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<model::Model> model, EngineConfig cfg) {
+  return std::make_unique<Engine>(std::move(model), cfg);
+}
+
 Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig cfg)
-    : model_(std::move(model)), cfg_(cfg), pool_(pool_config(*model_, cfg)) {
+    : Engine(make_cpu_executor(std::move(model), cfg), cfg) {}
+
+Engine::Engine(std::unique_ptr<Executor> executor, EngineConfig cfg)
+    : exec_(std::move(executor)), cfg_(cfg), alloc_(exec_->kv_capacity().num_pages) {
+  const KvCapacity kvc = exec_->kv_capacity();
+  cfg_.page_size = kvc.page_size;
+  cfg_.kv_cache_tokens = static_cast<int64_t>(kvc.num_pages) * kvc.page_size;
+  cfg_.kv_cache_dtype = kvc.dtype;
+  const model::Model* m = &exec_->model();
   MS_CHECK(cfg_.max_running > 0, "max running requests must be positive, got {}", cfg_.max_running);
   MS_CHECK(cfg_.max_prefill_tokens > 0, "max prefill tokens must be positive, got {}",
            cfg_.max_prefill_tokens);
-  const int64_t model_ctx = model_->config().max_position_embeddings;
+  const int64_t model_ctx = m->config().max_position_embeddings;
   if (cfg_.max_context <= 0 || cfg_.max_context > model_ctx) cfg_.max_context = model_ctx;
-  if (cfg_.enable_prefix_cache) cache_ = std::make_unique<kv::RadixCache>(pool_.allocator(), cfg_.page_size);
+  if (cfg_.enable_prefix_cache) cache_ = std::make_unique<kv::RadixCache>(alloc_, cfg_.page_size);
   scheduler::SchedulerConfig sc;
   sc.page_size = cfg_.page_size;
   sc.max_running_requests = cfg_.max_running;
   sc.max_prefill_tokens = cfg_.max_prefill_tokens;
   sc.max_context = cfg_.max_context;
-  sched_ = std::make_unique<scheduler::Scheduler>(sc, pool_.allocator(), cache_.get());
-  sampler_ = std::make_unique<Sampler>(static_cast<int>(model_->config().vocab_size), cfg_.sampler);
+  sched_ = std::make_unique<scheduler::Scheduler>(sc, alloc_, cache_.get());
+  sampler_ = std::make_unique<Sampler>(static_cast<int>(m->config().vocab_size), cfg_.sampler);
   if (cfg_.oea.enabled) {
-    const int k = model_->router_config().top_k;
+    const int k = m->router_config().top_k;
     MS_CHECK(cfg_.oea.k0 >= 1 && cfg_.oea.k0 <= k, "--oea-k0 {} must be in [1, {}] (the model's top-k)",
              cfg_.oea.k0, k);
     MS_CHECK(cfg_.oea.kmax == 0 || (cfg_.oea.kmax >= cfg_.oea.k0 && cfg_.oea.kmax <= k),
              "--oea-kmax {} must be in [--oea-k0 {}, {}]", cfg_.oea.kmax, cfg_.oea.k0, k);
-    moe::validate(model_->router_config(), cfg_.oea);
+    moe::validate(m->router_config(), cfg_.oea);
   }
-  if (cfg_.expert_stats && model_->config().n_routed_experts > 0)
-    expert_stats_ = std::make_unique<moe::ExpertStats>(model_->config().num_hidden_layers,
-                                                       model_->config().n_routed_experts);
+  if (cfg_.expert_stats && m->config().n_routed_experts > 0)
+    expert_stats_ =
+        std::make_unique<moe::ExpertStats>(m->config().num_hidden_layers, m->config().n_routed_experts);
 }
 
 moe::DistinctExpertsHistogram Engine::distinct_experts_histogram(moe::RoutingKind kind) const {
@@ -92,7 +89,7 @@ Engine::~Engine() {
 }
 
 uint64_t Engine::submit(Request r) {
-  const auto& mc = model_->config();
+  const auto& mc = model().config();
   const int64_t vocab = mc.vocab_size;
   if (r.prompt_ids.empty()) MS_THROW("the prompt is empty: give at least one token");
   for (size_t i = 0; i < r.prompt_ids.size(); ++i)
@@ -104,9 +101,9 @@ uint64_t Engine::submit(Request r) {
   if (total > cfg_.max_context)
     MS_THROW("the prompt ({} tokens) plus max_tokens ({}) is {} tokens, past the context limit of {}",
              r.prompt_ids.size(), r.max_tokens, total, cfg_.max_context);
-  if (pool_.pages_for(total) > pool_.allocator().num_pages())
+  if ((total + cfg_.page_size - 1) / cfg_.page_size > alloc_.num_pages())
     MS_THROW("the prompt plus max_tokens ({} tokens) does not fit the KV cache of {} tokens", total,
-             static_cast<int64_t>(pool_.allocator().num_pages()) * pool_.page_size());
+             static_cast<int64_t>(alloc_.num_pages()) * cfg_.page_size);
   auto s = std::make_unique<Sequence>();
   s->sampler = sampler_->new_state(r.sampling, r.prompt_ids);  // validates the sampling params
   s->id = next_id_++;
@@ -133,9 +130,9 @@ bool Engine::cancel(uint64_t id) {
 
 int32_t Engine::clear_prefix_cache() {
   if (!cache_) return 0;
-  const int32_t before = pool_.allocator().num_free();
+  const int32_t before = alloc_.num_free();
   cache_->clear();
-  return pool_.allocator().num_free() - before;
+  return alloc_.num_free() - before;
 }
 
 RequestOutput Engine::output_of(const Sequence& s) const {
@@ -186,7 +183,7 @@ std::vector<RequestOutput> Engine::step() {
   } bracket;
   Tensor logits;
   try {
-    kv::ForwardBatch batch = to_forward_batch(scheduler::flatten(plan, pool_.page_size()));
+    const kv::ForwardBatch batch = scheduler::flatten(plan, cfg_.page_size);
     step_rows_.clear();
     model::StepRouting routing;
     routing.oea = cfg_.oea;
@@ -214,7 +211,7 @@ std::vector<RequestOutput> Engine::step() {
       bracket.hook = hook_;
       if (profiler::OpSink* s = hook_->step_begin(label)) sink = s;
     }
-    logits = model_->forward(batch, pool_, sink, routing);
+    logits = exec_->run(batch, routing, sink);
   } catch (const Error& e) {
     fail_plan(e.message());
     return out;
@@ -234,7 +231,7 @@ std::vector<RequestOutput> Engine::step() {
     }
   }
 
-  const auto& mc = model_->config();
+  const auto& mc = model().config();
   const size_t rows = step_rows_.size();
   step_params_.resize(rows);
   step_states_.resize(rows);

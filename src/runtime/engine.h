@@ -3,8 +3,9 @@
 // rows that end a sequence's known tokens and commits the tokens back; cancel() ends a request at the next
 // step.
 //
-// Ownership: the Engine owns the KV pool (memory and page allocator), the prefix cache and the scheduler,
-// which holds page references through the allocator and owns each sequence's token list and block table; the
+// Ownership: the Engine owns its Executor (which owns the device memory: weights, KV pages, workspace), the
+// page allocator that hands out the executor's KV page ids, the prefix cache and the scheduler, which holds
+// page references through the allocator and owns each sequence's token list and block table; the
 // Engine keeps per request only what the scheduler does not (the request, its sampler state, what it has
 // reported). A sequence the scheduler preempts goes back to waiting and is recomputed later over its prompt
 // and generated tokens; to the caller it is still running and no token is reported twice.
@@ -16,11 +17,13 @@
 #include <vector>
 
 #include "kv/kv_pool.h"
+#include "kv/page_allocator.h"
 #include "kv/radix_cache.h"
 #include "model/model.h"
 #include "profiler/op_record.h"
 #include "profiler/step_hook.h"
 #include "runtime/engine_types.h"
+#include "runtime/executor.h"
 #include "runtime/sampler.h"
 #include "runtime/sequence.h"
 #include "scheduler/scheduler.h"
@@ -28,6 +31,8 @@
 namespace ms::runtime {
 
 struct EngineConfig {
+  // KV pages: used to build the executor of Engine(model, cfg); an Engine given an executor takes them from
+  // its kv_capacity().
   int32_t page_size = 64;
   int64_t kv_cache_tokens = 32768;  // pool capacity, in tokens over all sequences
   kv::KvCacheDType kv_cache_dtype = kv::KvCacheDType::Auto;
@@ -45,6 +50,9 @@ struct EngineConfig {
 
 class Engine {
  public:
+  // Runs steps on `executor`, whose KV pages the Engine's page allocator hands out.
+  Engine(std::unique_ptr<Executor> executor, EngineConfig cfg);
+  // On a CpuExecutor sized by cfg (make_cpu_executor).
   Engine(std::shared_ptr<model::Model> model, EngineConfig cfg);
   ~Engine();
 
@@ -59,8 +67,10 @@ class Engine {
   // Drops every prefix-cache entry no running request uses and returns the pages that became free.
   int32_t clear_prefix_cache();
 
-  const model::Model& model() const { return *model_; }
-  const kv::KvPool& kv_pool() const { return pool_; }
+  const model::Model& model() const { return exec_->model(); }
+  const Executor& executor() const { return *exec_; }
+  KvCapacity kv_capacity() const { return exec_->kv_capacity(); }
+  const kv::PageAllocator& page_allocator() const { return alloc_; }
   // Null unless EngineConfig::expert_stats; thread-safe to read while another thread steps.
   const moe::ExpertStats* expert_stats() const { return expert_stats_.get(); }
   // Distinct experts per MoE layer per decode step, all MoE layers together (for /metrics); empty (no
@@ -76,11 +86,11 @@ class Engine {
   void finish(uint64_t id, FinishReason why, std::vector<RequestOutput>& out, std::string error = {});
   RequestOutput output_of(const Sequence& s) const;
 
-  std::shared_ptr<model::Model> model_;
+  std::unique_ptr<Executor> exec_;
   EngineConfig cfg_;
   // Declared in this order so that the scheduler drops its page references before the cache, and both
-  // before the pool's allocator goes.
-  kv::KvPool pool_;
+  // before the allocator goes.
+  kv::PageAllocator alloc_;
   std::unique_ptr<kv::RadixCache> cache_;  // null when the prefix cache is off
   std::unique_ptr<scheduler::Scheduler> sched_;
   std::unique_ptr<Sampler> sampler_;
@@ -96,5 +106,12 @@ class Engine {
   std::vector<SamplerState*> step_states_;
   std::vector<GeneratedToken> step_tokens_;
 };
+
+// A CpuExecutor for `model` sized by an engine config: its pages, and steps of up to max_running sequences
+// and max_running + max_prefill_tokens tokens.
+std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<const model::Model> model,
+                                            const EngineConfig& cfg);
+// An Engine on the CPU (what the commands build today).
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<model::Model> model, EngineConfig cfg);
 
 }  // namespace ms::runtime

@@ -41,7 +41,8 @@ size_t kv_bytes_per_token(const model::Model& model, kv::KvCacheDType dtype, int
   return std::max<size_t>(1, one_page.bytes() / static_cast<size_t>(page_size));
 }
 
-size_t available_memory_bytes() {
+size_t available_memory_bytes(Device device) {
+  MS_CHECK(device == Device::CPU, "KV budget on cuda: no CUDA backend built (give --kv-cache-tokens)");
   std::ifstream f("/proc/meminfo");
   MS_CHECK(f.good(), "cannot read /proc/meminfo to size the KV cache: give --kv-cache-tokens");
   std::string line;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/tensor.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
 
@@ -27,7 +28,8 @@ KvBudget kv_budget_from_memory(size_t available_bytes, double fraction, size_t b
 // Bytes per token of `model`'s KV pool at this dtype (Auto must be resolved) and page size.
 size_t kv_bytes_per_token(const model::Model& model, kv::KvCacheDType dtype, int32_t page_size);
 
-// MemAvailable of /proc/meminfo, in bytes; throws when it cannot be read.
-size_t available_memory_bytes();
+// Memory still available on `device` for the KV pages, in bytes: on the CPU MemAvailable of /proc/meminfo
+// (throws when it cannot be read); a CUDA build asks the device (free memory after weights and workspace).
+size_t available_memory_bytes(Device device = Device::CPU);
 
 }  // namespace ms::runtime

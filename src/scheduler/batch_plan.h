@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv/forward_batch.h"
+
 namespace ms::scheduler {
 
 // One sequence's share of a step. Its token list is prompt followed by generated tokens; position i of that
@@ -29,19 +31,9 @@ struct BatchPlan {
   bool empty() const { return seqs.empty(); }
 };
 
-// The plan flattened into the per-token and per-sequence arrays an attention backend takes
-// (B = plan.seqs.size(), T = plan.num_tokens).
-struct ForwardInputs {
-  std::vector<int32_t> token_ids;     // [T]
-  std::vector<int32_t> positions;     // [T]
-  std::vector<int32_t> slot_mapping;  // [T] page * page_size + offset where each token's KV is written
-  std::vector<int32_t> query_start;   // [B + 1] prefix sums of tokens per sequence
-  std::vector<int32_t> seq_lens;      // [B] token_end of each sequence
-  std::vector<int32_t> sample_index;  // [S] index into T of each token whose logits are sampled
-  std::vector<int32_t> block_tables;  // [B, max_pages] row-major, padded with -1
-  int32_t max_pages = 0;
-};
-
-ForwardInputs flatten(const BatchPlan& plan, int32_t page_size);
+// The plan flattened into the step's kv::ForwardBatch, in plan order (sequence b of the batch is
+// plan.seqs[b], its tokens by position): token ids, positions, each token's batch sequence and cache slot,
+// sequence lengths, block tables ([B, max_blocks] padded with -1) and the rows whose logits are sampled.
+kv::ForwardBatch flatten(const BatchPlan& plan, int32_t page_size);
 
 }  // namespace ms::scheduler

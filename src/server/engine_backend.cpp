@@ -46,8 +46,8 @@ EngineBackend::EngineBackend(EngineBackendParts parts)
   MS_CHECK(tokenizer_->vocab_size() <= vocab_size_,
            "the tokenizer has {} tokens but the model's vocabulary is {}: they do not belong together",
            tokenizer_->vocab_size(), vocab_size_);
-  const auto& pool = engine_->kv_pool();
-  const int64_t pool_tokens = static_cast<int64_t>(pool.allocator().num_pages()) * pool.page_size();
+  const runtime::KvCapacity kvc = engine_->kv_capacity();
+  const int64_t pool_tokens = static_cast<int64_t>(kvc.num_pages) * kvc.page_size;
   max_context_ = std::min(engine_->stats().max_context, pool_tokens);
   for (int64_t id : cfg.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   if (eos_ids_.empty()) {

@@ -19,6 +19,7 @@
 #include "quant/float_formats.h"
 #include "quant/nvfp4.h"
 #include "runtime/engine.h"
+#include "test_executor.h"
 
 namespace ms {
 namespace {
@@ -64,7 +65,7 @@ double rel_err(const float* got, const Tensor& want, int64_t r0, int64_t r1, int
 // Logits of every position of `ids`, in one prefill or (decode) prompt prefill then one token per step.
 std::vector<float> run(model::Model& m, const std::vector<int32_t>& ids, size_t prompt_len, bool decode,
                        kv::KvCacheDType dt) {
-  kv::KvPool pool(m.kv_pool_config(8, 64, dt));
+  test::ExecPool pool(m, 8, 64, dt);
   std::vector<int32_t> pages;
   EXPECT_TRUE(pool.allocator().allocate(pool.pages_for(static_cast<int64_t>(ids.size())), pages));
   std::vector<float> out;
@@ -76,7 +77,7 @@ std::vector<float> run(model::Model& m, const std::vector<int32_t>& ids, size_t 
     bb.add_sequence(pages, static_cast<int32_t>(start), ids.data() + start, static_cast<int32_t>(n), false);
     kv::ForwardBatch b = bb.finish();
     for (size_t i = 0; i < n; ++i) b.logit_rows.push_back(static_cast<int32_t>(i));
-    Tensor lg = m.forward(b, pool);
+    Tensor lg = pool.forward(b);
     out.insert(out.end(), lg.data<float>(), lg.data<float>() + static_cast<int64_t>(n) * V);
     start += n;
   }
@@ -250,7 +251,7 @@ std::map<ScoreKey, IndexerScores> indexer_scores(const Fixture& f, const std::ve
   std::map<ScoreKey, IndexerScores> out;
   const model::Model* model_ptr = nullptr;
   const kv::ForwardBatch* batch_ptr = nullptr;
-  kv::KvPool* pool_ptr = nullptr;
+  const kv::KvPool* pool_ptr = nullptr;
   std::vector<int32_t> pages;
   model::ModelOptions opt;
   float scale = 1.0f;
@@ -297,8 +298,8 @@ std::map<ScoreKey, IndexerScores> indexer_scores(const Fixture& f, const std::ve
   model::Model m(f.cfg, model::load_weights(f.cfg, *f.src), opt);
   model_ptr = &m;
   scale = m.scales().indexer_softmax_scale;
-  kv::KvPool pool(m.kv_pool_config(8, 64, dt));
-  pool_ptr = &pool;
+  test::ExecPool pool(m, 8, 64, dt);
+  pool_ptr = &pool.kv();
   EXPECT_TRUE(pool.allocator().allocate(pool.pages_for(static_cast<int64_t>(ids.size())), pages));
   const int64_t V = m.config().vocab_size;
   for (size_t start = 0; start < ids.size();) {
@@ -308,7 +309,7 @@ std::map<ScoreKey, IndexerScores> indexer_scores(const Fixture& f, const std::ve
     kv::ForwardBatch b = bb.finish();
     for (size_t i = 0; i < n; ++i) b.logit_rows.push_back(static_cast<int32_t>(i));
     batch_ptr = &b;
-    Tensor lg = m.forward(b, pool);
+    Tensor lg = pool.forward(b);
     logits->insert(logits->end(), lg.data<float>(), lg.data<float>() + static_cast<int64_t>(n) * V);
     start += n;
   }

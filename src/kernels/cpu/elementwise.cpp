@@ -1,5 +1,7 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 namespace ms::kernels::cpu {
@@ -74,6 +76,19 @@ void silu_mul(const SiluMulParams& p) {
 void add_inplace(float* __restrict__ y, const float* __restrict__ x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void scale_inplace(float* __restrict__ x, float s, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void gather_rows(const GatherRowsParams& p) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < p.n; ++i) {
+    const float* src = p.x + static_cast<int64_t>(p.rows[i]) * p.cols;
+    std::copy(src, src + p.cols, p.out + i * p.cols);
+  }
 }
 
 }  // namespace ms::kernels::cpu

@@ -57,4 +57,16 @@ void silu_mul(const SiluMulParams& p);
 // y[i] += x[i] for n elements.
 void add_inplace(float* __restrict__ y, const float* __restrict__ x, int64_t n);
 
+// x[i] *= s for n elements.
+void scale_inplace(float* __restrict__ x, float s, int64_t n);
+
+// out[i, :] = x[rows[i], :] for i < n; x [*, cols] and out [n, cols] contiguous.
+struct GatherRowsParams {
+  const float* __restrict__ x = nullptr;
+  const int32_t* __restrict__ rows = nullptr;  // [n]
+  float* __restrict__ out = nullptr;
+  int64_t n = 0, cols = 0;
+};
+void gather_rows(const GatherRowsParams& p);
+
 }  // namespace ms::kernels::cpu

@@ -125,21 +125,21 @@ TEST(Forward, MixedPrefillAndDecodeInOneStep) {
   const auto ref_a = solo.run(a), ref_b = solo.run(b);
   const int64_t V = k.cfg.vocab_size;
   // Sequence a prefilled up to 20 tokens, then one step: a decodes token 20 while b prefills whole.
-  kv::KvPool& pool = solo.pool;
+  test::ExecPool& pool = solo.pool;
   std::vector<int32_t> pa, pb;
   ASSERT_TRUE(pool.allocator().allocate(pool.pages_for(21), pa));
   ASSERT_TRUE(pool.allocator().allocate(pool.pages_for(9), pb));
   {
     kv::ForwardBatchBuilder bb(pool.page_size());
     bb.add_sequence(pa, 0, a.data(), 20, true);
-    k.model->forward(bb.finish(), pool);
+    pool.forward(bb.finish());
   }
   kv::ForwardBatchBuilder bb(pool.page_size());
   bb.add_sequence(pa, 20, a.data() + 20, 1, true);
   bb.add_sequence(pb, 0, b.data(), 9, true);
   kv::ForwardBatch fb = bb.finish();
   ASSERT_EQ(fb.logit_rows, (std::vector<int32_t>{0, 9}));
-  Tensor lg = k.model->forward(fb, pool);
+  Tensor lg = pool.forward(fb);
   for (int64_t v = 0; v < V; ++v) {
     EXPECT_NEAR(lg.data<float>()[v], ref_a[20 * V + v], 1e-4);
     EXPECT_NEAR(lg.data<float>()[V + v], ref_b[8 * V + v], 1e-4);

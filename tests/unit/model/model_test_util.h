@@ -8,6 +8,7 @@
 #include "kv/forward_batch.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
+#include "test_executor.h"
 
 namespace ms::test {
 
@@ -23,9 +24,9 @@ inline double rel_error(const float* a, const double* b, size_t n) {
 
 struct Runner {
   model::Model& model;
-  kv::KvPool pool;
+  ExecPool pool;
   Runner(model::Model& m, kv::KvCacheDType dt, int32_t page_size = 16, int32_t pages = 64)
-      : model(m), pool(m.kv_pool_config(pages, page_size, dt)) {}
+      : model(m), pool(m, pages, page_size, dt) {}
 
   // Logits [ids.size(), vocab] of one prompt, prefilled in chunks of `chunk` tokens (0: all at once).
   std::vector<float> run(const std::vector<int32_t>& ids, int32_t chunk = 0) {
@@ -41,7 +42,7 @@ struct Runner {
       bb.add_sequence(pages, start, ids.data() + start, len, false);
       kv::ForwardBatch b = bb.finish();
       for (int32_t i = 0; i < len; ++i) b.logit_rows.push_back(i);
-      Tensor lg = model.forward(b, pool);
+      Tensor lg = pool.forward(b);
       out.insert(out.end(), lg.data<float>(), lg.data<float>() + len * V);
     }
     pool.allocator().release_all(pages);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/builtin_model.h"
 #include "model/weight_loader.h"
+#include "test_executor.h"
 
 namespace ms {
 namespace {
@@ -30,11 +31,11 @@ std::vector<int32_t> prompt(int n, int seed) {
 // B sequences prefilled in one pool; then steps that mix decode tokens and a prefill chunk.
 struct Batch {
   model::Model& m;
-  kv::KvPool pool;
+  test::ExecPool pool;
   std::vector<std::vector<int32_t>> pages, ids;
   std::vector<int32_t> computed;
   explicit Batch(model::Model& mm, int B, int extra_prompt = 0)
-      : m(mm), pool(mm.kv_pool_config(256, 16, kv::KvCacheDType::F32)) {
+      : m(mm), pool(mm, 256, 16, kv::KvCacheDType::F32) {
     for (int i = 0; i < B; ++i) {
       ids.push_back(prompt(3 + i % 5 + (i == 0 ? extra_prompt : 0), i + 1));
       pages.emplace_back();
@@ -60,7 +61,7 @@ struct Batch {
     }
     kv::ForwardBatch b = bb.finish();
     for (int32_t t = 0; t < b.n_tokens(); ++t) b.logit_rows.push_back(t);
-    Tensor lg = m.forward(b, pool, nullptr, r);
+    Tensor lg = pool.forward(b, r);
     for (size_t i = 0; i < ids.size(); ++i) computed[i] += n_of[i];
     return lg;
   }

@@ -97,11 +97,11 @@ void expect_no_leak(runtime::Engine& e) {
   EXPECT_EQ(st.running, 0);
   EXPECT_EQ(st.waiting, 0);
   EXPECT_EQ(st.kv_pages_used, st.kv_pages_cached) << "pages held by nobody but the prefix cache";
-  EXPECT_EQ(e.kv_pool().allocator().num_free(), st.kv_pages_total - st.kv_pages_cached);
+  EXPECT_EQ(e.page_allocator().num_free(), st.kv_pages_total - st.kv_pages_cached);
   e.clear_prefix_cache();
   EXPECT_EQ(e.stats().kv_pages_cached, 0);
   EXPECT_EQ(e.stats().kv_pages_used, 0);
-  EXPECT_EQ(e.kv_pool().allocator().num_free(), st.kv_pages_total);
+  EXPECT_EQ(e.page_allocator().num_free(), st.kv_pages_total);
 }
 
 // A second request with the same 100-token prompt reuses 12 whole pages (96 tokens: the last position is

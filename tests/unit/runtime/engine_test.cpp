@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/builtin_model.h"
 #include "runtime/engine.h"
+#include "test_executor.h"
 
 namespace ms {
 namespace {
@@ -21,12 +22,12 @@ std::vector<int32_t> greedy_by_recompute(model::Model& m, std::vector<int32_t> i
   std::vector<int32_t> out;
   const int64_t V = m.config().vocab_size;
   for (int i = 0; i < n; ++i) {
-    kv::KvPool pool(m.kv_pool_config(16, 16, kv::KvCacheDType::F32));
+    test::ExecPool pool(m, 16, 16, kv::KvCacheDType::F32);
     std::vector<int32_t> pages;
     EXPECT_TRUE(pool.allocator().allocate(pool.pages_for(static_cast<int64_t>(ids.size())), pages));
     kv::ForwardBatchBuilder bb(16);
     bb.add_sequence(pages, 0, ids.data(), static_cast<int32_t>(ids.size()), true);
-    Tensor lg = m.forward(bb.finish(), pool);
+    Tensor lg = pool.forward(bb.finish());
     const float* row = lg.data<float>();
     const int32_t best = static_cast<int32_t>(std::max_element(row, row + V) - row);
     out.push_back(best);
@@ -154,12 +155,12 @@ TEST(Engine, LogprobsAreTheModelsLogSoftmax) {
   std::vector<int32_t> ids = r.prompt_ids;
   const int64_t V = builtin()->config().vocab_size;
   for (const auto& g : got) {
-    kv::KvPool pool(builtin()->kv_pool_config(16, 16, kv::KvCacheDType::F32));
+    test::ExecPool pool(*builtin(), 16, 16, kv::KvCacheDType::F32);
     std::vector<int32_t> pages;
     ASSERT_TRUE(pool.allocator().allocate(pool.pages_for(static_cast<int64_t>(ids.size())), pages));
     kv::ForwardBatchBuilder bb(16);
     bb.add_sequence(pages, 0, ids.data(), static_cast<int32_t>(ids.size()), true);
-    Tensor lg = builtin()->forward(bb.finish(), pool);
+    Tensor lg = pool.forward(bb.finish());
     const float* row = lg.data<float>();
     const float mx = *std::max_element(row, row + V);
     double sum = 0;

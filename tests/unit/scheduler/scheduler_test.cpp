@@ -293,11 +293,12 @@ TEST(BatchPlan, FlattensIntoSlotMappingAndBlockTables) {
   auto f = flatten(plan, 4);
   EXPECT_EQ(f.token_ids, (std::vector<int32_t>{42, 1, 2, 3}));
   EXPECT_EQ(f.positions, (std::vector<int32_t>{5, 2, 3, 4}));
-  EXPECT_EQ(f.slot_mapping, (std::vector<int32_t>{9 * 4 + 1, 4 * 4 + 2, 4 * 4 + 3, 0 * 4 + 0}));
-  EXPECT_EQ(f.query_start, (std::vector<int32_t>{0, 1, 4}));
+  EXPECT_EQ(f.slot_mapping, (std::vector<int64_t>{9 * 4 + 1, 4 * 4 + 2, 4 * 4 + 3, 0 * 4 + 0}));
+  EXPECT_EQ(f.token_seq, (std::vector<int32_t>{0, 1, 1, 1}));
   EXPECT_EQ(f.seq_lens, (std::vector<int32_t>{6, 5}));
-  EXPECT_EQ(f.sample_index, std::vector<int32_t>{0});
-  EXPECT_EQ(f.block_tables, (std::vector<int32_t>{3, 9, 4, 0}));
+  EXPECT_EQ(f.logit_rows, std::vector<int32_t>{0});
+  EXPECT_EQ(f.block_table, (std::vector<int32_t>{3, 9, 4, 0}));
+  EXPECT_EQ(f.max_blocks, 2);
   plan.seqs[1].page_ids = {4};  // too few pages for 5 tokens
   EXPECT_THROW(flatten(plan, 4), ms::Error);
 }

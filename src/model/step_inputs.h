@@ -1,0 +1,49 @@
+// One step's inputs on the executor's device: the ForwardBatch's arrays copied into buffers allocated once
+// (on CUDA at fixed addresses, so a captured graph replays with new contents), plus the host scalars shapes
+// need and a pointer to the host batch for cost models and probes (which never read device tensors).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kv/forward_batch.h"
+#include "ops/attention.h"
+#include "ops/ctx.h"
+
+namespace ms::model {
+
+struct StepInputs {
+  Tensor token_ids;         // i32 [m]
+  Tensor logit_rows;        // i32 [n_logit_rows] token rows whose logits are wanted
+  Tensor decode_mask;       // u8 [m], 1 marks a decode token (OEA applies); empty (numel 0) when none is
+  ops::AttentionMeta meta;  // token_seq, positions, slots, block_table, seq_lens and m, n_seqs, max_blocks
+  int64_t n_logit_rows = 0;
+  int64_t n_decode = 0;                    // decode tokens, counted on the host
+  const kv::ForwardBatch* host = nullptr;  // the batch these were filled from (host data)
+
+  int64_t m() const { return meta.m; }
+};
+
+struct StepLimits {
+  int64_t max_tokens = 0, max_seqs = 0, max_logit_rows = 0;
+  int64_t max_blocks = 0;  // pages per sequence (block table width)
+};
+
+// The preallocated buffers behind StepInputs.
+class StepBuffers {
+ public:
+  StepBuffers() = default;
+  StepBuffers(const StepLimits& limits, const TensorAlloc& alloc);
+
+  const StepLimits& limits() const { return limits_; }
+  // Copies b (and the decode-token flags, empty or one per token) to the buffers through ctx; throws naming
+  // the limit a batch exceeds. The returned views live until the next fill; `b` must outlive them.
+  StepInputs fill(const ops::Ctx& ctx, const kv::ForwardBatch& b, const std::vector<uint8_t>& decode_tokens);
+
+ private:
+  StepLimits limits_;
+  Tensor token_ids_, positions_, token_seq_, slots_, block_table_, seq_lens_, logit_rows_, decode_mask_;
+};
+
+}  // namespace ms::model

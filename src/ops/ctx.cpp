@@ -1,0 +1,35 @@
+#include "ops/ctx.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace ms::ops {
+
+TensorAlloc cpu_alloc() {
+  return [](const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype); };
+}
+
+void check_device(const Ctx& ctx, std::string_view op, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (t && t->raw() != nullptr)
+      MS_CHECK(t->device() == ctx.device, "op {}: tensor {} is on {}, the op runs on {}", op, t->desc(),
+               t->device() == Device::CPU ? "cpu" : "cuda", ctx.device == Device::CPU ? "cpu" : "cuda");
+  MS_CHECK(ctx.device == Device::CPU, "op {}: no CUDA backend built", op);
+}
+
+void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes) {
+  check_device(ctx, "copy_from_host", {&dst});
+  MS_CHECK(dst.is_contiguous() && bytes <= dst.nbytes(), "copy_from_host: {} bytes into {}", bytes,
+           dst.desc());
+  if (bytes) std::memcpy(dst.raw(), src, bytes);
+}
+
+void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes) {
+  check_device(ctx, "copy_to_host", {&src});
+  MS_CHECK(src.is_contiguous() && bytes <= src.nbytes(), "copy_to_host: {} bytes out of {}", bytes,
+           src.desc());
+  if (bytes) std::memcpy(dst, src.raw(), bytes);
+}
+
+}  // namespace ms::ops

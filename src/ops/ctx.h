@@ -1,0 +1,33 @@
+// The context every op entry point takes first: which device runs it and that device's handles. One dispatch
+// point per op reads ctx.device; the CPU backend ignores the stream and the BLAS handle.
+#pragma once
+
+#include <initializer_list>
+#include <string_view>
+
+#include "core/tensor.h"
+
+namespace ms::ops {
+
+struct Ctx {
+  Device device = Device::CPU;
+  void* stream = nullptr;  // cudaStream_t on CUDA (every launch of a step goes to it); unused on the CPU
+  void* blas = nullptr;    // cublasLtHandle_t on CUDA; unused on the CPU
+
+  static Ctx cpu() { return Ctx{}; }
+};
+
+using ms::TensorAlloc;
+// Tensor::empty (CPU memory).
+TensorAlloc cpu_alloc();
+
+// Every defined tensor of an op must live on ctx.device; an op without a backend for that device throws
+// "op <op>: no CUDA backend built". Called by each entry point before it dispatches.
+void check_device(const Ctx& ctx, std::string_view op, std::initializer_list<const Tensor*> tensors);
+
+// Host <-> device copies of `bytes` bytes (plain memcpy on the CPU). dst/src must be contiguous.
+void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes);
+// Waits for the copy (a sync on CUDA): the caller reads dst at once.
+void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes);
+
+}  // namespace ms::ops

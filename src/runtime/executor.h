@@ -1,0 +1,57 @@
+// The seam between the Engine and a device: an Executor runs one ForwardBatch on one device and owns that
+// device's memory for the model: its weights, the KV pages (kv::KvPool; the page ids come from the Engine's
+// PageAllocator), the step buffers and the Workspace (and, on CUDA, the captured graphs). CpuExecutor is the
+// reference; a CUDA executor implements the same interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "kv/forward_batch.h"
+#include "kv/kv_pool.h"
+#include "model/model.h"
+#include "profiler/op_record.h"
+
+namespace ms::runtime {
+
+// What the KV pages of an executor hold.
+struct KvCapacity {
+  int32_t num_pages = 0;
+  int32_t page_size = 0;
+  kv::KvCacheDType dtype = kv::KvCacheDType::BF16;  // resolved, never Auto
+  size_t bytes = 0;                                 // device memory of all pages, every layer
+};
+
+// Sizes an executor allocates for once.
+struct ExecutorConfig {
+  int32_t num_pages = 0;
+  int32_t page_size = 64;
+  kv::KvCacheDType kv_cache_dtype = kv::KvCacheDType::Auto;  // Auto: the model's default (bf16)
+  int64_t max_tokens = 0;                                    // tokens per step (decodes + prefill chunks)
+  int64_t max_seqs = 0;                                      // sequences per step
+  int64_t max_logit_rows = 0;                                // rows of logits per step; 0: max_seqs
+  int64_t max_context = 0;  // tokens per sequence; 0: the model's max_position_embeddings
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+
+  virtual std::string_view name() const = 0;  // "cpu"
+  virtual Device device() const = 0;
+  virtual KvCapacity kv_capacity() const = 0;
+  // The model as this executor runs it (config and router; weights on the executor's device).
+  virtual const model::Model& model() const = 0;
+  virtual const ExecutorConfig& config() const = 0;
+
+  // Runs one step: writes the batch's keys into the executor's KV pages and returns logits f32
+  // [b.logit_rows.size(), vocab] in host memory, valid until the next run. Throws ms::Error naming what does
+  // not fit (a page id past the pool, more tokens than max_tokens, ...), leaving the executor usable.
+  virtual Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
+                     profiler::OpSink* sink = nullptr) = 0;
+};
+
+}  // namespace ms::runtime
