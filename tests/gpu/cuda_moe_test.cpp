@@ -576,16 +576,26 @@ class ExpertSet {
   std::vector<DevBuf<uint8_t>> dev_;  // [E][gate, gate scale, up, up scale, down, down scale]
 };
 
-// Runs plan + experts on the device over poisoned workspaces; returns out.
+// Runs plan + experts on the device over poisoned workspaces; returns out. pad > 0: x and out sit in rows
+// of H + pad (the padding of x NaN, of out a marker that must survive), which also leaves the tiled path's
+// vector alignment when pad % 4 != 0.
 std::vector<float> run_experts_gpu(const ExpertSet& xs, const std::vector<float>& x,
                                    const std::vector<int32_t>& ids, const std::vector<float>& wts,
-                                   const std::vector<float>& out0, int m, int K) {
+                                   const std::vector<float>& out0, int m, int K, int pad = 0) {
   const int E = xs.E(), H = xs.hidden(), I = xs.inter();
+  const int64_t ld = H + pad;
   std::vector<uint8_t> touched(E, 0);
   for (int32_t e : ids)
     if (e >= 0) touched[e] = 1;
+  constexpr float kOutPad = 12345.0f;
+  std::vector<float> x_ld(static_cast<size_t>(m) * ld, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> out_ld(x_ld.size(), kOutPad);
+  for (int t = 0; t < m; ++t) {
+    std::copy_n(x.begin() + static_cast<int64_t>(t) * H, H, x_ld.begin() + t * ld);
+    std::copy_n(out0.begin() + static_cast<int64_t>(t) * H, H, out_ld.begin() + t * ld);
+  }
   DevBuf<ms::cuda::MoeExpertWeights> d_table(xs.table(touched));
-  DevBuf<float> d_x(x), d_w(wts), d_out(out0);
+  DevBuf<float> d_x(x_ld), d_w(wts), d_out(out_ld);
   DevBuf<int32_t> d_ids(ids), d_counts(E), d_offsets(E + 1), d_sorted(ids.size());
   DevBuf<float> d_act(ms::cuda::moe_experts_act_bytes(m, K, I) / sizeof(float));
   DevBuf<float> d_slot(ms::cuda::moe_experts_slot_out_bytes(m, K, H) / sizeof(float));
@@ -597,7 +607,7 @@ std::vector<float> run_experts_gpu(const ExpertSet& xs, const std::vector<float>
   ms::cuda::moe_plan({d_ids.get(), d_counts.get(), d_offsets.get(), d_sorted.get(), m, K, E}, nullptr);
   ms::cuda::MoeExpertsParams p;
   p.x = d_x.get();
-  p.ldx = H;
+  p.ldx = ld;
   p.topk_ids = d_ids.get();
   p.topk_weights = d_w.get();
   p.expert_counts = d_counts.get();
@@ -608,7 +618,7 @@ std::vector<float> run_experts_gpu(const ExpertSet& xs, const std::vector<float>
   p.act = d_act.get();
   p.slot_out = d_slot.get();
   p.out = d_out.get();
-  p.ldo = H;
+  p.ldo = ld;
   p.m = m;
   p.top_k = K;
   p.n_experts = E;
@@ -616,13 +626,20 @@ std::vector<float> run_experts_gpu(const ExpertSet& xs, const std::vector<float>
   p.inter = I;
   ms::cuda::moe_experts(p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
-  return d_out.download();
+  const auto got_ld = d_out.download();
+  std::vector<float> got(static_cast<size_t>(m) * H);
+  for (int t = 0; t < m; ++t) {
+    std::copy_n(got_ld.begin() + t * ld, H, got.begin() + static_cast<int64_t>(t) * H);
+    for (int64_t c = H; c < ld; ++c) EXPECT_EQ(got_ld[t * ld + c], kOutPad) << "out padding, token " << t;
+  }
+  return got;
 }
 
-void run_experts_case(const ExpertSet& xs, int m, int K, bool skewed, double empty, uint32_t seed) {
-  SCOPED_TRACE(std::string("experts ") + format_name(xs.format()) + " E=" + std::to_string(xs.E()) +
-               " H=" + std::to_string(xs.hidden()) + " I=" + std::to_string(xs.inter()) +
-               " m=" + std::to_string(m) + " K=" + std::to_string(K) + (skewed ? " skewed" : " uniform"));
+void run_experts_case(const ExpertSet& xs, int m, int K, bool skewed, double empty, uint32_t seed,
+                      int pad = 0) {
+  SCOPED_TRACE(std::string("experts ") + format_name(xs.format()) + " E=" + std::to_string(xs.E()) + " H=" +
+               std::to_string(xs.hidden()) + " I=" + std::to_string(xs.inter()) + " m=" + std::to_string(m) +
+               " K=" + std::to_string(K) + (skewed ? " skewed" : " uniform") + " pad=" + std::to_string(pad));
   const int H = xs.hidden();
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -637,7 +654,7 @@ void run_experts_case(const ExpertSet& xs, int m, int K, bool skewed, double emp
   ms::ops::MoeScratch scratch;
   ms::ops::moe_experts(ms::Tensor::borrow(x.data(), {m, H}, ms::DType::F32), ids, wts, K, xs.cpu(),
                        ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
-  const auto got = run_experts_gpu(xs, x, ids, wts, out0, m, K);
+  const auto got = run_experts_gpu(xs, x, ids, wts, out0, m, K, pad);
 
   // Same dequantised weights on both sides; what differs is f32 summation order, relative to the size of
   // the experts' contribution.
@@ -655,7 +672,7 @@ void run_experts_case(const ExpertSet& xs, int m, int K, bool skewed, double emp
   }
   // Deterministic: a second run gives the same bits.
   if (m == 64) {
-    EXPECT_EQ(run_experts_gpu(xs, x, ids, wts, out0, m, K), got);
+    EXPECT_EQ(run_experts_gpu(xs, x, ids, wts, out0, m, K, pad), got);
   }
 }
 
@@ -672,6 +689,32 @@ TEST_P(CudaMoeExperts, MatchesCpuReference) {
   const ExpertSet wide(16, 256, 512, GetParam(), 83);
   run_experts_case(wide, 300, 8, true, 0.0, 84);  // hot experts with ~300 tokens: many token tiles per block
   run_experts_case(wide, 3, 8, false, 0.0, 85);
+}
+
+// Shapes the tiled path does not take (the general kernels): the tiny test models (64 / 32), multiples of 16
+// but not 64 (96 / 48, 208 / 112; NVFP4's smallest step), multiples of 8 only (80 / 24) and odd sizes, for
+// the formats that allow them.
+TEST_P(CudaMoeExperts, OddShapesMatchCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    int hidden, inter;
+  };
+  const bool nvfp4 = GetParam() == MoeWeightFormat::NVFP4;
+  const Shape shapes[] = {{64, 32}, {96, 48}, {208, 112}, {80, 24}, {37, 19}, {1, 1}};
+  uint32_t seed = 200;
+  for (const Shape& sh : shapes) {
+    if (nvfp4 && (sh.hidden % 16 != 0 || sh.inter % 16 != 0)) continue;
+    ASSERT_EQ(ms::cuda::moe_experts_path(GetParam(), sh.hidden, sh.inter), ms::cuda::MoeExpertsPath::General);
+    const ExpertSet xs(12, sh.hidden, sh.inter, GetParam(), seed++);
+    for (int m : {1, 3, 64, 300}) {
+      run_experts_case(xs, m, 4, false, 0.0, seed++);
+      run_experts_case(xs, m, 4, true, 0.1, seed++);
+    }
+    run_experts_case(xs, 37, 4, true, 0.1, seed++, 3);  // strided rows
+  }
+  // A tiled shape whose rows are not 16-byte aligned takes the general path as well.
+  const ExpertSet tiled(8, 128, 64, GetParam(), seed++);
+  for (int m : {3, 64}) run_experts_case(tiled, m, 4, true, 0.0, seed++, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeExperts,
@@ -715,12 +758,83 @@ TEST(CudaMoeExpertsUntouched, RefusesBadShapes) {
   p.hidden = 6144;
   p.inter = 2048;
   EXPECT_NO_THROW(ms::cuda::moe_experts_check(p));
-  p.hidden = 6100;
+  p.hidden = 6100;  // any size for BF16 (the general path)
+  EXPECT_NO_THROW(ms::cuda::moe_experts_check(p));
+  p.format = MoeWeightFormat::NVFP4;  // not for NVFP4: k must hold whole 16-element blocks
   EXPECT_THROW(ms::cuda::moe_experts_check(p), ms::Error);
   p.hidden = 6144;
+  p.inter = 24;
+  EXPECT_THROW(ms::cuda::moe_experts_check(p), ms::Error);
+  p.inter = 48;
+  EXPECT_NO_THROW(ms::cuda::moe_experts_check(p));
+  p.format = MoeWeightFormat::BF16;
+  p.hidden = 0;
+  EXPECT_THROW(ms::cuda::moe_experts_check(p), ms::Error);
+  p.hidden = 6144;
+  p.inter = 2048;
   p.format = MoeWeightFormat::FP8Block;
   p.fp8_block = 100;
   EXPECT_THROW(ms::cuda::moe_experts_check(p), ms::Error);
+  // A non-empty batch: f32 alignment is enough, ldx / ldo must cover hidden.
+  alignas(16) static float buf[64];
+  static const int32_t ibuf[4] = {};
+  static const ms::cuda::MoeExpertWeights table[1] = {};
+  p.format = MoeWeightFormat::BF16;
+  p.fp8_block = 128;
+  p.m = 1;
+  p.hidden = 5;
+  p.inter = 3;
+  p.x = buf + 1;
+  p.ldx = 5;
+  p.out = buf + 1;
+  p.ldo = 5;
+  p.act = buf + 1;
+  p.slot_out = buf + 1;
+  p.topk_ids = ibuf;
+  p.topk_weights = buf;
+  p.expert_counts = ibuf;
+  p.expert_offsets = ibuf;
+  p.sorted_slots = ibuf;
+  p.experts = table;
+  EXPECT_NO_THROW(ms::cuda::moe_experts_check(p));
+  p.ldx = 4;
+  EXPECT_THROW(ms::cuda::moe_experts_check(p), ms::Error);
+  p.ldx = 5;
+  p.out = reinterpret_cast<float*>(reinterpret_cast<char*>(buf) + 2);
+  EXPECT_THROW(ms::cuda::moe_experts_check(p), ms::Error);
+}
+
+TEST(CudaMoeExpertsUntouched, PathChoice) {
+  using ms::cuda::moe_experts_path;
+  using ms::cuda::MoeExpertsPath;
+  for (auto f :
+       {MoeWeightFormat::F32, MoeWeightFormat::BF16, MoeWeightFormat::FP8Block, MoeWeightFormat::NVFP4}) {
+    EXPECT_EQ(moe_experts_path(f, 6144, 2048), MoeExpertsPath::Tiled);
+    EXPECT_EQ(moe_experts_path(f, 7168, 2048), MoeExpertsPath::Tiled);
+    EXPECT_EQ(moe_experts_path(f, 64, 64), MoeExpertsPath::Tiled);
+    EXPECT_EQ(moe_experts_path(f, 64, 32), MoeExpertsPath::General);
+    EXPECT_EQ(moe_experts_path(f, 96, 64), MoeExpertsPath::General);
+    EXPECT_EQ(moe_experts_path(f, 2048, 1408 + 16), MoeExpertsPath::General);
+  }
+  // Alignment of the buffers of one call downgrades a tiled shape.
+  alignas(16) static float buf[16];
+  ms::cuda::MoeExpertsParams p;
+  p.format = MoeWeightFormat::NVFP4;
+  p.hidden = 128;
+  p.inter = 64;
+  p.x = p.out = p.act = p.slot_out = buf;
+  p.ldx = p.ldo = 128;
+  EXPECT_EQ(moe_experts_path(p), MoeExpertsPath::Tiled);
+  p.ldo = 130;
+  EXPECT_EQ(moe_experts_path(p), MoeExpertsPath::General);
+  p.ldo = 128;
+  p.slot_out = buf + 1;
+  EXPECT_EQ(moe_experts_path(p), MoeExpertsPath::General);
+  p.slot_out = buf;
+  p.inter = 48;
+  EXPECT_EQ(moe_experts_path(p), MoeExpertsPath::General);
+  EXPECT_LE(ms::cuda::moe_experts_smem_bytes(MoeExpertsPath::General), size_t{48} * 1024);
+  EXPECT_LE(ms::cuda::moe_experts_smem_bytes(MoeExpertsPath::Tiled), size_t{48} * 1024);
 }
 
 // ---- the whole step under a CUDA graph ------------------------------------------------------------------

@@ -29,7 +29,9 @@ enum class MoeWeightFormat : int32_t { F32, BF16, FP8Block, NVFP4 };
 //   BF16:     data bf16 [rows, cols]; scale unused
 //   FP8Block: data e4m3 [rows, cols]; scale f32 [ceil(rows/block), ceil(cols/block)] (weight_scale_inv)
 //   NVFP4:    data u8 [rows, cols/2] (element 2i in the low nibble); scale e4m3 [rows, cols/16]; scale2 f32
-// Data pointers 16-byte aligned; FP8 scales 4-byte aligned.
+// Data pointers naturally aligned (f32: 4 bytes, bf16: 2); FP8 scales 4-byte aligned. The tiled path reads
+// 16-byte pieces and cannot see this table on the host: when moe_experts_path(format, hidden, inter) is
+// Tiled, data pointers must be 16-byte aligned (an allocation's start, or a fused gate_up's second half, is).
 struct MoeExpertWeights {
   const void* gate;
   const void* gate_scale;
@@ -42,11 +44,11 @@ struct MoeExpertWeights {
 };
 
 constexpr int kMoeTokenTile = 32;  // tokens whose rows share one read of a weight tile
-constexpr int kMoeKTile = 64;      // hidden and inter must be multiples of this
+constexpr int kMoeKTile = 64;      // k per step; the tiled path needs hidden and inter multiples of this
 
 struct MoeExpertsParams {
-  const float* __restrict__ x;                   // [m, hidden] activations, row stride ldx; 16-byte aligned
-  int64_t ldx = 0;                               // elements, multiple of 4
+  const float* __restrict__ x;                   // [m, hidden] activations, row stride ldx
+  int64_t ldx = 0;                               // elements, >= hidden
   const int32_t* __restrict__ topk_ids;          // [m, top_k] (ids < 0 or >= n_experts: empty slot)
   const float* __restrict__ topk_weights;        // [m, top_k]
   const int32_t* __restrict__ expert_counts;     // [n_experts]      from moe_plan
@@ -57,17 +59,33 @@ struct MoeExpertsParams {
   int fp8_block = 128;           // FP8Block block edge, a multiple of 16
   float* __restrict__ act;       // [m * top_k, inter] workspace, row = grouped position
   float* __restrict__ slot_out;  // [m * top_k, hidden] workspace, row = slot
-  float* __restrict__ out;       // [m, hidden] accumulated into, row stride ldo; 16-byte aligned
-  int64_t ldo = 0;               // elements, multiple of 4
+  float* __restrict__ out;       // [m, hidden] accumulated into, row stride ldo
+  int64_t ldo = 0;               // elements, >= hidden
   int m = 0, top_k = 0, n_experts = 0;
-  int hidden = 0, inter = 0;  // multiples of kMoeKTile
+  int hidden = 0, inter = 0;  // >= 1; NVFP4: multiples of 16 (both are the k of one of the GEMMs)
 };
+
+// Which kernels run. Tiled: vector loads of whole 16-element weight pieces and 8-element activation pieces,
+// no bounds checks inside a k step. General: the same block tile and f32 summation order, with element-wise,
+// bounds-checked loads (any hidden / inter the format allows, f32-aligned activations and workspaces);
+// meant for small models and odd sizes, not tuned.
+enum class MoeExpertsPath : int32_t { Tiled, General };
+
+// The shape rule, pure: Tiled when hidden and inter are multiples of kMoeKTile (every format), else General.
+// Says nothing about whether the shape is allowed at all (moe_experts_check does).
+MoeExpertsPath moe_experts_path(MoeWeightFormat format, int hidden, int inter);
+
+// What the launchers run for p: the shape rule, downgraded to General when x, out, act or slot_out is not
+// 16-byte aligned or ldx / ldo is not a multiple of 4. Each launch decides on its own; the two paths share
+// the layouts of act and slot_out, so mixing them between launches is fine.
+MoeExpertsPath moe_experts_path(const MoeExpertsParams& p);
 
 // Workspace the executor preallocates for the largest m it will run.
 size_t moe_experts_act_bytes(int m, int top_k, int inter);        // m * top_k * inter * 4
 size_t moe_experts_slot_out_bytes(int m, int top_k, int hidden);  // m * top_k * hidden * 4
 
-// Throws ms::Error naming the field when shapes, alignment or pointers are unusable.
+// Throws ms::Error naming the field when shapes, alignment or pointers are unusable: x / out / act /
+// slot_out must be non-null and 4-byte aligned, ldx / ldo >= hidden.
 void moe_experts_check(const MoeExpertsParams& p);
 
 // The three launches, in this order on one stream after moe_plan; moe_experts runs all three.
@@ -76,7 +94,7 @@ void moe_experts_down(const MoeExpertsParams& p, cudaStream_t stream);
 void moe_experts_combine(const MoeExpertsParams& p, cudaStream_t stream);
 void moe_experts(const MoeExpertsParams& p, cudaStream_t stream);
 
-// Shared memory one gate_up / down block uses (static), for configuration checks.
-size_t moe_experts_smem_bytes();
+// Shared memory one gate_up / down block of the path uses (static), for configuration checks.
+size_t moe_experts_smem_bytes(MoeExpertsPath path);
 
 }  // namespace ms::cuda
