@@ -52,6 +52,14 @@ KvPool::KvPool(const KvPoolConfig& cfg, const TensorAlloc& alloc) : cfg_(cfg) {
   }
 }
 
+size_t KvPool::bytes_for(const KvPoolConfig& c) {
+  const size_t slots = static_cast<size_t>(c.num_pages) * static_cast<size_t>(c.page_size);
+  const size_t e = c.dtype == KvCacheDType::F32 ? 4 : c.dtype == KvCacheDType::BF16 ? 2 : 1;
+  const size_t ie = c.dtype == KvCacheDType::F32 ? 4 : 2;
+  return static_cast<size_t>(c.num_layers) * slots *
+         (static_cast<size_t>(c.width) * e + static_cast<size_t>(c.index_width) * ie);
+}
+
 size_t KvPool::bytes() const {
   size_t b = 0;
   for (const auto& t : latent_) b += t.nbytes();

@@ -47,6 +47,8 @@ class KvPool {
   // [pages, page_size, index_width]: f32 when the pool is f32, bf16 otherwise; undefined without an indexer.
   const Tensor& index_keys(int layer) const { return index_[static_cast<size_t>(layer)]; }
   size_t bytes() const;
+  // Bytes a pool of this config holds (every layer, latent and index keys), before allocating it.
+  static size_t bytes_for(const KvPoolConfig& cfg);
   // Pages needed to hold `tokens` tokens.
   int32_t pages_for(int64_t tokens) const {
     return static_cast<int32_t>((tokens + cfg_.page_size - 1) / cfg_.page_size);

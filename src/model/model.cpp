@@ -134,6 +134,16 @@ kv::KvPoolConfig Model::kv_pool_config(int32_t num_pages, int32_t page_size, kv:
   return c;
 }
 
+void Model::place_tables(const ops::Ctx& ctx, const TensorAlloc& alloc) {
+  for (ops::RopeTable* t : {&scales_.rope, &scales_.indexer_rope}) {
+    if (t->inv_freq.numel() == 0) continue;
+    const Tensor host = t->inv_freq;
+    Tensor dev = alloc(host.shape(), DType::F32);
+    ops::copy_from_host(ctx, host.data<float>(), dev, host.nbytes());
+    t->inv_freq = dev;
+  }
+}
+
 void Model::check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool, const StepRouting& routing) const {
   const size_t m = b.token_ids.size();
   MS_CHECK(m > 0, "forward: the batch has no tokens");

@@ -78,6 +78,9 @@ class Model {
   const moe::RouterConfig& router_config() const { return router_; }
 
   const ModelOptions& options() const { return opt_; }
+  // Moves the RoPE frequency tables to memory from `alloc` through ctx (the CUDA executor's copy of a model,
+  // whose weights are already on the device).
+  void place_tables(const ops::Ctx& ctx, const TensorAlloc& alloc);
 
   // Throws ms::Error naming what in a batch cannot run on `pool` (host checks, before the batch is copied to
   // a device).

@@ -62,6 +62,9 @@ StepInputs StepBuffers::fill(const ops::Ctx& ctx, const kv::ForwardBatch& b,
   a.n_seqs = n_seqs;
   a.max_blocks = b.max_blocks;
   a.max_position = b.max_position();
+  a.max_keys = limits_.max_keys > 0 ? limits_.max_keys : static_cast<int64_t>(a.max_position) + 1;
+  MS_CHECK(a.max_keys > a.max_position, "step position {} at or past the executor's context of {}",
+           a.max_position, a.max_keys);
   return in;
 }
 

@@ -28,6 +28,7 @@ struct StepInputs {
 struct StepLimits {
   int64_t max_tokens = 0, max_seqs = 0, max_logit_rows = 0;
   int64_t max_blocks = 0;  // pages per sequence (block table width)
+  int64_t max_keys = 0;    // context capacity (AttentionMeta::max_keys); 0: each step's max position + 1
 };
 
 // The preallocated buffers behind StepInputs.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "moe/cuda_route.h"
 
 namespace ms::moe {
 
@@ -12,6 +13,7 @@ RouteScratch RouteScratch::make(const ops::TensorAlloc& alloc, int64_t max_token
   s.decode_logits = alloc({max_tokens * n_experts}, DType::F32);
   s.decode_ids = alloc({max_tokens * top_k}, DType::I32);
   s.decode_weights = alloc({max_tokens * top_k}, DType::F32);
+  s.base_set = alloc({n_experts}, DType::U8);
   return s;
 }
 
@@ -39,7 +41,18 @@ void route_step(const ops::Ctx& ctx, const RouterConfig& cfg, const OeaConfig& o
     MS_CHECK(correction_bias.dtype() == DType::F32 && correction_bias.numel() == E,
              "moe_route: correction bias must be f32 [{}], got {}", E, correction_bias.desc());
 
-  // The decode rows (host-side on the CPU backend; a CUDA backend compacts them on the device).
+#if MOESERVE_HAVE_CUDA
+  if (ctx.device == Device::CUDA) {
+    if (decode_mask.numel() > 0)
+      MS_CHECK(decode_mask.dtype() == DType::U8 && decode_mask.numel() == m && decode_mask.is_contiguous(),
+               "moe_route: decode mask must be u8 [{}], got {}", m, decode_mask.desc());
+    MS_CHECK(s.decode_weights.numel() >= static_cast<int64_t>(m) * K, "moe_route: scratch sized for fewer than {} tokens", m);
+    route_step_cuda(ctx, rc, oea, logits, correction_bias, decode_mask, topk_ids, topk_weights,
+                    want_plain ? plain_ids : Tensor(), s.decode_weights, s.base_set);
+    return;
+  }
+#endif
+  // The decode rows (host-side on the CPU backend; the CUDA backend routes with the mask on the device).
   int n_dec = 0;
   int32_t* rows = nullptr;
   if (decode_mask.defined() && decode_mask.numel() > 0) {

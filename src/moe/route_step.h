@@ -16,7 +16,8 @@ struct RouteScratch {
   Tensor decode_rows;     // i32 [max_tokens] indices of the decode rows
   Tensor decode_logits;   // f32 [max_tokens * n_experts] their router logits, gathered
   Tensor decode_ids;      // i32 [max_tokens * top_k]
-  Tensor decode_weights;  // f32 [max_tokens * top_k]
+  Tensor decode_weights;  // f32 [max_tokens * top_k]; on CUDA the plain-routing weights of the stats baseline
+  Tensor base_set;        // u8 [n_experts] the OEA base set (CUDA)
 
   static RouteScratch make(const ops::TensorAlloc& alloc, int64_t max_tokens, int n_experts, int top_k);
 };

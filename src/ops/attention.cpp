@@ -6,6 +6,7 @@
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/mla.h"
 #include "kernels/cpu/paged_cache.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace ms::ops {
 
@@ -69,6 +70,9 @@ void cache_write(const Ctx& ctx, const Tensor& x, const PagedCacheLayer& cache, 
            "cache_write input must be f32 [m, {}], got {}", v.width, x.desc());
   MS_CHECK(meta.slots.dtype() == DType::I64 && meta.slots.is_contiguous() && meta.slots.numel() == x.size(0),
            "cache_write: {} rows, slots {}", x.size(0), meta.slots.desc());
+  // On the GPU the slots were checked on the host before they were copied (Model::check_batch); the kernel
+  // skips a slot outside the pool (padding rows of a captured batch carry -1).
+  MS_OPS_ON_CUDA(ctx, cuda_ops::cache_write(ctx, x, cache, meta));
   const int64_t* slots = meta.slots.data<int64_t>();
   for (int64_t i = 0; i < x.size(0); ++i)
     MS_CHECK(slots[i] >= 0 && slots[i] < v.num_pages * v.page_size,
@@ -92,6 +96,7 @@ void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int
            kv_b.out, heads, nope, v);
   MS_CHECK(q_cat.size(0) == m && q_cat.size(1) == heads && q_cat.size(2) == r + rope,
            "mla q_cat must be [{}, {}, {}], got {}", m, heads, r + rope, q_cat.desc());
+  MS_OPS_ON_CUDA(ctx, cuda_ops::mla_absorb_q(ctx, q, kv_b, nope, v, q_cat));
   kernels::cpu::MlaAbsorbQParams p;
   p.q = q.data<float>();
   p.kv_b = kv_b.cpu_view();
@@ -106,11 +111,16 @@ void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int
 }
 
 int64_t mla_attention_scratch_floats(Device device, int64_t heads, int64_t max_keys, int64_t width) {
-  MS_CHECK(device == Device::CPU, "op mla_attention: no CUDA backend built");
+  // The CUDA kernels keep their scores in shared memory (the fast decode kernel's workspace lives in the
+  // backend).
+  if (device == Device::CUDA) return 1;
   return kernels::cpu::mla_attention_scratch_floats(heads, max_keys, width, omp_get_max_threads());
 }
 
 int64_t dsa_indexer_scratch_floats(Device device, int64_t max_keys, int64_t dim) {
+#if MOESERVE_HAVE_CUDA
+  if (device == Device::CUDA) return cuda_ops::dsa_indexer_scratch_floats(max_keys);
+#endif
   MS_CHECK(device == Device::CPU, "op dsa_indexer: no CUDA backend built");
   return kernels::cpu::dsa_indexer_scratch_floats(max_keys, dim, omp_get_max_threads());
 }
@@ -129,6 +139,7 @@ void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& c
   MS_CHECK(lat.size(0) == m && lat.size(1) == heads && lat.size(2) < v.width,
            "mla output {} does not fit q {}", lat.desc(), q_cat.desc());
   check_meta(meta, m, v);
+  MS_OPS_ON_CUDA(ctx, cuda_ops::mla_attention(ctx, q_cat, cache, meta, topk, softmax_scale, lat));
   kernels::cpu::MlaAttentionParams p;
   p.q_cat = q_cat.data<float>();
   p.kv = v;
@@ -167,6 +178,7 @@ void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int6
            kv_b.name, kv_b.out, kv_b.in, lat.desc());
   MS_CHECK(out.dtype() == DType::F32 && out.is_contiguous() && out.numel() == m * heads * v,
            "mla_out_v output must be f32 [{}, {}], got {}", m, heads * v, out.desc());
+  MS_OPS_ON_CUDA(ctx, cuda_ops::mla_out_v(ctx, lat, kv_b, nope, v, out));
   kernels::cpu::MlaOutVParams p;
   p.lat = lat.data<float>();
   p.kv_b = kv_b.cpu_view();
@@ -193,6 +205,7 @@ void dsa_indexer(const Ctx& ctx, const Tensor& q, const Tensor& w, const PagedCa
   MS_CHECK(topk.dtype() == DType::I32 && topk.dim() == 2 && topk.size(0) == m && topk.is_contiguous(),
            "indexer output must be i32 [{}, topk], got {}", m, topk.desc());
   check_meta(meta, m, v);
+  MS_OPS_ON_CUDA(ctx, cuda_ops::dsa_indexer(ctx, q, w, keys, meta, softmax_scale, topk, scratch));
   kernels::cpu::DsaIndexerParams p;
   p.q = q.data<float>();
   p.w = w.data<float>();
@@ -220,6 +233,7 @@ void dsa_indexer(const Ctx& ctx, const Tensor& q, const Tensor& w, const PagedCa
 
 void debug_pool_cast(const Ctx& ctx, const PagedCacheLayer& cache, const Tensor& out) {
   check_device(ctx, "debug_pool_cast", {&cache.data, &out});
+  MS_CHECK(ctx.device == Device::CPU, "debug_pool_cast is a CPU test switch (the planted whole-pool cast)");
   const kernels::cpu::PagedCacheView v = cache_view(cache, "debug_pool_cast");
   const int64_t slots = v.num_pages * v.page_size, width = v.width;
   MS_CHECK(out.dtype() == DType::F32 && out.is_contiguous() && out.numel() >= slots * width,

@@ -26,6 +26,9 @@ struct AttentionMeta {
   Tensor seq_lens;     // i32 [n_seqs] context length after this step
   int64_t m = 0, n_seqs = 0, max_blocks = 0;
   int32_t max_position = 0;  // over the batch
+  // Keys a query may see at most: the executor's context capacity (the same in every captured graph), above
+  // every position; the GPU indexer sizes its score rows by it.
+  int64_t max_keys = 0;
 };
 
 // Stores rows x [m, width] into the cache at meta.slots (converting to the cache dtype).

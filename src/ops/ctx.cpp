@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace ms::ops {
 
@@ -15,13 +16,16 @@ void check_device(const Ctx& ctx, std::string_view op, std::initializer_list<con
     if (t && t->raw() != nullptr)
       MS_CHECK(t->device() == ctx.device, "op {}: tensor {} is on {}, the op runs on {}", op, t->desc(),
                t->device() == Device::CPU ? "cpu" : "cuda", ctx.device == Device::CPU ? "cpu" : "cuda");
+#if !MOESERVE_HAVE_CUDA
   MS_CHECK(ctx.device == Device::CPU, "op {}: no CUDA backend built", op);
+#endif
 }
 
 void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes) {
   check_device(ctx, "copy_from_host", {&dst});
   MS_CHECK(dst.is_contiguous() && bytes <= dst.nbytes(), "copy_from_host: {} bytes into {}", bytes,
            dst.desc());
+  MS_OPS_ON_CUDA(ctx, cuda_ops::copy_from_host(ctx, src, dst, bytes));
   if (bytes) std::memcpy(dst.raw(), src, bytes);
 }
 
@@ -29,6 +33,7 @@ void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes) {
   check_device(ctx, "copy_to_host", {&src});
   MS_CHECK(src.is_contiguous() && bytes <= src.nbytes(), "copy_to_host: {} bytes out of {}", bytes,
            src.desc());
+  MS_OPS_ON_CUDA(ctx, cuda_ops::copy_to_host(ctx, src, dst, bytes));
   if (bytes) std::memcpy(dst, src.raw(), bytes);
 }
 

@@ -12,7 +12,7 @@ namespace ms::ops {
 struct Ctx {
   Device device = Device::CPU;
   void* stream = nullptr;  // cudaStream_t on CUDA (every launch of a step goes to it); unused on the CPU
-  void* blas = nullptr;    // cublasLtHandle_t on CUDA; unused on the CPU
+  void* backend = nullptr;  // ops::CudaBackend on CUDA (cuBLASLt handle, device limits, scratch); unused on the CPU
 
   static Ctx cpu() { return Ctx{}; }
 };
@@ -21,13 +21,27 @@ using ms::TensorAlloc;
 // Tensor::empty (CPU memory).
 TensorAlloc cpu_alloc();
 
-// Every defined tensor of an op must live on ctx.device; an op without a backend for that device throws
-// "op <op>: no CUDA backend built". Called by each entry point before it dispatches.
+// Every defined tensor of an op must live on ctx.device; in a build without the CUDA backend a CUDA context
+// throws "op <op>: no CUDA backend built". Called by each entry point before it dispatches.
 void check_device(const Ctx& ctx, std::string_view op, std::initializer_list<const Tensor*> tensors);
 
 // Host <-> device copies of `bytes` bytes (plain memcpy on the CPU). dst/src must be contiguous.
 void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes);
 // Waits for the copy (a sync on CUDA): the caller reads dst at once.
 void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes);
+
+// The dispatch point of an entry point: on a CUDA context, runs `call` (the op's CUDA branch, ops/cuda/) and
+// returns; on the CPU, falls through to the CPU kernel.
+#if MOESERVE_HAVE_CUDA
+#define MS_OPS_ON_CUDA(ctx, call)            \
+  if ((ctx).device == ::ms::Device::CUDA) { \
+    call;                                   \
+    return;                                 \
+  }
+#else
+#define MS_OPS_ON_CUDA(ctx, call) \
+  do {                            \
+  } while (0)
+#endif
 
 }  // namespace ms::ops

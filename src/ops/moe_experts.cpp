@@ -1,5 +1,7 @@
 #include "ops/moe_experts.h"
 
+#include "ops/cuda/cuda_ops.h"
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -51,6 +53,7 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
                s.cursor.dtype() == DType::I32 && s.cursor.numel() >= n_experts &&
                s.order.dtype() == DType::I32 && s.order.numel() >= m * top_k,
            "moe scratch sized for fewer tokens or experts than {} x {} of {}", m, top_k, n_experts);
+  MS_OPS_ON_CUDA(ctx, cuda_ops::moe_experts(ctx, x, topk_ids, topk_weights, experts, out));
   const int32_t* ids = topk_ids.data<int32_t>();
   const float* wts = topk_weights.data<float>();
   const int64_t n_slots = m * top_k;

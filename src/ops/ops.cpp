@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/linear.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace ms::ops {
 
@@ -34,6 +35,7 @@ void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t
            y.size(0));
   MS_CHECK(row0 >= 0 && row0 + n <= w.out, "linear {}: rows [{}, {}) outside {} outputs", w.name, row0,
            row0 + n, w.out);
+  MS_OPS_ON_CUDA(ctx, cuda_ops::linear_rows(ctx, x, w, row0, y));
   kernels::cpu::LinearParams p;
   p.x = x.data<float>();
   p.x_stride = x.stride(0);
@@ -60,6 +62,9 @@ void embedding(const Ctx& ctx, const Tensor& ids, const LinearWeight& table, con
   check_rows_f32(out, table.in, "embedding output");
   MS_CHECK(out.is_contiguous() && out.size(0) == m, "embedding output must be contiguous [{}, {}], got {}", m,
            table.in, out.desc());
+  // On the GPU the ids were checked on the host before they were copied (Model::check_batch); an id the
+  // kernel still finds outside the table gives a NaN row, never a read out of bounds.
+  MS_OPS_ON_CUDA(ctx, cuda_ops::embedding(ctx, ids, table, out));
   const int32_t* id = ids.data<int32_t>();
   for (int64_t i = 0; i < m; ++i)
     MS_CHECK(id[i] >= 0 && id[i] < table.out, "token id {} (position {}) is outside the vocabulary [0, {})",
@@ -94,7 +99,9 @@ static kernels::cpu::NormParams norm_params(const Tensor& x, const Tensor& weigh
 
 void rms_norm(const Ctx& ctx, const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
   check_device(ctx, "rms_norm", {&x, &weight, &out});
-  kernels::cpu::rms_norm(norm_params(x, weight, eps, out, "rms_norm"));
+  const auto p = norm_params(x, weight, eps, out, "rms_norm");
+  MS_OPS_ON_CUDA(ctx, cuda_ops::rms_norm(ctx, x, weight, eps, out));
+  kernels::cpu::rms_norm(p);
 }
 
 void add_rms_norm(const Ctx& ctx, const Tensor& h, const Tensor& delta, const Tensor& weight, float eps,
@@ -104,6 +111,7 @@ void add_rms_norm(const Ctx& ctx, const Tensor& h, const Tensor& delta, const Te
                h.is_contiguous() && delta.is_contiguous(),
            "add_rms_norm: {} += {}", h.desc(), delta.desc());
   const auto p = norm_params(h, weight, eps, xn, "add_rms_norm");
+  MS_OPS_ON_CUDA(ctx, cuda_ops::add_rms_norm(ctx, h, delta, weight, eps, xn));
   kernels::cpu::add_inplace(h.data<float>(), delta.data<float>(), h.numel());
   kernels::cpu::rms_norm(p);
 }
@@ -113,6 +121,7 @@ void layer_norm(const Ctx& ctx, const Tensor& x, const Tensor& weight, const Ten
   check_device(ctx, "layer_norm", {&x, &weight, &bias, &out});
   auto p = norm_params(x, weight, eps, out, "layer_norm");
   check_vec_f32(bias, x.size(1), "layer_norm bias");
+  MS_OPS_ON_CUDA(ctx, cuda_ops::layer_norm(ctx, x, weight, bias, eps, out));
   p.bias = bias.data<float>();
   kernels::cpu::layer_norm(p);
 }
@@ -126,6 +135,7 @@ void rope(const Ctx& ctx, const Tensor& x, int64_t offset, const Tensor& positio
   MS_CHECK(x.size(0) == positions.size(0), "rope: {} rows but {} positions", x.size(0), positions.size(0));
   MS_CHECK(offset >= 0 && offset + table.dim() <= x.size(2), "rope: channels [{}, {}) outside head of {}",
            offset, offset + table.dim(), x.size(2));
+  MS_OPS_ON_CUDA(ctx, cuda_ops::rope(ctx, x, offset, positions, table));
   kernels::cpu::RopeParams p;
   p.x = x.data<float>();
   p.row_stride = x.stride(0);
@@ -148,6 +158,7 @@ void silu_mul(const Ctx& ctx, const Tensor& x, const Tensor& out) {
   check_rows_f32(x, 2 * n, "silu_mul input");
   check_rows_f32(out, n, "silu_mul output");
   MS_CHECK(x.size(0) == out.size(0), "silu_mul: {} rows in, {} out", x.size(0), out.size(0));
+  MS_OPS_ON_CUDA(ctx, cuda_ops::silu_mul(ctx, x, out));
   kernels::cpu::SiluMulParams p;
   p.x = x.data<float>();
   p.x_stride = x.stride(0);
@@ -163,18 +174,21 @@ void add_inplace(const Ctx& ctx, const Tensor& y, const Tensor& x) {
   MS_CHECK(y.dtype() == DType::F32 && x.dtype() == DType::F32 && y.shape() == x.shape() &&
                y.is_contiguous() && x.is_contiguous(),
            "add: {} += {}", y.desc(), x.desc());
+  MS_OPS_ON_CUDA(ctx, cuda_ops::add_inplace(ctx, y, x));
   kernels::cpu::add_inplace(y.data<float>(), x.data<float>(), y.numel());
 }
 
 void scale(const Ctx& ctx, const Tensor& x, float s) {
   check_device(ctx, "scale", {&x});
   MS_CHECK(x.dtype() == DType::F32 && x.is_contiguous(), "scale: {} must be contiguous f32", x.desc());
+  MS_OPS_ON_CUDA(ctx, cuda_ops::scale(ctx, x, s));
   kernels::cpu::scale_inplace(x.data<float>(), s, x.numel());
 }
 
 void fill_zero(const Ctx& ctx, const Tensor& x) {
   check_device(ctx, "fill_zero", {&x});
   MS_CHECK(x.is_contiguous(), "fill_zero: {} must be contiguous", x.desc());
+  MS_OPS_ON_CUDA(ctx, cuda_ops::fill_zero(ctx, x));
   if (x.nbytes()) std::memset(x.raw(), 0, x.nbytes());
 }
 
@@ -188,6 +202,7 @@ void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tens
   MS_CHECK(out.dtype() == DType::F32 && out.dim() == 2 && out.is_contiguous() && out.size(0) == n &&
                out.size(1) == cols,
            "gather_rows output must be contiguous f32 [{}, {}], got {}", n, cols, out.desc());
+  MS_OPS_ON_CUDA(ctx, cuda_ops::gather_rows(ctx, x, rows, out));
   const int32_t* r = rows.data<int32_t>();
   for (int64_t i = 0; i < n; ++i)
     MS_CHECK(r[i] >= 0 && r[i] < x.size(0), "gather_rows: row {} outside {} rows", r[i], x.size(0));

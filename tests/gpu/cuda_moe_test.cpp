@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -76,6 +77,19 @@ bool have_gpu() {
 }
 
 // ---- routing -------------------------------------------------------------------------------------------
+
+// ops::moe_experts on the CPU: out [m, H] += the routed experts of x [m, H].
+void cpu_moe_reference(std::vector<float>& x, std::vector<int32_t> ids, std::vector<float> wts, int K,
+                       std::span<const ms::ops::ExpertWeights> experts, std::vector<float>& out, int m, int H,
+                       int inter) {
+  const ms::ops::Ctx ctx = ms::ops::Ctx::cpu();
+  const auto scratch = ms::ops::MoeScratch::make(ms::ops::cpu_alloc(), m, K, static_cast<int>(experts.size()), H,
+                                                 inter);
+  ms::ops::moe_experts(ctx, ms::Tensor::borrow(x.data(), {m, H}, ms::DType::F32),
+                       ms::Tensor::borrow(ids.data(), {m, K}, ms::DType::I32),
+                       ms::Tensor::borrow(wts.data(), {m, K}, ms::DType::F32), experts,
+                       ms::Tensor::borrow(out.data(), {m, H}, ms::DType::F32), scratch);
+}
 
 ms::cuda::MoeRouteConfig to_gpu(const ms::moe::RouterConfig& c, const ms::moe::OeaConfig& o) {
   ms::cuda::MoeRouteConfig g;
@@ -651,9 +665,7 @@ void run_experts_case(const ExpertSet& xs, int m, int K, bool skewed, double emp
   for (auto& v : out0) v = nd(rng);
 
   std::vector<float> ref = out0;
-  ms::ops::MoeScratch scratch;
-  ms::ops::moe_experts(ms::Tensor::borrow(x.data(), {m, H}, ms::DType::F32), ids, wts, K, xs.cpu(),
-                       ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
+  cpu_moe_reference(x, ids, wts, K, xs.cpu(), ref, m, H, xs.inter());
   const auto got = run_experts_gpu(xs, x, ids, wts, out0, m, K, pad);
 
   // Same dequantised weights on both sides; what differs is f32 summation order, relative to the size of
@@ -739,10 +751,7 @@ TEST(CudaMoeExpertsUntouched, NullWeightsOfUntouchedExpertsAreNeverRead) {
   for (auto& v : x) v = nd(rng);
   for (auto& v : out0) v = nd(rng);
   std::vector<float> ref = out0;
-  ms::ops::MoeScratch scratch;
-  EXPECT_EQ(ms::ops::moe_experts(ms::Tensor::borrow(x.data(), {m, H}, ms::DType::F32), ids, wts, K, xs.cpu(),
-                                 ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch),
-            3);
+  cpu_moe_reference(x, ids, wts, K, xs.cpu(), ref, m, H, xs.inter());
   const auto got = run_experts_gpu(xs, x, ids, wts, out0, m, K);
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_TRUE(std::isfinite(got[i])) << i;

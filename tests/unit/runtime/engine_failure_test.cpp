@@ -5,6 +5,7 @@
 #include <new>
 #include <stdexcept>
 
+#include "test_executor.h"
 #include "core/error.h"
 #include "model/builtin_model.h"
 #include "runtime/engine.h"
@@ -125,17 +126,17 @@ INSTANTIATE_TEST_SUITE_P(AnyException, EngineStepFailure,
 // A block table that leaves a visible position without a page is refused before any kernel reads it.
 TEST(ModelForward, RefusesABlockTableWithAMissingPage) {
   auto m = builtin();
-  kv::KvPool pool(m->kv_pool_config(8, 8, kv::KvCacheDType::F32));
+  test::ExecPool pool(*m, 8, 8, kv::KvCacheDType::F32);
   std::vector<int32_t> pages;
   ASSERT_TRUE(pool.allocator().allocate(2, pages));
   std::vector<int32_t> ids(12, 3);
   kv::ForwardBatchBuilder bb(8);
   bb.add_sequence(pages, 0, ids.data(), 12, true);
   kv::ForwardBatch b = bb.finish();
-  EXPECT_NO_THROW(m->forward(b, pool));
+  EXPECT_NO_THROW(pool.forward(b));
   b.block_table[1] = -1;  // positions 8..11 are visible to the last token but have no page
   try {
-    m->forward(b, pool);
+    pool.forward(b);
     ADD_FAILURE() << "a block table with a hole was accepted";
   } catch (const Error& err) {
     EXPECT_NE(err.message().find("sequence 0 has no page for positions [8, 12)"), std::string::npos)

@@ -1,0 +1,186 @@
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/dsa_indexer/dsa_indexer.h"
+#include "kernels/cuda/kv_store/kv_store.h"
+#include "kernels/cuda/mla_attention/mla_absorb.h"
+#include "kernels/cuda/mla_attention/mla_attention.h"
+#include "ops/cuda/backend_impl.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace ms::ops::cuda_ops {
+
+namespace {
+
+cuda::KvFormat kv_format(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::F32:
+      return cuda::KvFormat::F32;
+    case DType::BF16:
+      return cuda::KvFormat::BF16;
+    case DType::F8_E4M3:
+      return cuda::KvFormat::FP8E4M3;
+    default:
+      MS_THROW("paged cache of dtype {}: the GPU reads f32, bf16 or fp8_e4m3 pages", dtype_name(t.dtype()));
+  }
+}
+
+cuda::PagedKvLayer kv_layer(const PagedCacheLayer& c) {
+  cuda::PagedKvLayer l;
+  l.data = c.data.raw();
+  l.format = kv_format(c.data);
+  l.scale = c.scale;
+  l.num_pages = static_cast<int>(c.data.size(0));
+  l.page_size = static_cast<int>(c.data.size(1));
+  l.width = static_cast<int>(c.data.size(2));
+  return l;
+}
+
+cuda::AttentionMetaDevice meta_device(const AttentionMeta& m) {
+  cuda::AttentionMetaDevice d;
+  d.token_seq = m.token_seq.data<int32_t>();
+  d.positions = m.positions.data<int32_t>();
+  d.block_table = m.block_table.data<int32_t>();
+  d.max_blocks = static_cast<int>(m.max_blocks);
+  d.seq_lens = m.seq_lens.numel() > 0 ? m.seq_lens.data<int32_t>() : nullptr;
+  d.n_seqs = static_cast<int>(m.n_seqs);
+  return d;
+}
+
+cuda::DenseWeightView dense_view(const LinearWeight& w) {
+  cuda::DenseWeightView d;
+  switch (w.format) {
+    case WeightFormat::F32:
+      d.format = cuda::DenseWeightFormat::F32;
+      break;
+    case WeightFormat::BF16:
+      d.format = cuda::DenseWeightFormat::BF16;
+      break;
+    case WeightFormat::FP8Block:
+      d.format = cuda::DenseWeightFormat::FP8Block;
+      break;
+    default:
+      MS_THROW("{}: the GPU's MLA absorption reads f32, bf16 or fp8-block kv_b_proj, not {}", w.name,
+               weight_format_name(w.format));
+  }
+  MS_CHECK(w.weight.device() == Device::CUDA, "{}: the weight is not on the GPU", w.name);
+  d.rows = w.out;
+  d.cols = w.in;
+  d.data = w.weight.raw();
+  d.scale = w.scale.numel() > 0 ? w.scale.data<float>() : nullptr;
+  d.block = w.block;
+  return d;
+}
+
+}  // namespace
+
+void cache_write(const Ctx& ctx, const Tensor& x, const PagedCacheLayer& cache, const AttentionMeta& meta) {
+  cuda::KvStoreParams p;
+  p.x = x.data<float>();
+  p.x_stride = x.stride(0);
+  p.slots = meta.slots.data<int64_t>();
+  p.m = x.size(0);
+  p.cache = cache.data.raw();
+  const cuda::KvFormat f = kv_format(cache.data);
+  p.format = f == cuda::KvFormat::F32    ? cuda::KvCacheFormat::F32
+             : f == cuda::KvFormat::BF16 ? cuda::KvCacheFormat::BF16
+                                         : cuda::KvCacheFormat::FP8E4M3;
+  p.scale = cache.scale;
+  p.num_pages = cache.data.size(0);
+  p.page_size = cache.data.size(1);
+  p.width = cache.data.size(2);
+  cuda::kv_store(p, cuda_stream(ctx));
+}
+
+void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64_t v,
+                  const Tensor& q_cat) {
+  cuda::MlaAbsorbQParams p;
+  p.q = q.data<float>();
+  p.kv_b = dense_view(kv_b);
+  p.q_cat = q_cat.data<float>();
+  p.m = static_cast<int>(q.size(0));
+  p.heads = static_cast<int>(q.size(1));
+  p.nope = static_cast<int>(nope);
+  p.rope = static_cast<int>(q.size(2) - nope);
+  p.v = static_cast<int>(v);
+  p.kv_lora_rank = static_cast<int>(kv_b.in);
+  cuda::mla_absorb_q(p, cuda_stream(ctx));
+}
+
+void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_t v,
+               const Tensor& out) {
+  cuda::MlaOutVParams p;
+  p.lat = lat.data<float>();
+  p.kv_b = dense_view(kv_b);
+  p.out = out.data<float>();
+  p.m = static_cast<int>(lat.size(0));
+  p.heads = static_cast<int>(lat.size(1));
+  p.nope = static_cast<int>(nope);
+  p.v = static_cast<int>(v);
+  p.kv_lora_rank = static_cast<int>(kv_b.in);
+  cuda::mla_out_v(p, cuda_stream(ctx));
+}
+
+void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache, const AttentionMeta& meta,
+                   const Tensor& topk, float softmax_scale, const Tensor& lat) {
+  CudaBackend::Impl& be = cuda_impl(ctx);
+  const cudaStream_t stream = cuda_stream(ctx);
+  const int m = static_cast<int>(q_cat.size(0)), heads = static_cast<int>(q_cat.size(1));
+  const int r = static_cast<int>(lat.size(2));
+  cuda::MlaAttentionShape s;
+  s.m = m;
+  s.heads = heads;
+  s.kv_lora_rank = r;
+  s.rope = static_cast<int>(q_cat.size(2)) - r;
+  s.page_size = static_cast<int>(cache.data.size(1));
+  s.format = kv_format(cache.data);
+  s.has_topk = topk.numel() > 0;
+  // The batch builder puts one token per sequence in sequence order when every sequence decodes.
+  s.decode_only = meta.m == meta.n_seqs;
+  s.n_seqs = static_cast<int>(meta.n_seqs);
+  const cuda::MlaAttentionConfig c = cuda::mla_attention_choose(s, be.caps);
+  cuda::MlaAttentionParams p;
+  p.q_cat = q_cat.data<float>();
+  p.kv = kv_layer(cache);
+  p.meta = meta_device(meta);
+  p.topk = s.has_topk ? topk.data<int32_t>() : nullptr;
+  p.topk_width = s.has_topk ? static_cast<int>(topk.size(1)) : 0;
+  p.lat = lat.data<float>();
+  p.m = m;
+  p.heads = heads;
+  p.kv_lora_rank = r;
+  p.softmax_scale = softmax_scale;
+  p.workspace = c.workspace_bytes ? be.attn_ws.get(c.workspace_bytes, stream) : nullptr;
+  cuda::mla_attention_plan(c, p, stream);
+  cuda::mla_attention(c, p, stream);
+}
+
+int64_t dsa_indexer_scratch_floats(int64_t max_keys) {
+  // Scores of up to 64 tokens per pass (a decode batch in one pass; prefill in passes of 64).
+  return static_cast<int64_t>(cuda::dsa_indexer_workspace_bytes(64, static_cast<int>(max_keys)) / 4);
+}
+
+void dsa_indexer(const Ctx& ctx, const Tensor& q, const Tensor& w, const PagedCacheLayer& keys,
+                 const AttentionMeta& meta, float softmax_scale, const Tensor& topk, const Tensor& scratch) {
+  cuda::DsaIndexerParams p;
+  p.q = q.data<float>();
+  p.w = w.data<float>();
+  p.keys = kv_layer(keys);
+  p.meta = meta_device(meta);
+  p.m = static_cast<int>(q.size(0));
+  p.heads = static_cast<int>(q.size(1));
+  p.dim = static_cast<int>(q.size(2));
+  p.softmax_scale = softmax_scale;
+  p.topk = static_cast<int>(topk.size(1));
+  p.out = topk.data<int32_t>();
+  // Fixed for the executor's context capacity (the same value in every captured graph); positions are
+  // below it by the engine's admission checks.
+  MS_CHECK(meta.max_keys > meta.max_position, "dsa_indexer: key capacity {} not above position {}",
+           meta.max_keys, meta.max_position);
+  p.max_keys = static_cast<int>(meta.max_keys);
+  p.workspace = scratch.raw();
+  p.workspace_bytes = scratch.nbytes();
+  cuda::dsa_indexer(p, cuda_stream(ctx));
+}
+
+}  // namespace ms::ops::cuda_ops
+#endif

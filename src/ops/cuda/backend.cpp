@@ -1,0 +1,111 @@
+#include "ops/cuda_backend.h"
+
+#include "core/error.h"
+#include "ops/cuda/backend_impl.h"
+
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/common/cuda_check.h"
+#endif
+
+namespace ms::ops {
+
+#if MOESERVE_HAVE_CUDA
+
+GrowBuffer::~GrowBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+void* GrowBuffer::get(size_t bytes, cudaStream_t stream) {
+  if (bytes <= size_) return ptr_;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  MS_CHECK(st == cudaStreamCaptureStatusNone,
+           "{}: {} bytes needed while a CUDA graph is being captured (have {}); the warm-up run before "
+           "capture must size it",
+           name_, bytes, size_);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (ptr_) CUDA_CHECK(cudaFree(ptr_));
+  ptr_ = nullptr;
+  const size_t want = (bytes + 255) / 256 * 256;
+  if (cudaMalloc(&ptr_, want) != cudaSuccess) {
+    cudaGetLastError();
+    size_ = 0;
+    ptr_ = nullptr;
+    MS_THROW("{}: cannot allocate {:.1f} MiB on the GPU", name_, want / 1048576.0);
+  }
+  size_ = want;
+  return ptr_;
+}
+
+CudaBackend::Impl::~Impl() {
+  for (auto& [k, p] : expert_tables) cudaFree(p);
+}
+
+CudaBackend::CudaBackend() {
+  const int n = cuda::device_count();
+  MS_CHECK(n > 0, "--device cuda: no CUDA device is visible (no driver, or CUDA_VISIBLE_DEVICES hides them)");
+  impl_ = std::make_unique<Impl>();
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  impl_->caps = cuda::query_device(dev);
+}
+
+CudaBackend::~CudaBackend() = default;
+
+Ctx CudaBackend::ctx(void* stream) {
+  Ctx c;
+  c.device = Device::CUDA;
+  c.stream = stream;
+  c.backend = this;
+  return c;
+}
+
+size_t CudaBackend::scratch_bytes() const {
+  const Impl& i = *impl_;
+  return i.linear_x.size() + i.linear_w.size() + i.gemv_ws.size() + i.attn_ws.size() + i.moe_act.size() +
+         i.moe_slot.size() + i.moe_plan.size() + i.route_aux.size();
+}
+
+std::string CudaBackend::device_name() const {
+  return impl_->caps.name;
+}
+
+CudaBackend::Impl& cuda_impl(const Ctx& ctx) {
+  MS_CHECK(ctx.device == Device::CUDA && ctx.backend != nullptr,
+           "a CUDA op ran without its backend (Ctx::backend is null)");
+  return static_cast<CudaBackend*>(ctx.backend)->impl();
+}
+
+bool cuda_backend_built() {
+  return true;
+}
+int cuda_device_count() {
+  return cuda::device_count();
+}
+
+#else
+
+struct CudaBackend::Impl {};
+CudaBackend::CudaBackend() {
+  MS_THROW("--device cuda: this build of moeserve has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
+}
+CudaBackend::~CudaBackend() = default;
+Ctx CudaBackend::ctx(void*) {
+  return Ctx{};
+}
+size_t CudaBackend::scratch_bytes() const {
+  return 0;
+}
+std::string CudaBackend::device_name() const {
+  return {};
+}
+bool cuda_backend_built() {
+  return false;
+}
+int cuda_device_count() {
+  return 0;
+}
+
+#endif
+
+}  // namespace ms::ops

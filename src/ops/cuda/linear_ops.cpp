@@ -1,0 +1,81 @@
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/linear.h"
+#include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
+#include "kernels/cuda/elementwise/pointwise.h"
+#include "ops/cuda/backend_impl.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace ms::ops::cuda_ops {
+
+cuda::DeviceWeight device_weight(const LinearWeight& w) {
+  MS_CHECK(w.weight.device() == Device::CUDA, "linear {}: the weight is not on the GPU", w.name);
+  cuda::DeviceWeight d;
+  d.format = static_cast<cuda::WeightFormat>(static_cast<uint8_t>(w.format));
+  d.rows = w.out;
+  d.cols = w.in;
+  d.data = w.weight.raw();
+  d.scale = w.scale.numel() > 0 ? w.scale.raw() : nullptr;
+  d.scale2 = w.scale2;
+  d.block = w.block;
+  return d;
+}
+
+namespace {
+
+// NVFP4 weights and a decode batch: the split-K tensor-core GEMV reads the packed weights once for all rows.
+bool use_nvfp4_gemv(const LinearWeight& w, int64_t m, int64_t row0, const Tensor& y) {
+  return w.format == WeightFormat::NVFP4 && m >= 1 && m <= cuda::kNvfp4GemvMaxM && row0 == 0 &&
+         y.size(1) == w.out && y.stride(0) == w.out && w.in % 32 == 0 &&
+         reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0;
+}
+
+}  // namespace
+
+void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t row0, const Tensor& y) {
+  CudaBackend::Impl& be = cuda_impl(ctx);
+  const cudaStream_t stream = cuda_stream(ctx);
+  const int64_t m = x.size(0), n = y.size(1), k = w.in;
+  if (m == 0) return;
+  if (use_nvfp4_gemv(w, m, row0, y)) {
+    auto* xb = static_cast<__nv_bfloat16*>(be.linear_x.get(static_cast<size_t>(m * k) * 2, stream));
+    cuda::CastBf16Params c;
+    c.x = x.data<float>();
+    c.x_stride = x.stride(0);
+    c.out = xb;
+    c.out_stride = k;
+    c.m = m;
+    c.n = k;
+    cuda::cast_f32_to_bf16(c, stream);
+    cuda::Nvfp4GemvParams p;
+    p.w = static_cast<const uint8_t*>(w.weight.raw());
+    p.w_scale = static_cast<const uint8_t*>(w.scale.raw());
+    p.w_scale2 = w.scale2;
+    p.x = xb;
+    p.y = y.data<float>();
+    p.m = static_cast<int>(m);
+    p.n = static_cast<int>(n);
+    p.k = static_cast<int>(k);
+    const size_t ws = cuda::nvfp4_gemv_workspace_bytes(p.m, p.n, p.k);
+    p.workspace = ws ? static_cast<float*>(be.gemv_ws.get(ws, stream)) : nullptr;
+    cuda::nvfp4_gemv(p, stream);
+    return;
+  }
+  cuda::LinearParams p;
+  p.x = x.data<float>();
+  p.x_stride = x.stride(0);
+  p.w = device_weight(w);
+  p.row0 = row0;
+  p.n = n;
+  p.y = y.data<float>();
+  p.y_stride = y.stride(0);
+  p.m = m;
+  const cuda::LinearPath path = cuda::linear_plan(p.w.format, m, n, k);
+  const cuda::LinearScratchBytes sb = cuda::linear_scratch_bytes(path, m, n, k);
+  if (sb.x_bytes) p.x_scratch = static_cast<__nv_bfloat16*>(be.linear_x.get(sb.x_bytes, stream));
+  if (sb.w_bytes) p.w_scratch = static_cast<__nv_bfloat16*>(be.linear_w.get(sb.w_bytes, stream));
+  cuda::linear(p, path, be.lt, stream);
+}
+
+}  // namespace ms::ops::cuda_ops
+#endif

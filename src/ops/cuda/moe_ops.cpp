@@ -1,0 +1,105 @@
+#if MOESERVE_HAVE_CUDA
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_plan.h"
+#include "ops/cuda/backend_impl.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace ms::ops::cuda_ops {
+
+namespace {
+
+// Tokens per pass through the grouped kernels: bounds the slot outputs ([tokens * top_k, hidden] f32) in
+// prefill, where thousands of tokens would otherwise need gigabytes.
+constexpr int64_t kMoeChunkTokens = 1024;
+
+// The device table of a layer's expert weights, built on first use (the eager warm-up before any capture)
+// and kept for the backend's lifetime.
+const cuda::MoeExpertWeights* expert_table(CudaBackend::Impl& be, std::span<const ExpertWeights> experts,
+                                           cudaStream_t stream) {
+  auto it = be.expert_tables.find(experts.data());
+  if (it != be.expert_tables.end()) return static_cast<const cuda::MoeExpertWeights*>(it->second);
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  MS_CHECK(st == cudaStreamCaptureStatusNone,
+           "moe_experts: the expert table of {} is built during graph capture; run the step once first",
+           experts.front().gate.name);
+  std::vector<cuda::MoeExpertWeights> host(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const ExpertWeights& w = experts[e];
+    auto scale = [](const LinearWeight& l) { return l.scale.numel() > 0 ? l.scale.raw() : nullptr; };
+    host[e] = {w.gate.weight.raw(), scale(w.gate), w.up.weight.raw(), scale(w.up), w.down.weight.raw(),
+               scale(w.down), w.gate.scale2, w.up.scale2, w.down.scale2, 0.f};
+  }
+  void* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, host.size() * sizeof(cuda::MoeExpertWeights)));
+  CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(cuda::MoeExpertWeights), cudaMemcpyHostToDevice));
+  be.expert_tables.emplace(experts.data(), d);
+  return static_cast<const cuda::MoeExpertWeights*>(d);
+}
+
+}  // namespace
+
+void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                 std::span<const ExpertWeights> experts, const Tensor& out) {
+  CudaBackend::Impl& be = cuda_impl(ctx);
+  const cudaStream_t stream = cuda_stream(ctx);
+  const ExpertWeights& e0 = experts.front();
+  for (const ExpertWeights& e : experts)
+    MS_CHECK(e.gate.format == e0.gate.format && e.up.format == e0.gate.format && e.down.format == e0.gate.format,
+             "moe_experts: expert {} is stored as {}, expert 0 as {}; the GPU kernels take one format per layer",
+             e.gate.name, weight_format_name(e.gate.format), weight_format_name(e0.gate.format));
+  const int64_t m = x.size(0), hidden = x.size(1), inter = e0.gate.out;
+  const int top_k = static_cast<int>(topk_ids.size(1)), n_experts = static_cast<int>(experts.size());
+  const cuda::MoeExpertWeights* table = expert_table(be, experts, stream);
+  const int64_t chunk = std::min(m, kMoeChunkTokens);
+  // Plan buffers: counts [E], offsets [E + 1], sorted slots [chunk * K], each 256-byte aligned.
+  const size_t a256 = 256;
+  auto up = [&](size_t b) { return (b + a256 - 1) / a256 * a256; };
+  const size_t counts_b = up(4 * static_cast<size_t>(n_experts)), offs_b = up(4 * (static_cast<size_t>(n_experts) + 1));
+  const size_t slots_b = up(4 * static_cast<size_t>(chunk) * top_k);
+  char* plan = static_cast<char*>(be.moe_plan.get(counts_b + offs_b + slots_b, stream));
+  auto* act = static_cast<float*>(
+      be.moe_act.get(cuda::moe_experts_act_bytes(static_cast<int>(chunk), top_k, static_cast<int>(inter)), stream));
+  auto* slot_out = static_cast<float*>(be.moe_slot.get(
+      cuda::moe_experts_slot_out_bytes(static_cast<int>(chunk), top_k, static_cast<int>(hidden)), stream));
+  for (int64_t t0 = 0; t0 < m; t0 += chunk) {
+    const int n = static_cast<int>(std::min(chunk, m - t0));
+    cuda::MoePlanParams pp;
+    pp.topk_ids = topk_ids.data<int32_t>() + t0 * top_k;
+    pp.expert_counts = reinterpret_cast<int32_t*>(plan);
+    pp.expert_offsets = reinterpret_cast<int32_t*>(plan + counts_b);
+    pp.sorted_slots = reinterpret_cast<int32_t*>(plan + counts_b + offs_b);
+    pp.m = n;
+    pp.top_k = top_k;
+    pp.n_experts = n_experts;
+    cuda::moe_plan(pp, stream);
+    cuda::MoeExpertsParams p;
+    p.x = x.data<float>() + t0 * x.stride(0);
+    p.ldx = x.stride(0);
+    p.topk_ids = pp.topk_ids;
+    p.topk_weights = topk_weights.data<float>() + t0 * top_k;
+    p.expert_counts = pp.expert_counts;
+    p.expert_offsets = pp.expert_offsets;
+    p.sorted_slots = pp.sorted_slots;
+    p.experts = table;
+    p.format = static_cast<cuda::MoeWeightFormat>(static_cast<int32_t>(e0.gate.format));
+    p.fp8_block = e0.gate.block;
+    p.act = act;
+    p.slot_out = slot_out;
+    p.out = out.data<float>() + t0 * out.stride(0);
+    p.ldo = out.stride(0);
+    p.m = n;
+    p.top_k = top_k;
+    p.n_experts = n_experts;
+    p.hidden = static_cast<int>(hidden);
+    p.inter = static_cast<int>(inter);
+    cuda::moe_experts(p, stream);
+  }
+}
+
+}  // namespace ms::ops::cuda_ops
+#endif

@@ -1,0 +1,41 @@
+// The CUDA backend of the ops: what an op on the GPU needs besides its stream (the cuBLASLt handle, the
+// device's limits read once, scratch buffers shared by the ops of one stream, the per-layer expert weight
+// tables). The CUDA executor owns one per device and points Ctx::backend at it. Free of CUDA types, so that
+// code above ops can hold one without including CUDA headers; every function throws a clear error in a build
+// without CUDA.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "ops/ctx.h"
+
+namespace ms::ops {
+
+class CudaBackend {
+ public:
+  // On the current CUDA device. Throws when the build has no CUDA backend or no device is visible.
+  CudaBackend();
+  ~CudaBackend();
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // A context whose ops run on this backend and `stream` (cudaStream_t; null: the default stream).
+  Ctx ctx(void* stream);
+  // Bytes of scratch the ops have asked for so far (they grow only outside graph capture).
+  size_t scratch_bytes() const;
+  std::string device_name() const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Whether this build has the CUDA backend, and how many CUDA devices are visible (0 without a driver).
+bool cuda_backend_built();
+int cuda_device_count();
+
+}  // namespace ms::ops

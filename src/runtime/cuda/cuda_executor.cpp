@@ -1,0 +1,258 @@
+#if MOESERVE_HAVE_CUDA
+#include "runtime/cuda/cuda_executor.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "ops/ops.h"
+#include "runtime/cuda/cuda_event_timer.h"
+#include "runtime/cuda/device_arena.h"
+#include "runtime/cuda/weight_upload.h"
+
+namespace ms::runtime::cuda {
+
+std::vector<int> cuda_graph_buckets(int max_bs) {
+  std::vector<int> b;
+  for (int s : {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512})
+    if (s <= max_bs) b.push_back(s);
+  if (max_bs > 0 && (b.empty() || b.back() < max_bs)) b.push_back(max_bs);
+  return b;
+}
+
+struct CudaExecutor::Impl {
+  ops::CudaBackend backend;
+  cudaStream_t stream = nullptr;
+  ops::Ctx ctx;
+  DeviceArena weights{"weights", 0}, kv{"KV pages", 0}, work{"workspace", 0};
+  std::unique_ptr<kv::KvPool> pool;
+  model::StepBuffers steps;
+  model::Workspace ws;
+  float* logits_host = nullptr;  // pinned [max_logit_rows, vocab]
+  std::vector<int> buckets;
+  int32_t graph_max_blocks = 0;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    Tensor logits;  // the workspace rows the graph writes
+  };
+  std::map<int, Graph> graphs;
+  kv::ForwardBatch padded;  // reused for graph steps
+  std::vector<uint8_t> padded_mask;
+
+  ~Impl() {
+    for (auto& [b, g] : graphs) cudaGraphExecDestroy(g.exec);
+    if (logits_host) cudaFreeHost(logits_host);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+namespace {
+
+ExecutorConfig resolved(const model::Model& m, ExecutorConfig c) {
+  MS_CHECK(c.page_size > 0, "--page-size must be positive, got {}", c.page_size);
+  MS_CHECK(c.max_tokens > 0 && c.max_seqs > 0, "executor: max tokens ({}) and sequences ({}) must be positive",
+           c.max_tokens, c.max_seqs);
+  if (c.max_context <= 0 || c.max_context > m.config().max_position_embeddings)
+    c.max_context = m.config().max_position_embeddings;
+  if (c.max_logit_rows <= 0) c.max_logit_rows = c.max_seqs;
+  if (c.kv_cache_dtype == kv::KvCacheDType::Auto) c.kv_cache_dtype = kv::KvCacheDType::BF16;
+  return c;
+}
+
+TensorAlloc arena_alloc(DeviceArena& a) {
+  return [&a](const Shape& shape, DType dtype) { return a.tensor(shape, dtype); };
+}
+
+}  // namespace
+
+CudaExecutor::CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, CudaExecutorOptions opt)
+    : cfg_(resolved(host_model, cfg)), opt_(opt), impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
+  I.ctx = I.backend.ctx(I.stream);
+  const io::ModelConfig& mc = host_model.config();
+
+  // Weights, in their stored formats; then a model over them with its RoPE tables on the device.
+  UploadStats up;
+  model::ModelWeights dw = upload_weights(host_model.weights(), I.weights, &up);
+  auto m = std::make_shared<model::Model>(mc, std::move(dw), host_model.options());
+  m->place_tables(I.ctx, arena_alloc(I.weights));
+  model_ = m;
+
+  // Step buffers and workspace.
+  I.graph_max_blocks = static_cast<int32_t>((cfg_.max_context + cfg_.page_size - 1) / cfg_.page_size);
+  model::StepLimits sl;
+  sl.max_tokens = cfg_.max_tokens;
+  sl.max_seqs = cfg_.max_seqs;
+  sl.max_logit_rows = cfg_.max_logit_rows;
+  sl.max_blocks = I.graph_max_blocks;
+  sl.max_keys = cfg_.max_context;
+  I.steps = model::StepBuffers(sl, arena_alloc(I.work));
+  model::WorkspaceLimits wl;
+  wl.max_tokens = cfg_.max_tokens;
+  wl.max_seqs = cfg_.max_seqs;
+  wl.max_logit_rows = cfg_.max_logit_rows;
+  wl.max_context = cfg_.max_context;
+  MS_CHECK(!model_->options().debug_cast_whole_pool,
+           "the planted whole-pool cast (MOESERVE_DEBUG_PLANT_POOL_CAST) is a CPU test switch; unset it for "
+           "--device cuda");
+  I.ws = model::Workspace::make(mc, wl, Device::CUDA, arena_alloc(I.work));
+
+  // KV pages: as many as the config asks, or (num_pages 0) what --mem-fraction-static leaves after the
+  // weights and the workspace.
+  const kv::KvPoolConfig probe = model_->kv_pool_config(1, cfg_.page_size, cfg_.kv_cache_dtype);
+  const double page_bytes = static_cast<double>(kv::KvPool::bytes_for(probe));
+  if (cfg_.num_pages <= 0) {
+    size_t free_b = 0, total_b = 0;
+    device_memory(free_b, total_b);
+    const double budget = opt_.mem_fraction_static * static_cast<double>(total_b) -
+                          static_cast<double>(I.weights.reserved() + I.work.reserved()) -
+                          512.0 * 1048576.0;  // cuBLASLt, scratch, graphs
+    const double usable = std::min(budget, static_cast<double>(free_b) - 1024.0 * 1048576.0);
+    MS_CHECK(usable >= page_bytes,
+             "--mem-fraction-static {}: {:.2f} GiB of {:.2f} GiB hold the weights ({:.2f} GiB) and the workspace "
+             "({:.2f} GiB) but leave no room for KV pages; raise the fraction or use more GPUs",
+             opt_.mem_fraction_static, opt_.mem_fraction_static * total_b / 1073741824.0, total_b / 1073741824.0,
+             I.weights.reserved() / 1073741824.0, I.work.reserved() / 1073741824.0);
+    cfg_.num_pages = static_cast<int32_t>(std::min(usable / page_bytes, 2.0e9));
+  }
+  I.pool = std::make_unique<kv::KvPool>(model_->kv_pool_config(cfg_.num_pages, cfg_.page_size, cfg_.kv_cache_dtype),
+                                        arena_alloc(I.kv));
+  // Pages start zeroed: a page tail no sequence has written yet holds finite values.
+  for (int l = 0; l < mc.num_hidden_layers; ++l) {
+    ops::fill_zero(I.ctx, I.pool->latent(l));
+    if (I.pool->index_keys(l).numel() > 0) ops::fill_zero(I.ctx, I.pool->index_keys(l));
+  }
+  CUDA_CHECK(cudaMallocHost(&I.logits_host,
+                            static_cast<size_t>(cfg_.max_logit_rows) * static_cast<size_t>(mc.vocab_size) * 4));
+  I.buckets = opt_.cuda_graphs ? cuda_graph_buckets(std::min<int>(opt_.cuda_graph_max_bs,
+                                                                  static_cast<int>(std::min(cfg_.max_seqs, cfg_.max_tokens))))
+                               : std::vector<int>{};
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  if (!opt_.quiet)
+    MS_LOG_INFO("cuda executor on {}: weights {:.2f} GiB, workspace {:.2f} GiB, KV {} pages of {} ({:.2f} GiB, {}), "
+                "graphs for decode batches up to {}",
+                I.backend.device_name(), I.weights.reserved() / 1073741824.0, I.work.reserved() / 1073741824.0,
+                cfg_.num_pages, cfg_.page_size, I.kv.reserved() / 1073741824.0,
+                kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), I.buckets.empty() ? 0 : I.buckets.back());
+}
+
+CudaExecutor::~CudaExecutor() {
+  if (impl_ && impl_->stream) cudaStreamSynchronize(impl_->stream);
+}
+
+KvCapacity CudaExecutor::kv_capacity() const {
+  const kv::KvPool& p = *impl_->pool;
+  return {p.config().num_pages, p.config().page_size, p.config().dtype, p.bytes()};
+}
+
+CudaExecutor::Memory CudaExecutor::memory() const {
+  return {impl_->weights.reserved(), impl_->kv.reserved(), impl_->work.reserved(), impl_->backend.scratch_bytes()};
+}
+
+std::unique_ptr<profiler::TimerBackend> CudaExecutor::make_timer() const {
+  return make_cuda_event_timer(impl_->stream);
+}
+
+Tensor CudaExecutor::logits_to_host(const Tensor& dev, int64_t rows) {
+  Impl& I = *impl_;
+  const int64_t vocab = model_->config().vocab_size;
+  if (rows > 0)
+    CUDA_CHECK(cudaMemcpyAsync(I.logits_host, dev.raw(), static_cast<size_t>(rows * vocab) * 4,
+                               cudaMemcpyDeviceToHost, I.stream));
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  return Tensor::borrow(I.logits_host, {rows, vocab}, DType::F32);
+}
+
+Tensor CudaExecutor::run_eager(const kv::ForwardBatch& b, const model::StepRouting& routing,
+                               profiler::OpSink* sink) {
+  Impl& I = *impl_;
+  const model::StepInputs in = I.steps.fill(I.ctx, b, routing.decode_tokens);
+  const Tensor logits = model_->forward(I.ctx, in, *I.pool, I.ws, routing, sink);
+  ++graphs_stats_.eager;
+  return logits_to_host(logits, in.n_logit_rows);
+}
+
+// A decode step padded to `bucket` rows: the padding rows are sequences of length 0 whose keys go nowhere
+// (slot -1), routed plainly (decode flag 0, so they never widen the OEA base set); their logits are dropped.
+Tensor CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting& routing, int bucket) {
+  Impl& I = *impl_;
+  const int n = b.n_tokens();
+  kv::ForwardBatch& p = I.padded;
+  p.token_ids.assign(b.token_ids.begin(), b.token_ids.end());
+  p.positions.assign(b.positions.begin(), b.positions.end());
+  p.token_seq.assign(b.token_seq.begin(), b.token_seq.end());
+  p.seq_lens.assign(b.seq_lens.begin(), b.seq_lens.end());
+  p.slot_mapping.assign(b.slot_mapping.begin(), b.slot_mapping.end());
+  p.token_ids.resize(bucket, 0);
+  p.positions.resize(bucket, 0);
+  p.seq_lens.resize(bucket, 0);
+  p.slot_mapping.resize(bucket, -1);
+  for (int i = n; i < bucket; ++i) p.token_seq.push_back(i);
+  p.max_blocks = I.graph_max_blocks;
+  p.block_table.assign(static_cast<size_t>(bucket) * p.max_blocks, -1);
+  for (int s = 0; s < b.n_seqs(); ++s)
+    std::copy_n(b.block_table.begin() + static_cast<int64_t>(s) * b.max_blocks, b.max_blocks,
+                p.block_table.begin() + static_cast<int64_t>(s) * p.max_blocks);
+  p.logit_rows.resize(bucket);
+  std::iota(p.logit_rows.begin(), p.logit_rows.end(), 0);
+  I.padded_mask.assign(bucket, 0);
+  std::fill_n(I.padded_mask.begin(), n, 1);
+  model::StepRouting r = routing;
+  r.decode_tokens = I.padded_mask;
+
+  const model::StepInputs in = I.steps.fill(I.ctx, p, r.decode_tokens);
+  auto it = I.graphs.find(bucket);
+  if (it == I.graphs.end()) {
+    // First step of this bucket: run it op by op (sizes every scratch buffer, builds the expert tables and
+    // cuBLASLt plans), then capture the same launches for the next steps.
+    const Tensor logits = model_->forward(I.ctx, in, *I.pool, I.ws, r, nullptr);
+    Tensor out = logits_to_host(logits, n);
+    ++graphs_stats_.eager;
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeThreadLocal));
+    Tensor captured;
+    try {
+      captured = model_->forward(I.ctx, in, *I.pool, I.ws, r, nullptr);
+    } catch (...) {
+      cudaStreamEndCapture(I.stream, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(I.stream, &g));
+    Impl::Graph graph;
+    const cudaError_t err = cudaGraphInstantiate(&graph.exec, g, 0);
+    cudaGraphDestroy(g);
+    if (err != cudaSuccess) MS_THROW("cudaGraphInstantiate for decode batch {}: {}", bucket, cudaGetErrorString(err));
+    graph.logits = captured;
+    I.graphs.emplace(bucket, graph);
+    ++graphs_stats_.captured;
+    return out;
+  }
+  CUDA_CHECK(cudaGraphLaunch(it->second.exec, I.stream));
+  ++graphs_stats_.replays;
+  return logits_to_host(it->second.logits, n);
+}
+
+Tensor CudaExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& routing, profiler::OpSink* sink) {
+  Impl& I = *impl_;
+  model_->check_batch(b, *I.pool, routing);
+  const int n = b.n_tokens();
+  bool graph = !I.buckets.empty() && sink == nullptr && routing.expert_stats == nullptr &&
+               !model_->options().indexer_probe && !model_->options().router_probe && n == b.n_seqs() &&
+               n <= I.buckets.back() && b.max_blocks <= I.graph_max_blocks &&
+               static_cast<int>(b.logit_rows.size()) == n &&
+               static_cast<int>(routing.decode_tokens.size()) == n &&
+               std::all_of(routing.decode_tokens.begin(), routing.decode_tokens.end(), [](uint8_t f) { return f; });
+  for (int i = 0; graph && i < n; ++i) graph = b.logit_rows[i] == i && b.token_seq[i] == i;
+  if (!graph) return run_eager(b, routing, sink);
+  const int bucket = *std::lower_bound(I.buckets.begin(), I.buckets.end(), n);
+  return run_graph(b, routing, bucket);
+}
+
+}  // namespace ms::runtime::cuda
+#endif

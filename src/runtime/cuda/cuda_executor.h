@@ -1,0 +1,77 @@
+// The CUDA executor: the model's weights on one GPU in their stored formats, the KV pages, the step buffers and
+// the Workspace in device memory allocated once, the ops' CUDA backend on one stream, and decode steps replayed
+// from CUDA graphs captured per batch-size bucket. Logits rows come back to pinned host memory for the
+// Engine's sampler.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/step_inputs.h"
+#include "model/workspace.h"
+#include "ops/cuda_backend.h"
+#include "profiler/timer.h"
+#include "runtime/executor.h"
+
+namespace ms::runtime::cuda {
+
+struct CudaExecutorOptions {
+  bool cuda_graphs = true;    // --disable-cuda-graph turns it off
+  int cuda_graph_max_bs = 64;  // --cuda-graph-max-bs: largest decode batch replayed from a graph
+  bool quiet = false;          // no load log lines
+  // With ExecutorConfig::num_pages 0: the share of the GPU's memory for weights, workspace and KV pages
+  // together (--mem-fraction-static); the KV pages take what the weights and the workspace leave.
+  double mem_fraction_static = 0.85;
+};
+
+// What graphs did, for tests and /metrics: a test proves capture happened (no silent fallback).
+struct GraphStats {
+  int64_t captured = 0;  // graphs captured (one per bucket)
+  int64_t replays = 0;   // steps run by replaying a graph
+  int64_t eager = 0;     // steps run op by op
+};
+
+class CudaExecutor final : public Executor {
+ public:
+  // Copies host_model's weights to the current GPU (progress bar, GB/s) and allocates everything the config
+  // asks for; refuses with what to change when it does not fit.
+  CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, CudaExecutorOptions opt = {});
+  ~CudaExecutor() override;
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::CUDA; }
+  KvCapacity kv_capacity() const override;
+  const model::Model& model() const override { return *model_; }
+  const ExecutorConfig& config() const override { return cfg_; }
+  Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
+             profiler::OpSink* sink = nullptr) override;
+
+  const GraphStats& graph_stats() const { return graphs_stats_; }
+  // The profiler's timer for this executor's stream (CUDA events).
+  std::unique_ptr<profiler::TimerBackend> make_timer() const;
+  // Device memory by role, bytes.
+  struct Memory {
+    size_t weights = 0, kv = 0, workspace = 0, scratch = 0;
+  };
+  Memory memory() const;
+
+  struct Impl;
+
+ private:
+  Tensor run_eager(const kv::ForwardBatch& b, const model::StepRouting& routing, profiler::OpSink* sink);
+  Tensor run_graph(const kv::ForwardBatch& b, const model::StepRouting& routing, int bucket);
+  Tensor logits_to_host(const Tensor& dev, int64_t rows);
+
+  ExecutorConfig cfg_;
+  CudaExecutorOptions opt_;
+  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<const model::Model> model_;
+  GraphStats graphs_stats_;
+};
+
+// Batch-size buckets a decode step is padded to for graph replay, up to max_bs.
+std::vector<int> cuda_graph_buckets(int max_bs);
+
+}  // namespace ms::runtime::cuda
