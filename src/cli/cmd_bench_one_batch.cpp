@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/device_options.h"
 #include "cli/synthetic_prompt.h"
 #include "core/error.h"
 #include "model/load_model.h"
@@ -22,6 +23,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct OneBatchOptions {
+  DeviceOptions dev;
   std::string model_dir, batch_sizes = "1,8,64", kv_dtype = "auto";
   int input_len = 128, output_len = 32, page_size = 64;
   bool json = false;
@@ -71,7 +73,8 @@ OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o,
   ec.max_prefill_tokens = static_cast<int32_t>(int64_t{batch} * o.input_len);
   ec.enable_prefix_cache = false;  // every step computes what it is timed for
   ec.max_context = cfg.max_position_embeddings;
-  runtime::Engine engine(lm.model, ec);
+  auto engine_ptr = make_engine(lm.model, ec, o.dev);
+  runtime::Engine& engine = *engine_ptr;
   for (int s = 0; s < batch; ++s) {
     runtime::Request r;
     r.prompt_ids = synthetic_prompt(s, o.input_len, cfg.vocab_size);
@@ -129,7 +132,12 @@ int run_bench_one_batch(const OneBatchOptions& o) {
            ctx);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   // Warm-up: first touches of the weights and the thread pool, not timed.
-  run_batch(lm, {o.model_dir, "1", o.kv_dtype, std::min(o.input_len, 16), 2, o.page_size, false}, 1);
+  OneBatchOptions warm = o;
+  warm.batch_sizes = "1";
+  warm.input_len = std::min(o.input_len, 16);
+  warm.output_len = 2;
+  warm.json = false;
+  run_batch(lm, warm, 1);
   std::vector<OneBatchResult> results;
   for (int b : batches) {
     results.push_back(run_batch(lm, o, b));
@@ -167,6 +175,7 @@ Registration reg(
     "Time the engine without HTTP: prefill latency, median decode step and tokens/s per batch size",
     [](CLI::App& sub) {
       auto o = std::make_shared<OneBatchOptions>();
+      add_device_options(sub, o->dev);
       sub.add_option("--model", o->model_dir,
                      "Hugging Face checkpoint directory (default: the built-in model)");
       sub.add_option("--batch-size", o->batch_sizes, "Batch sizes, comma-separated")->capture_default_str();

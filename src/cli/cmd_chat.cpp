@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/device_options.h"
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "tokenizer/incremental_detokenizer.h"
@@ -18,6 +19,7 @@ namespace ms::cli {
 namespace {
 
 struct ChatOptions {
+  DeviceOptions dev;
   std::string model_dir, chat_template, kv_dtype = "auto", system;
   int max_tokens = 64, top_k = 0, page_size = 64;
   float temperature = 0.0f, top_p = 1.0f;
@@ -43,7 +45,8 @@ int run_chat(const ChatOptions& o) {
   model::LoadedModel lm = model::load_model(o.model_dir);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   const int64_t ctx = lm.model->config().max_position_embeddings;
-  runtime::Engine engine(lm.model, engine_config_for(lm, o.kv_dtype, ctx, o.page_size));
+  auto engine_ptr = make_engine(lm.model, engine_config_for(lm, o.kv_dtype, ctx, o.page_size), o.dev);
+  runtime::Engine& engine = *engine_ptr;
 
   const bool tty = isatty(STDIN_FILENO) != 0;
   if (tty) std::fprintf(stderr, "(one message per line; Ctrl-D ends the chat)\n");
@@ -91,6 +94,7 @@ Registration reg(
     "chat", "Chat in the terminal through the model's chat template (one message per line)",
     [](CLI::App& app) {
       auto o = std::make_shared<ChatOptions>();
+      add_device_options(app, o->dev);
       app.add_option("--model", o->model_dir,
                      "Checkpoint directory (Hugging Face layout); default: the built-in model");
       app.add_option("--chat-template", o->chat_template,

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/device_options.h"
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "tokenizer/incremental_detokenizer.h"
@@ -32,6 +33,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }
 
 struct GenerateOptions {
+  DeviceOptions dev;
   std::string model_dir, prompt, prompt_ids, kv_dtype = "auto";
   int max_tokens = 32, top_k = 0, page_size = 64, oea_k0 = 0, oea_kmax = 0;
   float temperature = 0.0f, top_p = 1.0f;
@@ -64,7 +66,8 @@ int run_generate(const GenerateOptions& o) {
       engine_config_for(lm, o.kv_dtype, static_cast<int64_t>(ids.size()) + o.max_tokens, o.page_size);
   if (o.oea_kmax > 0 && o.oea_k0 <= 0) MS_THROW("--oea-kmax needs --oea-k0");
   if (o.oea_k0 > 0) ec.oea = moe::OeaConfig{true, o.oea_k0, o.oea_kmax};
-  runtime::Engine engine(lm.model, ec);
+  auto engine_ptr = make_engine(lm.model, ec, o.dev);
+  runtime::Engine& engine = *engine_ptr;
   runtime::Request r;
   r.prompt_ids = ids;
   r.max_tokens = o.max_tokens;
@@ -99,6 +102,7 @@ int run_generate(const GenerateOptions& o) {
 Registration reg(
     "generate", "Generate a continuation of one prompt (built-in model without --model)", [](CLI::App& app) {
       auto o = std::make_shared<GenerateOptions>();
+      add_device_options(app, o->dev);
       app.add_option("--model", o->model_dir,
                      "Checkpoint directory (Hugging Face layout); default: the built-in model");
       app.add_option("--prompt", o->prompt, "Prompt text (needs the model's tokenizer.json)");

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "cli/command.h"
+#include "cli/device_options.h"
 #include "cli/synthetic_prompt.h"
 #include "core/error.h"
 #include "model/load_model.h"
@@ -21,6 +22,7 @@ namespace ms::cli {
 namespace {
 
 struct ProfileCliOptions {
+  DeviceOptions dev;
   std::string model_dir, trace, ceilings, kv_dtype = "auto";
   int batch = 1, context = 128, steps = 10, warmup = 2, prefill_tokens = 0, page_size = 64;
   int64_t kv_cache_tokens = 0;
@@ -80,7 +82,8 @@ int run_profile(const ProfileCliOptions& o) {
   const int64_t fill = std::min<int64_t>(static_cast<int64_t>(o.batch) * o.context, kMaxPrefillStep);
   ec.max_prefill_tokens = static_cast<int32_t>(std::max<int64_t>({fill, o.prefill_tokens, o.batch}));
   ec.max_context = cfg.max_position_embeddings;
-  runtime::Engine engine(lm.model, ec);
+  auto engine_ptr = make_engine(lm.model, ec, o.dev);
+  runtime::Engine& engine = *engine_ptr;
 
   profiler::ProfileController ctl(profiler::ProfileControllerOptions{ceilings, {}, {}});
   engine.set_step_hook(&ctl);
@@ -159,6 +162,7 @@ Registration reg(
     "profile", "Time decode steps op by op against this machine's roofline (built-in model without --model)",
     [](CLI::App& app) {
       auto o = std::make_shared<ProfileCliOptions>();
+      add_device_options(app, o->dev);
       app.add_option("--model", o->model_dir,
                      "Checkpoint directory (Hugging Face layout); default: the built-in model");
       app.add_option("--batch", o->batch, "Sequences decoding together")->capture_default_str();

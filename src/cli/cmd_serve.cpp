@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/device_options.h"
 #include "cli/http_serve.h"
 #include "cli/text_model.h"
 #include "core/error.h"
@@ -20,11 +21,13 @@ namespace {
 
 struct ServeOptions {
   HttpServeOptions http;
+  DeviceOptions dev;
+  bool expert_stats = false;
   std::string model_dir, chat_template, kv_dtype = "auto";
   int max_running = 64, max_prefill_tokens = 4096, page_size = 64, oea_k0 = 0, oea_kmax = 0;
   bool disable_prefix_cache = false;
   int64_t kv_cache_tokens = 0, context_length = 0;
-  double mem_fraction = 0.5;
+  double mem_fraction = 0;  // 0: the device's default
 };
 
 std::string curl_example(const server::ServerConfig& sc, int port, const std::string& model) {
@@ -68,24 +71,30 @@ int run_serve(const ServeOptions& o) {
   ec.enable_prefix_cache = !o.disable_prefix_cache;
   MS_CHECK(o.oea_kmax == 0 || o.oea_k0 > 0, "--oea-kmax needs --oea-k0");
   if (o.oea_k0 > 0) ec.oea = moe::OeaConfig{true, o.oea_k0, o.oea_kmax};
-  ec.expert_stats = true;  // the distinct-experts histograms of /metrics
+  const bool gpu = resolve_device(o.dev) == "cuda";
+  // The distinct-experts histograms of /metrics read each layer's routing back to the host: on the CPU that
+  // costs nothing; on the GPU it syncs every layer and keeps decode steps out of CUDA graphs, so it is asked
+  // for there (--expert-stats).
+  ec.expert_stats = !gpu || o.expert_stats;
   ec.max_context = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings)
                                         : cfg.max_position_embeddings;
   if (o.kv_cache_tokens > 0) {
     ec.kv_cache_tokens = o.kv_cache_tokens;
+  } else if (gpu) {
+    ec.kv_cache_tokens = 0;  // the CUDA executor sizes the pages from the GPU's memory
   } else {
     // Measured after the weights are in memory, so the fraction is of what is left for the cache.
-    const runtime::KvBudget kb =
-        runtime::kv_budget_from_memory(runtime::available_memory_bytes(), o.mem_fraction,
-                                       runtime::kv_bytes_per_token(*lm.model, ec.kv_cache_dtype, o.page_size),
-                                       o.page_size, static_cast<int64_t>(o.max_running) * ec.max_context);
+    const runtime::KvBudget kb = runtime::kv_budget_from_memory(
+        runtime::available_memory_bytes(), o.mem_fraction > 0 ? o.mem_fraction : 0.5,
+        runtime::kv_bytes_per_token(*lm.model, ec.kv_cache_dtype, o.page_size), o.page_size,
+        static_cast<int64_t>(o.max_running) * ec.max_context);
     ec.kv_cache_tokens = kb.tokens;
     MS_LOG_INFO("KV cache: {} tokens x {} bytes = {} MiB ({} of {} MiB available{})", kb.tokens,
                 kb.bytes_per_token, (static_cast<size_t>(kb.tokens) * kb.bytes_per_token) >> 20,
-                o.mem_fraction, kb.available_bytes >> 20,
+                o.mem_fraction > 0 ? o.mem_fraction : 0.5, kb.available_bytes >> 20,
                 kb.capped ? "; capped at max running requests x context" : "");
   }
-  parts.engine = std::make_unique<runtime::Engine>(lm.model, ec);
+  parts.engine = make_engine(lm.model, ec, o.dev, o.mem_fraction > 0 ? o.mem_fraction : 0.85);
   parts.model_name = o.model_dir.empty() ? std::string("builtin") : o.model_dir;
   server::EngineBackend backend(std::move(parts));
   const std::string name =
@@ -101,6 +110,10 @@ Registration reg("serve", "OpenAI-compatible HTTP server on a model (the built-i
                  [](CLI::App& sub) {
                    auto o = std::make_shared<ServeOptions>();
                    add_http_serve_options(sub, o->http);
+                   add_device_options(sub, o->dev);
+                   sub.add_flag("--expert-stats", o->expert_stats,
+                                "On the GPU, record distinct experts per MoE layer for /metrics (syncs every "
+                                "layer and runs decode without CUDA graphs; always on for the CPU)");
                    sub.add_option("--model", o->model_dir,
                                   "Hugging Face checkpoint directory (default: the built-in model)");
                    sub.add_option("--chat-template", o->chat_template,
@@ -113,8 +126,10 @@ Registration reg("serve", "OpenAI-compatible HTTP server on a model (the built-i
                        ->capture_default_str();
                    sub.add_option("--page-size", o->page_size, "Tokens per KV page")->capture_default_str();
                    sub.add_option("--mem-fraction-static", o->mem_fraction,
-                                  "KV cache size as a fraction of the memory available after the weights "
-                                  "are loaded (capped at max running requests x context)")
+                                  "CPU: the KV cache's share of the memory available after the weights are "
+                                  "loaded (default 0.5); GPU: the share of the GPU's memory for weights, "
+                                  "workspace and KV cache together (default 0.85). Capped at max running "
+                                  "requests x context")
                        ->capture_default_str();
                    sub.add_option("--kv-cache-tokens", o->kv_cache_tokens,
                                   "KV cache size in tokens (overrides --mem-fraction-static)");

@@ -20,8 +20,10 @@ cuda::MoeRouteConfig to_gpu(const RouterConfig& c, const OeaConfig& o, bool use_
   g.use_correction_bias = use_bias;
   g.norm_topk_prob = c.norm_topk_prob;
   g.routed_scaling_factor = c.routed_scaling_factor;
-  g.group_score = c.group_score == GroupScore::Top2Sum ? cuda::MoeGroupScore::Top2Sum : cuda::MoeGroupScore::Max;
-  g.masked_fill = c.masked_fill == MaskedFill::NegInf ? cuda::MoeMaskedFill::NegInf : cuda::MoeMaskedFill::Zero;
+  g.group_score =
+      c.group_score == GroupScore::Top2Sum ? cuda::MoeGroupScore::Top2Sum : cuda::MoeGroupScore::Max;
+  g.masked_fill =
+      c.masked_fill == MaskedFill::NegInf ? cuda::MoeMaskedFill::NegInf : cuda::MoeMaskedFill::Zero;
   g.oea_enabled = o.enabled;
   g.oea_k0 = o.k0;
   g.oea_kmax = o.kmax;
@@ -37,8 +39,9 @@ void route_step_cuda(const ops::Ctx& ctx, const RouterConfig& cfg, const OeaConf
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
   const bool bias = cfg.use_correction_bias && correction_bias.numel() > 0;
   const bool has_mask = decode_mask.numel() > 0;
-  MS_CHECK(base_set_scratch.numel() >= cfg.n_experts, "moe_route: base-set scratch {} holds fewer than {} experts",
-           base_set_scratch.desc(), cfg.n_experts);
+  MS_CHECK(base_set_scratch.numel() >= cfg.n_experts,
+           "moe_route: base-set scratch {} holds fewer than {} experts", base_set_scratch.desc(),
+           cfg.n_experts);
   cuda::MoeRouteParams p;
   p.logits = logits.data<float>();
   p.ld_logits = logits.stride(0);

@@ -46,7 +46,8 @@ void route_step(const ops::Ctx& ctx, const RouterConfig& cfg, const OeaConfig& o
     if (decode_mask.numel() > 0)
       MS_CHECK(decode_mask.dtype() == DType::U8 && decode_mask.numel() == m && decode_mask.is_contiguous(),
                "moe_route: decode mask must be u8 [{}], got {}", m, decode_mask.desc());
-    MS_CHECK(s.decode_weights.numel() >= static_cast<int64_t>(m) * K, "moe_route: scratch sized for fewer than {} tokens", m);
+    MS_CHECK(s.decode_weights.numel() >= static_cast<int64_t>(m) * K,
+             "moe_route: scratch sized for fewer than {} tokens", m);
     route_step_cuda(ctx, rc, oea, logits, correction_bias, decode_mask, topk_ids, topk_weights,
                     want_plain ? plain_ids : Tensor(), s.decode_weights, s.base_set);
     return;

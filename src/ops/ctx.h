@@ -12,7 +12,8 @@ namespace ms::ops {
 struct Ctx {
   Device device = Device::CPU;
   void* stream = nullptr;  // cudaStream_t on CUDA (every launch of a step goes to it); unused on the CPU
-  void* backend = nullptr;  // ops::CudaBackend on CUDA (cuBLASLt handle, device limits, scratch); unused on the CPU
+  void* backend =
+      nullptr;  // ops::CudaBackend on CUDA (cuBLASLt handle, device limits, scratch); unused on the CPU
 
   static Ctx cpu() { return Ctx{}; }
 };
@@ -33,7 +34,7 @@ void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes);
 // The dispatch point of an entry point: on a CUDA context, runs `call` (the op's CUDA branch, ops/cuda/) and
 // returns; on the CPU, falls through to the CPU kernel.
 #if MOESERVE_HAVE_CUDA
-#define MS_OPS_ON_CUDA(ctx, call)            \
+#define MS_OPS_ON_CUDA(ctx, call)           \
   if ((ctx).device == ::ms::Device::CUDA) { \
     call;                                   \
     return;                                 \

@@ -26,6 +26,9 @@ class CudaBackend {
   // Bytes of scratch the ops have asked for so far (they grow only outside graph capture).
   size_t scratch_bytes() const;
   std::string device_name() const;
+  // --attention-backend: "auto" (the chooser decides), "mla_general" (never the fp8 decode kernel) or
+  // "mla_fp8_decode" (that kernel for every decode step; refused at launch where it cannot run).
+  void set_attention_kernel(const std::string& k);
 
   struct Impl;
   Impl& impl() { return *impl_; }

@@ -13,8 +13,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -83,8 +83,8 @@ void cpu_moe_reference(std::vector<float>& x, std::vector<int32_t> ids, std::vec
                        std::span<const ms::ops::ExpertWeights> experts, std::vector<float>& out, int m, int H,
                        int inter) {
   const ms::ops::Ctx ctx = ms::ops::Ctx::cpu();
-  const auto scratch = ms::ops::MoeScratch::make(ms::ops::cpu_alloc(), m, K, static_cast<int>(experts.size()), H,
-                                                 inter);
+  const auto scratch =
+      ms::ops::MoeScratch::make(ms::ops::cpu_alloc(), m, K, static_cast<int>(experts.size()), H, inter);
   ms::ops::moe_experts(ctx, ms::Tensor::borrow(x.data(), {m, H}, ms::DType::F32),
                        ms::Tensor::borrow(ids.data(), {m, K}, ms::DType::I32),
                        ms::Tensor::borrow(wts.data(), {m, K}, ms::DType::F32), experts,

@@ -120,8 +120,8 @@ void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int6
   cuda::mla_out_v(p, cuda_stream(ctx));
 }
 
-void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache, const AttentionMeta& meta,
-                   const Tensor& topk, float softmax_scale, const Tensor& lat) {
+void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache,
+                   const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat) {
   CudaBackend::Impl& be = cuda_impl(ctx);
   const cudaStream_t stream = cuda_stream(ctx);
   const int m = static_cast<int>(q_cat.size(0)), heads = static_cast<int>(q_cat.size(1));
@@ -135,7 +135,7 @@ void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& c
   s.format = kv_format(cache.data);
   s.has_topk = topk.numel() > 0;
   // The batch builder puts one token per sequence in sequence order when every sequence decodes.
-  s.decode_only = meta.m == meta.n_seqs;
+  s.decode_only = meta.m == meta.n_seqs && be.attention_kernel != "mla_general";
   s.n_seqs = static_cast<int>(meta.n_seqs);
   const cuda::MlaAttentionConfig c = cuda::mla_attention_choose(s, be.caps);
   cuda::MlaAttentionParams p;

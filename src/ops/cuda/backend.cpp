@@ -5,6 +5,7 @@
 
 #if MOESERVE_HAVE_CUDA
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/mla_decode/mla_decode_config.h"
 #endif
 
 namespace ms::ops {
@@ -70,6 +71,13 @@ std::string CudaBackend::device_name() const {
   return impl_->caps.name;
 }
 
+void CudaBackend::set_attention_kernel(const std::string& k) {
+  MS_CHECK(k == "auto" || k == "mla_general" || k == "mla_fp8_decode",
+           "attention backend '{}' is not one of auto, mla_general, mla_fp8_decode", k);
+  if (k == "mla_fp8_decode") cuda::check_fit(impl_->caps, cuda::mla_decode_config::need());
+  impl_->attention_kernel = k;
+}
+
 CudaBackend::Impl& cuda_impl(const Ctx& ctx) {
   MS_CHECK(ctx.device == Device::CUDA && ctx.backend != nullptr,
            "a CUDA op ran without its backend (Ctx::backend is null)");
@@ -99,6 +107,7 @@ size_t CudaBackend::scratch_bytes() const {
 std::string CudaBackend::device_name() const {
   return {};
 }
+void CudaBackend::set_attention_kernel(const std::string&) {}
 bool cuda_backend_built() {
   return false;
 }

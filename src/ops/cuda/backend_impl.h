@@ -40,11 +40,14 @@ struct CudaBackend::Impl {
   GrowBuffer route_aux{"routing scratch"};
   // Device tables of expert weight pointers, one per MoE layer, keyed by the layer's experts array.
   std::map<const void*, void*> expert_tables;
+  std::string attention_kernel = "auto";
   ~Impl();
 };
 
 CudaBackend::Impl& cuda_impl(const Ctx& ctx);
-inline cudaStream_t cuda_stream(const Ctx& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+inline cudaStream_t cuda_stream(const Ctx& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
 
 }  // namespace ms::ops
 #endif

@@ -1,8 +1,8 @@
 #if MOESERVE_HAVE_CUDA
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/elementwise/pointwise.h"
 #include "kernels/cuda/gemm/linear.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
-#include "kernels/cuda/elementwise/pointwise.h"
 #include "ops/cuda/backend_impl.h"
 #include "ops/cuda/cuda_ops.h"
 

@@ -31,12 +31,13 @@ const cuda::MoeExpertWeights* expert_table(CudaBackend::Impl& be, std::span<cons
   for (size_t e = 0; e < experts.size(); ++e) {
     const ExpertWeights& w = experts[e];
     auto scale = [](const LinearWeight& l) { return l.scale.numel() > 0 ? l.scale.raw() : nullptr; };
-    host[e] = {w.gate.weight.raw(), scale(w.gate), w.up.weight.raw(), scale(w.up), w.down.weight.raw(),
-               scale(w.down), w.gate.scale2, w.up.scale2, w.down.scale2, 0.f};
+    host[e] = {w.gate.weight.raw(), scale(w.gate), w.up.weight.raw(), scale(w.up),   w.down.weight.raw(),
+               scale(w.down),       w.gate.scale2, w.up.scale2,       w.down.scale2, 0.f};
   }
   void* d = nullptr;
   CUDA_CHECK(cudaMalloc(&d, host.size() * sizeof(cuda::MoeExpertWeights)));
-  CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(cuda::MoeExpertWeights), cudaMemcpyHostToDevice));
+  CUDA_CHECK(
+      cudaMemcpy(d, host.data(), host.size() * sizeof(cuda::MoeExpertWeights), cudaMemcpyHostToDevice));
   be.expert_tables.emplace(experts.data(), d);
   return static_cast<const cuda::MoeExpertWeights*>(d);
 }
@@ -49,9 +50,10 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
   const cudaStream_t stream = cuda_stream(ctx);
   const ExpertWeights& e0 = experts.front();
   for (const ExpertWeights& e : experts)
-    MS_CHECK(e.gate.format == e0.gate.format && e.up.format == e0.gate.format && e.down.format == e0.gate.format,
-             "moe_experts: expert {} is stored as {}, expert 0 as {}; the GPU kernels take one format per layer",
-             e.gate.name, weight_format_name(e.gate.format), weight_format_name(e0.gate.format));
+    MS_CHECK(
+        e.gate.format == e0.gate.format && e.up.format == e0.gate.format && e.down.format == e0.gate.format,
+        "moe_experts: expert {} is stored as {}, expert 0 as {}; the GPU kernels take one format per layer",
+        e.gate.name, weight_format_name(e.gate.format), weight_format_name(e0.gate.format));
   const int64_t m = x.size(0), hidden = x.size(1), inter = e0.gate.out;
   const int top_k = static_cast<int>(topk_ids.size(1)), n_experts = static_cast<int>(experts.size());
   const cuda::MoeExpertWeights* table = expert_table(be, experts, stream);
@@ -59,11 +61,12 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
   // Plan buffers: counts [E], offsets [E + 1], sorted slots [chunk * K], each 256-byte aligned.
   const size_t a256 = 256;
   auto up = [&](size_t b) { return (b + a256 - 1) / a256 * a256; };
-  const size_t counts_b = up(4 * static_cast<size_t>(n_experts)), offs_b = up(4 * (static_cast<size_t>(n_experts) + 1));
+  const size_t counts_b = up(4 * static_cast<size_t>(n_experts)),
+               offs_b = up(4 * (static_cast<size_t>(n_experts) + 1));
   const size_t slots_b = up(4 * static_cast<size_t>(chunk) * top_k);
   char* plan = static_cast<char*>(be.moe_plan.get(counts_b + offs_b + slots_b, stream));
-  auto* act = static_cast<float*>(
-      be.moe_act.get(cuda::moe_experts_act_bytes(static_cast<int>(chunk), top_k, static_cast<int>(inter)), stream));
+  auto* act = static_cast<float*>(be.moe_act.get(
+      cuda::moe_experts_act_bytes(static_cast<int>(chunk), top_k, static_cast<int>(inter)), stream));
   auto* slot_out = static_cast<float*>(be.moe_slot.get(
       cuda::moe_experts_slot_out_bytes(static_cast<int>(chunk), top_k, static_cast<int>(hidden)), stream));
   for (int64_t t0 = 0; t0 < m; t0 += chunk) {

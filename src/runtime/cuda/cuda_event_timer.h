@@ -1,6 +1,6 @@
-// The profiler's timer on a GPU: a CUDA event recorded on the executor's stream per marker, resolved after the
-// step against an epoch event (profiled steps run without graphs, so every op's launches sit between its two
-// markers).
+// The profiler's timer on a GPU: a CUDA event recorded on the executor's stream per marker, resolved after
+// the step against an epoch event (profiled steps run without graphs, so every op's launches sit between its
+// two markers).
 #pragma once
 
 #include <memory>

@@ -54,8 +54,8 @@ namespace {
 
 ExecutorConfig resolved(const model::Model& m, ExecutorConfig c) {
   MS_CHECK(c.page_size > 0, "--page-size must be positive, got {}", c.page_size);
-  MS_CHECK(c.max_tokens > 0 && c.max_seqs > 0, "executor: max tokens ({}) and sequences ({}) must be positive",
-           c.max_tokens, c.max_seqs);
+  MS_CHECK(c.max_tokens > 0 && c.max_seqs > 0,
+           "executor: max tokens ({}) and sequences ({}) must be positive", c.max_tokens, c.max_seqs);
   if (c.max_context <= 0 || c.max_context > m.config().max_position_embeddings)
     c.max_context = m.config().max_position_embeddings;
   if (c.max_logit_rows <= 0) c.max_logit_rows = c.max_seqs;
@@ -74,6 +74,17 @@ CudaExecutor::CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, C
   Impl& I = *impl_;
   CUDA_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
   I.ctx = I.backend.ctx(I.stream);
+  I.backend.set_attention_kernel(opt_.attention_kernel);
+  if (opt_.attention_kernel == "mla_fp8_decode") {
+    const io::ModelConfig& c = host_model.config();
+    MS_CHECK(
+        cfg_.kv_cache_dtype == kv::KvCacheDType::FP8E4M3 && c.kv_lora_rank == 512 &&
+            c.qk_rope_head_dim == 64 && cfg_.page_size == 64,
+        "--attention-backend mla_fp8_decode reads fp8_e4m3 pages of 64 tokens x (512 + 64) values; this run "
+        "has {} pages of {} x ({} + {}): use --kv-cache-dtype fp8_e4m3 --page-size 64, or "
+        "--attention-backend auto",
+        kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), cfg_.page_size, c.kv_lora_rank, c.qk_rope_head_dim);
+  }
   const io::ModelConfig& mc = host_model.config();
 
   // Weights, in their stored formats; then a model over them with its RoPE tables on the device.
@@ -113,32 +124,37 @@ CudaExecutor::CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, C
                           static_cast<double>(I.weights.reserved() + I.work.reserved()) -
                           512.0 * 1048576.0;  // cuBLASLt, scratch, graphs
     const double usable = std::min(budget, static_cast<double>(free_b) - 1024.0 * 1048576.0);
-    MS_CHECK(usable >= page_bytes,
-             "--mem-fraction-static {}: {:.2f} GiB of {:.2f} GiB hold the weights ({:.2f} GiB) and the workspace "
-             "({:.2f} GiB) but leave no room for KV pages; raise the fraction or use more GPUs",
-             opt_.mem_fraction_static, opt_.mem_fraction_static * total_b / 1073741824.0, total_b / 1073741824.0,
-             I.weights.reserved() / 1073741824.0, I.work.reserved() / 1073741824.0);
+    MS_CHECK(
+        usable >= page_bytes,
+        "--mem-fraction-static {}: {:.2f} GiB of {:.2f} GiB hold the weights ({:.2f} GiB) and the workspace "
+        "({:.2f} GiB) but leave no room for KV pages; raise the fraction or use more GPUs",
+        opt_.mem_fraction_static, opt_.mem_fraction_static * total_b / 1073741824.0, total_b / 1073741824.0,
+        I.weights.reserved() / 1073741824.0, I.work.reserved() / 1073741824.0);
     cfg_.num_pages = static_cast<int32_t>(std::min(usable / page_bytes, 2.0e9));
+    if (opt_.max_pages > 0)
+      cfg_.num_pages = static_cast<int32_t>(std::min<int64_t>(cfg_.num_pages, opt_.max_pages));
   }
-  I.pool = std::make_unique<kv::KvPool>(model_->kv_pool_config(cfg_.num_pages, cfg_.page_size, cfg_.kv_cache_dtype),
-                                        arena_alloc(I.kv));
+  I.pool = std::make_unique<kv::KvPool>(
+      model_->kv_pool_config(cfg_.num_pages, cfg_.page_size, cfg_.kv_cache_dtype), arena_alloc(I.kv));
   // Pages start zeroed: a page tail no sequence has written yet holds finite values.
   for (int l = 0; l < mc.num_hidden_layers; ++l) {
     ops::fill_zero(I.ctx, I.pool->latent(l));
     if (I.pool->index_keys(l).numel() > 0) ops::fill_zero(I.ctx, I.pool->index_keys(l));
   }
-  CUDA_CHECK(cudaMallocHost(&I.logits_host,
-                            static_cast<size_t>(cfg_.max_logit_rows) * static_cast<size_t>(mc.vocab_size) * 4));
-  I.buckets = opt_.cuda_graphs ? cuda_graph_buckets(std::min<int>(opt_.cuda_graph_max_bs,
-                                                                  static_cast<int>(std::min(cfg_.max_seqs, cfg_.max_tokens))))
-                               : std::vector<int>{};
+  CUDA_CHECK(cudaMallocHost(
+      &I.logits_host, static_cast<size_t>(cfg_.max_logit_rows) * static_cast<size_t>(mc.vocab_size) * 4));
+  I.buckets = opt_.cuda_graphs
+                  ? cuda_graph_buckets(std::min<int>(
+                        opt_.cuda_graph_max_bs, static_cast<int>(std::min(cfg_.max_seqs, cfg_.max_tokens))))
+                  : std::vector<int>{};
   CUDA_CHECK(cudaStreamSynchronize(I.stream));
   if (!opt_.quiet)
-    MS_LOG_INFO("cuda executor on {}: weights {:.2f} GiB, workspace {:.2f} GiB, KV {} pages of {} ({:.2f} GiB, {}), "
-                "graphs for decode batches up to {}",
-                I.backend.device_name(), I.weights.reserved() / 1073741824.0, I.work.reserved() / 1073741824.0,
-                cfg_.num_pages, cfg_.page_size, I.kv.reserved() / 1073741824.0,
-                kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), I.buckets.empty() ? 0 : I.buckets.back());
+    MS_LOG_INFO(
+        "cuda executor on {}: weights {:.2f} GiB, workspace {:.2f} GiB, KV {} pages of {} ({:.2f} GiB, {}), "
+        "graphs for decode batches up to {}",
+        I.backend.device_name(), I.weights.reserved() / 1073741824.0, I.work.reserved() / 1073741824.0,
+        cfg_.num_pages, cfg_.page_size, I.kv.reserved() / 1073741824.0,
+        kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), I.buckets.empty() ? 0 : I.buckets.back());
 }
 
 CudaExecutor::~CudaExecutor() {
@@ -151,7 +167,8 @@ KvCapacity CudaExecutor::kv_capacity() const {
 }
 
 CudaExecutor::Memory CudaExecutor::memory() const {
-  return {impl_->weights.reserved(), impl_->kv.reserved(), impl_->work.reserved(), impl_->backend.scratch_bytes()};
+  return {impl_->weights.reserved(), impl_->kv.reserved(), impl_->work.reserved(),
+          impl_->backend.scratch_bytes()};
 }
 
 std::unique_ptr<profiler::TimerBackend> CudaExecutor::make_timer() const {
@@ -227,7 +244,8 @@ Tensor CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouti
     Impl::Graph graph;
     const cudaError_t err = cudaGraphInstantiate(&graph.exec, g, 0);
     cudaGraphDestroy(g);
-    if (err != cudaSuccess) MS_THROW("cudaGraphInstantiate for decode batch {}: {}", bucket, cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      MS_THROW("cudaGraphInstantiate for decode batch {}: {}", bucket, cudaGetErrorString(err));
     graph.logits = captured;
     I.graphs.emplace(bucket, graph);
     ++graphs_stats_.captured;
@@ -238,16 +256,17 @@ Tensor CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouti
   return logits_to_host(it->second.logits, n);
 }
 
-Tensor CudaExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& routing, profiler::OpSink* sink) {
+Tensor CudaExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& routing,
+                         profiler::OpSink* sink) {
   Impl& I = *impl_;
   model_->check_batch(b, *I.pool, routing);
   const int n = b.n_tokens();
-  bool graph = !I.buckets.empty() && sink == nullptr && routing.expert_stats == nullptr &&
-               !model_->options().indexer_probe && !model_->options().router_probe && n == b.n_seqs() &&
-               n <= I.buckets.back() && b.max_blocks <= I.graph_max_blocks &&
-               static_cast<int>(b.logit_rows.size()) == n &&
-               static_cast<int>(routing.decode_tokens.size()) == n &&
-               std::all_of(routing.decode_tokens.begin(), routing.decode_tokens.end(), [](uint8_t f) { return f; });
+  bool graph =
+      !I.buckets.empty() && sink == nullptr && routing.expert_stats == nullptr &&
+      !model_->options().indexer_probe && !model_->options().router_probe && n == b.n_seqs() &&
+      n <= I.buckets.back() && b.max_blocks <= I.graph_max_blocks &&
+      static_cast<int>(b.logit_rows.size()) == n && static_cast<int>(routing.decode_tokens.size()) == n &&
+      std::all_of(routing.decode_tokens.begin(), routing.decode_tokens.end(), [](uint8_t f) { return f; });
   for (int i = 0; graph && i < n; ++i) graph = b.logit_rows[i] == i && b.token_seq[i] == i;
   if (!graph) return run_eager(b, routing, sink);
   const int bucket = *std::lower_bound(I.buckets.begin(), I.buckets.end(), n);

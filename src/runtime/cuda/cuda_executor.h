@@ -1,7 +1,7 @@
-// The CUDA executor: the model's weights on one GPU in their stored formats, the KV pages, the step buffers and
-// the Workspace in device memory allocated once, the ops' CUDA backend on one stream, and decode steps replayed
-// from CUDA graphs captured per batch-size bucket. Logits rows come back to pinned host memory for the
-// Engine's sampler.
+// The CUDA executor: the model's weights on one GPU in their stored formats, the KV pages, the step buffers
+// and the Workspace in device memory allocated once, the ops' CUDA backend on one stream, and decode steps
+// replayed from CUDA graphs captured per batch-size bucket. Logits rows come back to pinned host memory for
+// the Engine's sampler.
 #pragma once
 
 #include <map>
@@ -18,12 +18,14 @@
 namespace ms::runtime::cuda {
 
 struct CudaExecutorOptions {
-  bool cuda_graphs = true;    // --disable-cuda-graph turns it off
+  bool cuda_graphs = true;     // --disable-cuda-graph turns it off
   int cuda_graph_max_bs = 64;  // --cuda-graph-max-bs: largest decode batch replayed from a graph
   bool quiet = false;          // no load log lines
   // With ExecutorConfig::num_pages 0: the share of the GPU's memory for weights, workspace and KV pages
   // together (--mem-fraction-static); the KV pages take what the weights and the workspace leave.
   double mem_fraction_static = 0.85;
+  int64_t max_pages = 0;                  // with num_pages 0: at most this many pages (0: no cap)
+  std::string attention_kernel = "auto";  // auto, mla_general or mla_fp8_decode (--attention-backend)
 };
 
 // What graphs did, for tests and /metrics: a test proves capture happened (no silent fallback).

@@ -5,10 +5,10 @@
 #include <new>
 #include <stdexcept>
 
-#include "test_executor.h"
 #include "core/error.h"
 #include "model/builtin_model.h"
 #include "runtime/engine.h"
+#include "test_executor.h"
 
 namespace ms {
 namespace {

@@ -1,0 +1,83 @@
+#include "cli/device_options.h"
+
+#include "core/error.h"
+#include "ops/cuda_backend.h"
+#include "runtime/cpu_executor.h"
+#include "runtime/cuda/cuda_executor.h"
+
+namespace ms::cli {
+
+void add_device_options(CLI::App& sub, DeviceOptions& o) {
+  sub.add_option("--device", o.device, "auto (cuda where a GPU is visible), cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+      ->capture_default_str();
+  sub.add_flag("--disable-cuda-graph", o.disable_cuda_graph,
+               "Run decode steps op by op instead of from CUDA graphs");
+  sub.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs,
+                 "Largest decode batch replayed from a CUDA graph")
+      ->capture_default_str();
+  sub.add_option("--attention-backend", o.attention_backend,
+                 "auto, or one of `moeserve backends` (attention): mla_general, mla_fp8_decode")
+      ->capture_default_str();
+  sub.add_option("--moe-runner-backend", o.moe_runner_backend,
+                 "auto, or one of `moeserve backends` (moe): grouped")
+      ->capture_default_str();
+}
+
+std::string resolve_device(const DeviceOptions& o) {
+  if (o.device == "cpu") return "cpu";
+  const bool built = ops::cuda_backend_built();
+  const int n = built ? ops::cuda_device_count() : 0;
+  if (o.device == "cuda") {
+    MS_CHECK(built,
+             "--device cuda: this build of moeserve has no CUDA backend (configure with -DMOESERVE_CUDA=ON "
+             "on a machine with the CUDA toolkit)");
+    MS_CHECK(n > 0,
+             "--device cuda: no CUDA device is visible (no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides "
+             "them); use --device cpu");
+    return "cuda";
+  }
+  return n > 0 ? "cuda" : "cpu";
+}
+
+std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model, runtime::EngineConfig cfg,
+                                             const DeviceOptions& o, double mem_fraction) {
+  MS_CHECK(o.attention_backend == "auto" || o.attention_backend == "mla_general" ||
+               o.attention_backend == "mla_fp8_decode" || o.attention_backend == "cpu",
+           "--attention-backend '{}' is not one of auto, mla_general, mla_fp8_decode, cpu (see `moeserve "
+           "backends`)",
+           o.attention_backend);
+  MS_CHECK(
+      o.moe_runner_backend == "auto" || o.moe_runner_backend == "grouped" || o.moe_runner_backend == "cpu",
+      "--moe-runner-backend '{}' is not one of auto, grouped, cpu (see `moeserve backends`)",
+      o.moe_runner_backend);
+  const std::string dev = resolve_device(o);
+  if (dev == "cpu") {
+    MS_CHECK(o.attention_backend == "auto" || o.attention_backend == "cpu",
+             "--attention-backend {} runs on the GPU; with --device cpu use auto or cpu",
+             o.attention_backend);
+    MS_CHECK(o.moe_runner_backend == "auto" || o.moe_runner_backend == "cpu",
+             "--moe-runner-backend {} runs on the GPU; with --device cpu use auto or cpu",
+             o.moe_runner_backend);
+    return std::make_unique<runtime::Engine>(std::move(model), cfg);
+  }
+  MS_CHECK(o.attention_backend != "cpu" && o.moe_runner_backend != "cpu",
+           "the cpu backends run with --device cpu, not on the GPU");
+  const int64_t ctx = cfg.max_context > 0 ? cfg.max_context : model->config().max_position_embeddings;
+  const int64_t tokens = cfg.kv_cache_tokens > 0 ? cfg.kv_cache_tokens : cfg.page_size;
+  runtime::ExecutorConfig ec = runtime::executor_config_for(*model, cfg.page_size, tokens, cfg.kv_cache_dtype,
+                                                            cfg.max_running, cfg.max_prefill_tokens, ctx);
+  runtime::cuda::CudaExecutorOptions co;
+  co.cuda_graphs = !o.disable_cuda_graph;
+  co.cuda_graph_max_bs = o.cuda_graph_max_bs;
+  co.mem_fraction_static = mem_fraction;
+  co.attention_kernel = o.attention_backend;
+  if (cfg.kv_cache_tokens <= 0) {
+    ec.num_pages = 0;  // from the memory fraction
+    co.max_pages = static_cast<int64_t>(cfg.max_running) * ((ctx + cfg.page_size - 1) / cfg.page_size) + 1;
+  }
+  auto exec = std::make_unique<runtime::cuda::CudaExecutor>(*model, ec, co);
+  return std::make_unique<runtime::Engine>(std::move(exec), cfg);
+}
+
+}  // namespace ms::cli

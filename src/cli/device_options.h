@@ -1,0 +1,34 @@
+// The device flags every engine command shares (--device, --disable-cuda-graph, --cuda-graph-max-bs,
+// --attention-backend, --moe-runner-backend) and the one place that builds an Engine on the chosen device.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "runtime/engine.h"
+
+namespace ms::cli {
+
+struct DeviceOptions {
+  std::string device = "auto";  // auto: cuda where a GPU is visible and the build has CUDA, else cpu
+  bool disable_cuda_graph = false;
+  int cuda_graph_max_bs = 64;
+  std::string attention_backend = "auto", moe_runner_backend = "auto";
+};
+
+void add_device_options(CLI::App& sub, DeviceOptions& o);
+
+// "cpu" or "cuda", resolved; `--device cuda` without a GPU or without a CUDA build throws at once, saying
+// which.
+std::string resolve_device(const DeviceOptions& o);
+
+// An Engine on the resolved device. On the GPU, a KV size of 0 tokens (cfg.kv_cache_tokens <= 0) means: what
+// mem_fraction of the GPU's memory leaves after the weights and the workspace, capped at max running
+// requests x context.
+std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model, runtime::EngineConfig cfg,
+                                             const DeviceOptions& o, double mem_fraction = 0.85);
+
+}  // namespace ms::cli

@@ -1,0 +1,250 @@
+// The CUDA executor end to end: logits of the golden fixtures (transformers, f32 on the CPU) and of the CPU
+// executor on the same inputs; greedy tokens through the Engine with decode steps replayed from CUDA graphs;
+// optionally gen-model checkpoints named in MOESERVE_TEST_SLICES (comma-separated directories, e.g. the
+// glm5-slice models scripts/gpu-test.sh writes) against the CPU executor.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kv/forward_batch.h"
+#include "kv/page_allocator.h"
+#include "model/checkpoint_source.h"
+#include "model/load_model.h"
+#include "model/weight_loader.h"
+#include "runtime/cpu_executor.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/engine.h"
+
+namespace ms {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Fixture {
+  io::ModelConfig cfg;
+  std::vector<std::vector<int32_t>> prompts, greedy;
+  std::unique_ptr<model::CheckpointSource> src;
+};
+
+std::optional<Fixture> load_fixture(const std::string& name) {
+  const fs::path dir = fs::path(MS_TEST_DATA) / "golden" / name;
+  if (!fs::exists(dir / "expected.json")) return std::nullopt;
+  Fixture f;
+  f.cfg = io::load_model_config(dir);
+  std::ifstream in(dir / "expected.json");
+  auto j = nlohmann::json::parse(in);
+  f.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
+  f.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
+  f.src = std::make_unique<model::CheckpointSource>(dir);
+  return f;
+}
+
+// max |a - b| / max |b| over n values.
+double rel_err(const float* got, const float* want, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num = std::max(num, std::fabs(static_cast<double>(got[i]) - want[i]));
+    den = std::max(den, std::fabs(static_cast<double>(want[i])));
+  }
+  return num / den;
+}
+
+runtime::ExecutorConfig exec_config(const model::Model& m, kv::KvCacheDType dt, int32_t pages = 64) {
+  runtime::ExecutorConfig c = runtime::executor_config_for(m, 16, int64_t{pages} * 16, dt, 8, 512, 0);
+  c.max_logit_rows = c.max_tokens;
+  return c;
+}
+
+// Logits of every position of `ids`: one forward over all of them, or the prompt then one token per step.
+std::vector<float> run(runtime::Executor& ex, const std::vector<int32_t>& ids, size_t prompt_len,
+                       bool decode) {
+  kv::PageAllocator alloc(ex.kv_capacity().num_pages);
+  const int32_t ps = ex.kv_capacity().page_size;
+  std::vector<int32_t> pages;
+  EXPECT_TRUE(alloc.allocate(static_cast<int32_t>((ids.size() + ps - 1) / ps), pages));
+  std::vector<float> out;
+  const int64_t V = ex.model().config().vocab_size;
+  size_t start = 0;
+  while (start < ids.size()) {
+    const size_t n = !decode ? ids.size() : (start == 0 ? prompt_len : 1);
+    kv::ForwardBatchBuilder bb(ps);
+    bb.add_sequence(pages, static_cast<int32_t>(start), ids.data() + start, static_cast<int32_t>(n), false);
+    kv::ForwardBatch b = bb.finish();
+    for (size_t i = 0; i < n; ++i) b.logit_rows.push_back(static_cast<int32_t>(i));
+    Tensor lg = ex.run(b);
+    out.insert(out.end(), lg.data<float>(), lg.data<float>() + static_cast<int64_t>(n) * V);
+    start += n;
+  }
+  return out;
+}
+
+bool have_gpu() {
+  return cuda::device_count() > 0;
+}
+
+class CudaGolden : public ::testing::TestWithParam<std::string> {};
+
+// Tolerance: activations stay f32 on the GPU, but GEMMs over more than 16 rows take bf16 inputs (cuBLASLt),
+// so the bound is the one of bf16 activations.
+constexpr double kBf16ActivationTol = 2e-2;
+
+TEST_P(CudaGolden, LogitsMatchTransformersAndTheCpuExecutor) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto f = load_fixture(GetParam());
+  if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
+  model::Model m(f->cfg, model::load_weights(f->cfg, *f->src));
+  runtime::cuda::CudaExecutorOptions opt;
+  opt.quiet = true;
+  runtime::cuda::CudaExecutor gpu(m, exec_config(m, kv::KvCacheDType::F32), opt);
+  runtime::CpuExecutor cpu(std::shared_ptr<const model::Model>(&m, [](const model::Model*) {}),
+                           exec_config(m, kv::KvCacheDType::F32));
+  const int64_t V = f->cfg.vocab_size;
+  for (size_t i = 0; i < f->prompts.size(); ++i) {
+    std::vector<int32_t> ids = f->prompts[i];
+    ids.insert(ids.end(), f->greedy[i].begin(), f->greedy[i].end() - 1);
+    auto file =
+        io::SafetensorsFile::open(fs::path(MS_TEST_DATA) / "golden" / GetParam() / "logits.safetensors");
+    Tensor want = file->tensor("logits." + std::to_string(i));
+    ASSERT_EQ(want.size(0), static_cast<int64_t>(ids.size()));
+    const size_t P = f->prompts[i].size(), n = ids.size() * static_cast<size_t>(V);
+    for (bool decode : {false, true}) {
+      const auto g = run(gpu, ids, decode ? P : ids.size(), decode);
+      const auto c = run(cpu, ids, decode ? P : ids.size(), decode);
+      const double e_hf = rel_err(g.data(), want.data<float>(), n), e_cpu = rel_err(g.data(), c.data(), n);
+      std::printf("[ measured ] %s prompt %zu %s: gpu vs transformers %.2e, gpu vs cpu %.2e\n",
+                  GetParam().c_str(), i, decode ? "decode" : "full", e_hf, e_cpu);
+      EXPECT_LT(e_hf, kBf16ActivationTol) << GetParam() << " prompt " << i << (decode ? " decode" : " full");
+      EXPECT_LT(e_cpu, kBf16ActivationTol) << GetParam() << " prompt " << i << (decode ? " decode" : " full");
+    }
+  }
+}
+
+std::map<size_t, std::vector<int32_t>> engine_greedy(const Fixture& f, const model::Model& m, bool graphs,
+                                                     runtime::cuda::GraphStats* stats) {
+  runtime::cuda::CudaExecutorOptions opt;
+  opt.quiet = true;
+  opt.cuda_graphs = graphs;
+  auto ex = std::make_unique<runtime::cuda::CudaExecutor>(m, exec_config(m, kv::KvCacheDType::F32, 256), opt);
+  runtime::cuda::CudaExecutor* raw = ex.get();
+  runtime::EngineConfig ec;
+  ec.max_running = 8;
+  ec.max_prefill_tokens = 512;
+  ec.enable_prefix_cache = false;
+  runtime::Engine e(std::move(ex), ec);
+  std::map<uint64_t, size_t> which;
+  for (size_t i = 0; i < f.prompts.size(); ++i) {
+    runtime::Request r;
+    r.prompt_ids = f.prompts[i];
+    r.max_tokens = static_cast<int>(f.greedy[i].size());
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    which[e.submit(r)] = i;
+  }
+  std::map<size_t, std::vector<int32_t>> got;
+  while (e.has_work())
+    for (const auto& o : e.step()) {
+      EXPECT_NE(o.finish, runtime::FinishReason::Error) << o.error;
+      for (const auto& g : o.tokens) got[which[o.request_id]].push_back(g.token);
+    }
+  if (stats) *stats = raw->graph_stats();
+  return got;
+}
+
+// All prompts batched through the Engine; decode steps replayed from captured graphs (the test fails if no
+// graph was captured or replayed: no silent fallback to plain launches).
+TEST_P(CudaGolden, GreedyTokensIdenticalWithAndWithoutGraphs) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto f = load_fixture(GetParam());
+  if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
+  model::Model m(f->cfg, model::load_weights(f->cfg, *f->src));
+  runtime::cuda::GraphStats gs, es;
+  const auto with = engine_greedy(*f, m, true, &gs);
+  const auto without = engine_greedy(*f, m, false, &es);
+  std::printf("[ measured ] %s graphs: %lld captured, %lld replays, %lld eager steps\n", GetParam().c_str(),
+              static_cast<long long>(gs.captured), static_cast<long long>(gs.replays),
+              static_cast<long long>(gs.eager));
+  EXPECT_GE(gs.captured, 1);
+  EXPECT_GE(gs.replays, 1);
+  EXPECT_EQ(es.captured, 0);
+  for (size_t i = 0; i < f->prompts.size(); ++i) {
+    EXPECT_EQ(with.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (graphs)";
+    EXPECT_EQ(without.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (no graphs)";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
+                         ::testing::Values("deepseek_v3_tiny", "deepseek_v3_tiny_qproj", "glm5_tiny"));
+
+// A batch of two sequences (prefill, then decode steps) on a full-width checkpoint: GPU vs CPU executor.
+TEST(CudaExecutorSlice, MatchesTheCpuExecutor) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const char* env = std::getenv("MOESERVE_TEST_SLICES");
+  if (!env || !*env) GTEST_SKIP() << "MOESERVE_TEST_SLICES names no checkpoint";
+  std::stringstream ss(env);
+  std::string dir;
+  while (std::getline(ss, dir, ',')) {
+    SCOPED_TRACE(dir);
+    model::LoadedModel lm = model::load_model(dir);
+    const model::Model& m = *lm.model;
+    runtime::ExecutorConfig c =
+        runtime::executor_config_for(m, 64, 64 * 8, kv::KvCacheDType::BF16, 2, 64, 4096);
+    c.max_logit_rows = c.max_tokens;
+    runtime::cuda::CudaExecutorOptions opt;
+    opt.quiet = true;
+    runtime::cuda::CudaExecutor gpu(m, c, opt);
+    runtime::CpuExecutor cpu(lm.model, c);
+    kv::PageAllocator alloc(8);
+    std::vector<int32_t> p0, p1;
+    ASSERT_TRUE(alloc.allocate(2, p0));
+    ASSERT_TRUE(alloc.allocate(2, p1));
+    const int64_t V = m.config().vocab_size;
+    std::vector<int32_t> a(24), b(17);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>((i * 7919 + 11) % V);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>((i * 104729 + 3) % V);
+    int32_t la = 0, lb = 0;
+    int agree = 0, steps = 0;
+    for (int step = 0; step < 5; ++step) {
+      kv::ForwardBatchBuilder bb(64);
+      const int32_t na = step == 0 ? static_cast<int32_t>(a.size()) : 1;
+      const int32_t nb = step == 0 ? static_cast<int32_t>(b.size()) : 1;
+      bb.add_sequence(p0, la, a.data() + la, na, true);
+      bb.add_sequence(p1, lb, b.data() + lb, nb, true);
+      const kv::ForwardBatch batch = bb.finish();
+      const Tensor g = gpu.run(batch).clone();
+      const Tensor cc = cpu.run(batch).clone();
+      const double e = rel_err(g.data<float>(), cc.data<float>(), static_cast<size_t>(g.numel()));
+      std::printf("[ measured ] %s step %d: gpu vs cpu logits %.2e\n", dir.c_str(), step, e);
+      EXPECT_LT(e, kBf16ActivationTol) << "step " << step;
+      // Greedy continuation from the CPU's choice (so both see the same next tokens).
+      for (int r = 0; r < 2; ++r) {
+        const float* gr = g.data<float>() + r * V;
+        const float* cr = cc.data<float>() + r * V;
+        const int32_t gi = static_cast<int32_t>(std::max_element(gr, gr + V) - gr);
+        const int32_t ci = static_cast<int32_t>(std::max_element(cr, cr + V) - cr);
+        agree += gi == ci;
+        ++steps;
+        auto& seq = r == 0 ? a : b;
+        seq.push_back(ci);
+      }
+      la += na;
+      lb += nb;
+    }
+    std::printf("[ measured ] %s greedy agreement %d of %d\n", dir.c_str(), agree, steps);
+    EXPECT_GE(agree, steps - 1);
+  }
+}
+
+}  // namespace
+}  // namespace ms
