@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: CUDA build, every GPU test (ctest -L gpu), the kernel benchmarks, and one
-# summary table at the end.
+# On a machine with an NVIDIA GPU (also one without package access, see the README's GPU section): CUDA build,
+# every GPU test (ctest -L gpu) including the CUDA executor on the golden fixtures and on a full-width
+# glm5-slice checkpoint, bench-one-batch on that checkpoint, the e2e suite against `serve` on the GPU, the
+# kernel benchmarks, and one summary table at the end.
+# Switches: GPU_TEST_SLICE=0 (no glm5-slice checkpoint), GPU_TEST_E2E=0, GPU_TEST_BENCH=0, BUILD=dir.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}
 archs=${MOESERVE_CUDA_ARCHS:-90a}
-log=$(mktemp -d)
+log=${GPU_TEST_LOG:-$(mktemp -d)}
+mkdir -p "$log"
 status() { printf '%-28s %s\n' "$1" "$2" >>"$log/summary"; }
 
 source scripts/gpu-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=ON -DMOESERVE_CUDA_ARCHS="$archs" \
      -DMOESERVE_WERROR=ON "${MS_BUNDLE_CMAKE_ARGS[@]}" >"$log/configure" 2>&1 &&
-   cmake --build "$build" -j "$(nproc)" >"$log/build" 2>&1; then
+   cmake --build "$build" -j "$(nproc)" --target moeserve test_gpu bench_cuda_kernels >"$log/build" 2>&1; then
   status build ok
 else
   tail -n 40 "$log/configure" "$log/build"
@@ -20,14 +24,66 @@ else
   cat "$log/summary"
   exit 1
 fi
-(cd "$build" && ctest -L gpu --output-on-failure) 2>&1 | tee "$log/ctest"
+bin="$build/moeserve"
+
+slice="$PWD/$build/slices/glm5_nvfp4"
+if [ "${GPU_TEST_SLICE:-1}" = 1 ]; then
+  if [ ! -f "$slice/config.json" ]; then
+    start=$(date +%s)
+    if "$bin" gen-model --arch glm5 --preset glm5-slice --layers 2 --weights nvfp4 --out "$slice" \
+         >"$log/gen-model" 2>&1; then
+      status "glm5-slice nvfp4" "written in $(($(date +%s) - start)) s"
+    else
+      tail -n 5 "$log/gen-model"
+      status "glm5-slice nvfp4" FAILED
+    fi
+  fi
+  [ -f "$slice/config.json" ] && export MOESERVE_TEST_SLICES="$slice"
+fi
+
+(cd "$build" && ctest -L gpu --output-on-failure) >"$log/ctest" 2>&1
+grep -h "^\[ measured \]" "$log/ctest" | sed 's/^\[ measured \] /  /'
+grep -E "^\[  FAILED  \]|Failure$" -A3 "$log/ctest" | head -60
 if grep -q "100% tests passed" "$log/ctest"; then status "gpu tests" ok; else status "gpu tests" FAILED; fi
-if [ -x "$build/bench_cuda_kernels" ]; then
-  "$build/bench_cuda_kernels" | tee "$log/bench"
+
+if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -f "$slice/config.json" ]; then
+  for g in "" "--disable-cuda-graph"; do
+    if "$bin" bench-one-batch --model "$slice" --device cuda --batch-size 1,8,64 --input-len 128 \
+         --output-len 32 --kv-cache-dtype fp8_e4m3 $g >"$log/bench-one-batch$g" 2>&1; then
+      status "bench-one-batch ${g:-graphs}" ok
+    else
+      status "bench-one-batch ${g:-graphs}" FAILED
+    fi
+    tail -n 8 "$log/bench-one-batch$g"
+  done
+fi
+
+if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -f "$slice/config.json" ]; then
+  for b in 1 64; do
+    if "$bin" profile --model "$slice" --device cuda --batch $b --context 512 --steps 3 \
+         --kv-cache-dtype fp8_e4m3 >"$log/profile-b$b" 2>&1; then
+      status "profile batch $b" ok
+    else
+      status "profile batch $b" FAILED
+    fi
+    head -n 40 "$log/profile-b$b"
+  done
+fi
+
+if [ "${GPU_TEST_E2E:-1}" = 1 ]; then
+  if bash scripts/e2e.sh "$bin" >"$log/e2e" 2>&1; then status "e2e (serve on the GPU)" ok; else
+    status "e2e (serve on the GPU)" FAILED
+  fi
+  tail -n 15 "$log/e2e"
+fi
+
+if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -x "$build/bench_cuda_kernels" ]; then
+  "$build/bench_cuda_kernels" >"$log/bench" 2>&1
+  cat "$log/bench"
   status "kernel benchmarks" "ran ($(grep -c '%$' "$log/bench") rows)"
 fi
 echo
-echo "== summary"
+echo "== summary (logs in $log)"
 cat "$log/summary"
 grep -q FAILED "$log/summary" && exit 1
 exit 0

@@ -15,6 +15,8 @@
 #include "model/load_model.h"
 #include "profiler/profile_controller.h"
 #include "profiler/report.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/device_ceilings.h"
 #include "runtime/engine.h"
 
 namespace ms::cli {
@@ -59,9 +61,13 @@ int run_profile(const ProfileCliOptions& o) {
            "--context {} + {} decode steps (or --prefill-tokens {}) is past the model's context of {}",
            o.context, max_tokens, o.prefill_tokens, cfg.max_position_embeddings);
 
+  const bool gpu = resolve_device(o.dev) == "cuda";
   profiler::Ceilings ceilings;
   if (!o.ceilings.empty()) {
     ceilings = profiler::parse_ceilings(o.ceilings);
+  } else if (gpu) {
+    std::fprintf(stderr, "measuring the ceilings of this GPU (copy bandwidth, bf16 matrix rate)...\n");
+    ceilings = runtime::cuda::measure_device_ceilings();
   } else {
     std::fprintf(stderr, "measuring the ceilings of this machine...\n");
     ceilings = profiler::measure_ceilings();
@@ -85,7 +91,11 @@ int run_profile(const ProfileCliOptions& o) {
   auto engine_ptr = make_engine(lm.model, ec, o.dev);
   runtime::Engine& engine = *engine_ptr;
 
-  profiler::ProfileController ctl(profiler::ProfileControllerOptions{ceilings, {}, {}});
+  profiler::ProfileControllerOptions pco{ceilings, {}, {}};
+  // On the GPU, ops are timed with CUDA events on the executor's stream (profiled steps run without graphs).
+  if (const auto* ce = dynamic_cast<const runtime::cuda::CudaExecutor*>(&engine.executor()))
+    pco.make_timer = [ce] { return ce->make_timer(); };
+  profiler::ProfileController ctl(pco);
   engine.set_step_hook(&ctl);
 
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());

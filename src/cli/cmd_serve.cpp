@@ -11,6 +11,8 @@
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/device_ceilings.h"
 #include "runtime/kv_budget.h"
 #include "server/engine_backend.h"
 #include "server/signals.h"
@@ -95,6 +97,17 @@ int run_serve(const ServeOptions& o) {
                 kb.capped ? "; capped at max running requests x context" : "");
   }
   parts.engine = make_engine(lm.model, ec, o.dev, o.mem_fraction > 0 ? o.mem_fraction : 0.85);
+  if (const auto* ce = dynamic_cast<const runtime::cuda::CudaExecutor*>(&parts.engine->executor())) {
+    // /start_profile on the GPU: CUDA-event timers and the GPU's own ceilings (measured at the first
+    // profile).
+    parts.profiler.make_timer = [ce] { return ce->make_timer(); };
+    try {
+      parts.profiler.ceilings = runtime::cuda::measure_device_ceilings();
+    } catch (const ms::Error& e) {
+      MS_LOG_WARN("GPU ceilings not measured ({}); /start_profile will report no roofline", e.message());
+      parts.profiler.ceilings = profiler::parse_ceilings("1,1");
+    }
+  }
   parts.model_name = o.model_dir.empty() ? std::string("builtin") : o.model_dir;
   server::EngineBackend backend(std::move(parts));
   const std::string name =

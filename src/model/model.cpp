@@ -136,7 +136,7 @@ kv::KvPoolConfig Model::kv_pool_config(int32_t num_pages, int32_t page_size, kv:
 
 void Model::place_tables(const ops::Ctx& ctx, const TensorAlloc& alloc) {
   for (ops::RopeTable* t : {&scales_.rope, &scales_.indexer_rope}) {
-    if (t->inv_freq.numel() == 0) continue;
+    if (!t->inv_freq.defined() || t->inv_freq.numel() == 0) continue;
     const Tensor host = t->inv_freq;
     Tensor dev = alloc(host.shape(), DType::F32);
     ops::copy_from_host(ctx, host.data<float>(), dev, host.nbytes());

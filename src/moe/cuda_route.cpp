@@ -37,8 +37,8 @@ void route_step_cuda(const ops::Ctx& ctx, const RouterConfig& cfg, const OeaConf
                      const Tensor& topk_weights, const Tensor& plain_ids, const Tensor& plain_weights_scratch,
                      const Tensor& base_set_scratch) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream);
-  const bool bias = cfg.use_correction_bias && correction_bias.numel() > 0;
-  const bool has_mask = decode_mask.numel() > 0;
+  const bool bias = cfg.use_correction_bias && (correction_bias.defined() && correction_bias.numel() > 0);
+  const bool has_mask = (decode_mask.defined() && decode_mask.numel() > 0);
   MS_CHECK(base_set_scratch.numel() >= cfg.n_experts,
            "moe_route: base-set scratch {} holds fewer than {} experts", base_set_scratch.desc(),
            cfg.n_experts);
@@ -48,7 +48,7 @@ void route_step_cuda(const ops::Ctx& ctx, const RouterConfig& cfg, const OeaConf
   p.correction_bias = bias ? correction_bias.data<float>() : nullptr;
   p.base_set = base_set_scratch.data<uint8_t>();
   p.m = static_cast<int>(logits.size(0));
-  if (plain_ids.numel() > 0) {
+  if ((plain_ids.defined() && plain_ids.numel() > 0)) {
     // The baseline for expert statistics: every row routed plainly.
     p.decode_mask = nullptr;
     p.topk_ids = plain_ids.data<int32_t>();

@@ -36,14 +36,15 @@ void route_step(const ops::Ctx& ctx, const RouterConfig& cfg, const OeaConfig& o
   if (plain_ids.defined() && plain_ids.numel() > 0) check_out(plain_ids, DType::I32, "plain_ids");
   const bool want_plain = plain_ids.defined() && plain_ids.numel() > 0;
   RouterConfig rc = cfg;
-  rc.use_correction_bias = rc.use_correction_bias && correction_bias.numel() > 0;
+  rc.use_correction_bias =
+      rc.use_correction_bias && (correction_bias.defined() && correction_bias.numel() > 0);
   if (rc.use_correction_bias)
     MS_CHECK(correction_bias.dtype() == DType::F32 && correction_bias.numel() == E,
              "moe_route: correction bias must be f32 [{}], got {}", E, correction_bias.desc());
 
 #if MOESERVE_HAVE_CUDA
   if (ctx.device == Device::CUDA) {
-    if (decode_mask.numel() > 0)
+    if ((decode_mask.defined() && decode_mask.numel() > 0))
       MS_CHECK(decode_mask.dtype() == DType::U8 && decode_mask.numel() == m && decode_mask.is_contiguous(),
                "moe_route: decode mask must be u8 [{}], got {}", m, decode_mask.desc());
     MS_CHECK(s.decode_weights.numel() >= static_cast<int64_t>(m) * K,

@@ -29,6 +29,8 @@ class CudaBackend {
   // --attention-backend: "auto" (the chooser decides), "mla_general" (never the fp8 decode kernel) or
   // "mla_fp8_decode" (that kernel for every decode step; refused at launch where it cannot run).
   void set_attention_kernel(const std::string& k);
+  // f32 math in every linear layer (no bf16 activations in the cuBLASLt paths): for parity tests, slower.
+  void set_exact_linear(bool on);
 
   struct Impl;
   Impl& impl() { return *impl_; }

@@ -41,7 +41,7 @@ cuda::AttentionMetaDevice meta_device(const AttentionMeta& m) {
   d.positions = m.positions.data<int32_t>();
   d.block_table = m.block_table.data<int32_t>();
   d.max_blocks = static_cast<int>(m.max_blocks);
-  d.seq_lens = m.seq_lens.numel() > 0 ? m.seq_lens.data<int32_t>() : nullptr;
+  d.seq_lens = (m.seq_lens.defined() && m.seq_lens.numel() > 0) ? m.seq_lens.data<int32_t>() : nullptr;
   d.n_seqs = static_cast<int>(m.n_seqs);
   return d;
 }
@@ -66,7 +66,7 @@ cuda::DenseWeightView dense_view(const LinearWeight& w) {
   d.rows = w.out;
   d.cols = w.in;
   d.data = w.weight.raw();
-  d.scale = w.scale.numel() > 0 ? w.scale.data<float>() : nullptr;
+  d.scale = (w.scale.defined() && w.scale.numel() > 0) ? w.scale.data<float>() : nullptr;
   d.block = w.block;
   return d;
 }
@@ -133,7 +133,7 @@ void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& c
   s.rope = static_cast<int>(q_cat.size(2)) - r;
   s.page_size = static_cast<int>(cache.data.size(1));
   s.format = kv_format(cache.data);
-  s.has_topk = topk.numel() > 0;
+  s.has_topk = (topk.defined() && topk.numel() > 0);
   // The batch builder puts one token per sequence in sequence order when every sequence decodes.
   s.decode_only = meta.m == meta.n_seqs && be.attention_kernel != "mla_general";
   s.n_seqs = static_cast<int>(meta.n_seqs);

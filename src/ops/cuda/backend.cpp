@@ -78,6 +78,10 @@ void CudaBackend::set_attention_kernel(const std::string& k) {
   impl_->attention_kernel = k;
 }
 
+void CudaBackend::set_exact_linear(bool on) {
+  impl_->exact_linear = on;
+}
+
 CudaBackend::Impl& cuda_impl(const Ctx& ctx) {
   MS_CHECK(ctx.device == Device::CUDA && ctx.backend != nullptr,
            "a CUDA op ran without its backend (Ctx::backend is null)");
@@ -108,6 +112,7 @@ std::string CudaBackend::device_name() const {
   return {};
 }
 void CudaBackend::set_attention_kernel(const std::string&) {}
+void CudaBackend::set_exact_linear(bool) {}
 bool cuda_backend_built() {
   return false;
 }

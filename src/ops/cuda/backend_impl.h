@@ -41,6 +41,7 @@ struct CudaBackend::Impl {
   // Device tables of expert weight pointers, one per MoE layer, keyed by the layer's experts array.
   std::map<const void*, void*> expert_tables;
   std::string attention_kernel = "auto";
+  bool exact_linear = false;
   ~Impl();
 };
 

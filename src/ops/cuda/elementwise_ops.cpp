@@ -59,7 +59,7 @@ void layer_norm(const Ctx& ctx, const Tensor& x, const Tensor& weight, const Ten
   p.x = x.data<float>();
   p.x_stride = x.stride(0);
   p.weight = weight.data<float>();
-  p.bias = bias.numel() > 0 ? bias.data<float>() : nullptr;
+  p.bias = (bias.defined() && bias.numel() > 0) ? bias.data<float>() : nullptr;
   p.out = out.data<float>();
   p.out_stride = out.stride(0);
   p.m = x.size(0);

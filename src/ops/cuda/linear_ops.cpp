@@ -1,6 +1,7 @@
 #if MOESERVE_HAVE_CUDA
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/elementwise/pointwise.h"
+#include "kernels/cuda/gemm/dequant_weight.h"
 #include "kernels/cuda/gemm/linear.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
 #include "ops/cuda/backend_impl.h"
@@ -15,7 +16,7 @@ cuda::DeviceWeight device_weight(const LinearWeight& w) {
   d.rows = w.out;
   d.cols = w.in;
   d.data = w.weight.raw();
-  d.scale = w.scale.numel() > 0 ? w.scale.raw() : nullptr;
+  d.scale = (w.scale.defined() && w.scale.numel() > 0) ? w.scale.raw() : nullptr;
   d.scale2 = w.scale2;
   d.block = w.block;
   return d;
@@ -37,7 +38,7 @@ void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t
   const cudaStream_t stream = cuda_stream(ctx);
   const int64_t m = x.size(0), n = y.size(1), k = w.in;
   if (m == 0) return;
-  if (use_nvfp4_gemv(w, m, row0, y)) {
+  if (!be.exact_linear && use_nvfp4_gemv(w, m, row0, y)) {
     auto* xb = static_cast<__nv_bfloat16*>(be.linear_x.get(static_cast<size_t>(m * k) * 2, stream));
     cuda::CastBf16Params c;
     c.x = x.data<float>();
@@ -71,6 +72,29 @@ void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t
   p.y_stride = y.stride(0);
   p.m = m;
   const cuda::LinearPath path = cuda::linear_plan(p.w.format, m, n, k);
+  if (be.exact_linear && (path == cuda::LinearPath::BlasLtBf16 || path == cuda::LinearPath::DequantBlasLt)) {
+    // f32 math throughout (parity tests): the weight rows expanded to f32, then an f32 GEMM (no TF32).
+    auto* wf = static_cast<float*>(be.linear_w.get(static_cast<size_t>(n * k) * 4, stream));
+    cuda::DequantWeightParams d;
+    d.w = p.w;
+    d.row0 = row0;
+    d.n = n;
+    d.out_f32 = wf;
+    d.out_stride = k;
+    cuda::dequant_weight(d, stream);
+    cuda::GemmF32Params g;
+    g.x = p.x;
+    g.x_stride = p.x_stride;
+    g.w = wf;
+    g.w_stride = k;
+    g.y = p.y;
+    g.y_stride = p.y_stride;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    cuda::gemm_f32(g, be.lt, stream);
+    return;
+  }
   const cuda::LinearScratchBytes sb = cuda::linear_scratch_bytes(path, m, n, k);
   if (sb.x_bytes) p.x_scratch = static_cast<__nv_bfloat16*>(be.linear_x.get(sb.x_bytes, stream));
   if (sb.w_bytes) p.w_scratch = static_cast<__nv_bfloat16*>(be.linear_w.get(sb.w_bytes, stream));

@@ -30,7 +30,9 @@ const cuda::MoeExpertWeights* expert_table(CudaBackend::Impl& be, std::span<cons
   std::vector<cuda::MoeExpertWeights> host(experts.size());
   for (size_t e = 0; e < experts.size(); ++e) {
     const ExpertWeights& w = experts[e];
-    auto scale = [](const LinearWeight& l) { return l.scale.numel() > 0 ? l.scale.raw() : nullptr; };
+    auto scale = [](const LinearWeight& l) {
+      return (l.scale.defined() && l.scale.numel() > 0) ? l.scale.raw() : nullptr;
+    };
     host[e] = {w.gate.weight.raw(), scale(w.gate), w.up.weight.raw(), scale(w.up),   w.down.weight.raw(),
                scale(w.down),       w.gate.scale2, w.up.scale2,       w.down.scale2, 0.f};
   }

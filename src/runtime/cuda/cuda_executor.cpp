@@ -75,6 +75,7 @@ CudaExecutor::CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, C
   CUDA_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
   I.ctx = I.backend.ctx(I.stream);
   I.backend.set_attention_kernel(opt_.attention_kernel);
+  I.backend.set_exact_linear(opt_.exact_linear);
   if (opt_.attention_kernel == "mla_fp8_decode") {
     const io::ModelConfig& c = host_model.config();
     MS_CHECK(
@@ -139,7 +140,8 @@ CudaExecutor::CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, C
   // Pages start zeroed: a page tail no sequence has written yet holds finite values.
   for (int l = 0; l < mc.num_hidden_layers; ++l) {
     ops::fill_zero(I.ctx, I.pool->latent(l));
-    if (I.pool->index_keys(l).numel() > 0) ops::fill_zero(I.ctx, I.pool->index_keys(l));
+    if ((I.pool->index_keys(l).defined() && I.pool->index_keys(l).numel() > 0))
+      ops::fill_zero(I.ctx, I.pool->index_keys(l));
   }
   CUDA_CHECK(cudaMallocHost(
       &I.logits_host, static_cast<size_t>(cfg_.max_logit_rows) * static_cast<size_t>(mc.vocab_size) * 4));

@@ -26,6 +26,8 @@ struct CudaExecutorOptions {
   double mem_fraction_static = 0.85;
   int64_t max_pages = 0;                  // with num_pages 0: at most this many pages (0: no cap)
   std::string attention_kernel = "auto";  // auto, mla_general or mla_fp8_decode (--attention-backend)
+  // f32 math in every linear layer (prefill GEMMs otherwise take bf16 activations): parity tests.
+  bool exact_linear = false;
 };
 
 // What graphs did, for tests and /metrics: a test proves capture happened (no silent fallback).
