@@ -387,7 +387,11 @@ TEST(CudaLinear, PlannedPathMatchesCpuLinear) {
 TEST(CudaLinear, PlanChoosesByFormatAndRows) {
   using ms::cuda::linear_plan;
   using ms::cuda::LinearPath;
-  for (WeightFormat f : kFormats) EXPECT_EQ(linear_plan(f, 1, 4096, 4096), LinearPath::Direct);
+  EXPECT_EQ(linear_plan(WeightFormat::F32, 1, 4096, 4096), LinearPath::BlasLtF32);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 4096), LinearPath::BlasLtBf16);
+  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 1, 4096, 4096), LinearPath::DequantBlasLt);
+  EXPECT_EQ(linear_plan(WeightFormat::NVFP4, 1, 4096, 4096), LinearPath::DequantBlasLt);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 300), LinearPath::Direct);
   EXPECT_EQ(linear_plan(WeightFormat::F32, 64, 512, 512), LinearPath::BlasLtF32);
   EXPECT_EQ(linear_plan(WeightFormat::BF16, 64, 512, 512), LinearPath::BlasLtBf16);
   EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 64, 512, 512), LinearPath::DequantBlasLt);

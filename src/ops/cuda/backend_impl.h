@@ -34,7 +34,7 @@ struct CudaBackend::Impl {
   cuda::DeviceCaps caps;
   cuda::BlasLtHandle lt;
   GrowBuffer linear_x{"linear x scratch"}, linear_w{"linear weight scratch"};
-  GrowBuffer gemv_ws{"nvfp4 gemv partial sums"};
+  GrowBuffer gemv_ws{"nvfp4 gemv partial sums"}, gemv_y{"nvfp4 gemv output"};
   GrowBuffer attn_ws{"mla attention workspace"};
   GrowBuffer moe_act{"moe activations"}, moe_slot{"moe slot outputs"}, moe_plan{"moe plan"};
   GrowBuffer route_aux{"routing scratch"};

@@ -27,7 +27,7 @@ namespace {
 // NVFP4 weights and a decode batch: the split-K tensor-core GEMV reads the packed weights once for all rows.
 bool use_nvfp4_gemv(const LinearWeight& w, int64_t m, int64_t row0, const Tensor& y) {
   return w.format == WeightFormat::NVFP4 && m >= 1 && m <= cuda::kNvfp4GemvMaxM && row0 == 0 &&
-         y.size(1) == w.out && y.stride(0) == w.out && w.in % 32 == 0 &&
+         y.size(1) == w.out && w.in % 32 == 0 &&
          reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0;
 }
 
@@ -53,13 +53,20 @@ void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t
     p.w_scale = static_cast<const uint8_t*>(w.scale.raw());
     p.w_scale2 = w.scale2;
     p.x = xb;
-    p.y = y.data<float>();
+    // The kernel writes rows n apart: a column slice of a wider output (gate of a fused gate_up) goes
+    // through a packed scratch and one strided copy.
+    const bool packed = m == 1 || y.stride(0) == n;
+    p.y = packed ? y.data<float>() : static_cast<float*>(be.gemv_y.get(static_cast<size_t>(m * n) * 4, stream));
     p.m = static_cast<int>(m);
     p.n = static_cast<int>(n);
     p.k = static_cast<int>(k);
     const size_t ws = cuda::nvfp4_gemv_workspace_bytes(p.m, p.n, p.k);
     p.workspace = ws ? static_cast<float*>(be.gemv_ws.get(ws, stream)) : nullptr;
     cuda::nvfp4_gemv(p, stream);
+    if (!packed)
+      CUDA_CHECK(cudaMemcpy2DAsync(y.data<float>(), static_cast<size_t>(y.stride(0)) * 4, p.y,
+                                   static_cast<size_t>(n) * 4, static_cast<size_t>(n) * 4, static_cast<size_t>(m),
+                                   cudaMemcpyDeviceToDevice, stream));
     return;
   }
   cuda::LinearParams p;

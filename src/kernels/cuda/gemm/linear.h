@@ -22,14 +22,13 @@ enum class LinearPath : uint8_t {
 };
 const char* linear_path_name(LinearPath p);
 
-// Rows of x up to which the direct kernel runs (decode batches): there the weight bytes dominate, and the
-// direct kernel reads them once without writing a scratch copy.
-constexpr int64_t kLinearDirectMaxM = 16;
-
-// Few rows -> Direct; more -> the cuBLASLt path of the format, when k keeps every bf16 row 16-byte aligned
-// (f32: k % 4 == 0), else Direct.
+// Every row count goes to cuBLASLt when k keeps every bf16 row 16-byte aligned (f32: k % 4 == 0): in a decode
+// step of a glm5-slice checkpoint on an H200 (2026-11-30) the direct kernel streamed bf16 weights at only
+// 86-535 GB/s at one row, where cuBLASLt's products run near the copy bandwidth. FP8-block and NVFP4 weights
+// are expanded to bf16 first (the ops layer sends NVFP4 decode batches to nvfp4_gemv instead). The direct
+// kernel stays for the shapes cuBLASLt cannot take.
 inline LinearPath linear_plan(WeightFormat format, int64_t m, int64_t n, int64_t k) {
-  if (m <= kLinearDirectMaxM || n <= 0) return LinearPath::Direct;
+  if (m <= 0 || n <= 0) return LinearPath::Direct;
   if (format == WeightFormat::F32) return k % 4 == 0 ? LinearPath::BlasLtF32 : LinearPath::Direct;
   if (k % 8 != 0) return LinearPath::Direct;
   return format == WeightFormat::BF16 ? LinearPath::BlasLtBf16 : LinearPath::DequantBlasLt;
