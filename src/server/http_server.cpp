@@ -66,6 +66,20 @@ void raise_listen_backlog(int port) {
   }
 }
 
+// The prompt text of a chat. Under tool_choice "none" the tools are not offered; with a tool-call parser,
+// earlier tool calls are given to the template in the form it expects.
+std::string render_prompt(const Backend& b, const CompletionParams& p,
+                          const std::optional<ToolCallFormat>& fmt) {
+  static const ordered_json no_tools;
+  const ordered_json& tools = p.tool_choice.mode == ToolChoice::Mode::None ? no_tools : p.tools;
+  try {
+    if (fmt) return b.render_chat(messages_for_template(*fmt, p.messages), tools, p.template_kwargs);
+    return b.render_chat(p.messages, tools, p.template_kwargs);
+  } catch (const ms::Error& e) {
+    throw ApiError(400, e.message(), "messages");
+  }
+}
+
 }  // namespace
 
 HttpServer::HttpServer(ServerConfig config, EngineLoop& loop)
@@ -208,11 +222,7 @@ void HttpServer::routes() {
         for (const char* k : {"tools", "chat_template_kwargs"})
           if (body.contains(k)) probe[k] = body[k];
         p = parse_completion_request(probe, true, config_.limits);
-        try {
-          text = b.render_chat(p.messages, p.tools, p.template_kwargs);
-        } catch (const ms::Error& e) {
-          throw ApiError(400, e.message(), "messages");
-        }
+        text = render_prompt(b, p, config_.tool_call_parser);
       } else if (body.contains("prompt") && body["prompt"].is_string()) {
         text = body["prompt"].get<std::string>();
       } else {
@@ -257,13 +267,14 @@ void HttpServer::routes() {
         Backend& b = loop_.backend();
         std::vector<std::vector<int32_t>> prompts;
         if (chat) {
-          std::string text;
-          try {
-            text = b.render_chat(p.messages, p.tools, p.template_kwargs);
-          } catch (const ms::Error& e) {
-            throw ApiError(400, e.message(), "messages");
-          }
-          prompts.push_back(b.encode(text, false));
+          const auto mode = p.tool_choice.mode;
+          if (!config_.tool_call_parser &&
+              (mode == ToolChoice::Mode::Required || mode == ToolChoice::Mode::Named))
+            throw ApiError(400,
+                           "tool_choice: 'required' and a named function need a server started with "
+                           "--tool-call-parser",
+                           "tool_choice", "unsupported_value");
+          prompts.push_back(b.encode(render_prompt(b, p, config_.tool_call_parser), false));
         } else {
           for (const PromptInput& in : p.prompts)
             prompts.push_back(in.text ? b.encode(*in.text, true) : in.ids);
@@ -318,7 +329,7 @@ void HttpServer::routes() {
           p.max_tokens = static_cast<int>(room);
         }
         auto job = std::make_shared<CompletionJob>(loop_, metrics_, p, std::move(prompts), model_name(),
-                                                   config_.reasoning_parser);
+                                                   config_.reasoning_parser, config_.tool_call_parser);
         // Counted until the answer is written: for a stream, until httplib releases the provider.
         ++completions_in_flight_;
         std::shared_ptr<void> in_flight(nullptr, [this](void*) { --completions_in_flight_; });
