@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/chat_page.h"
 #include "server/client_connection.h"
 #include "server/completion_job.h"
 
@@ -147,7 +148,9 @@ void HttpServer::routes() {
   };
 
   h.set_pre_routing_handler([this, error](const httplib::Request& req, httplib::Response& res) {
-    if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics")
+    // The chat page is public (it holds no data); its API calls send the key the user types in.
+    if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics" ||
+        (req.path == "/" && req.method == "GET"))
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     if (auth != "Bearer " + config_.api_key) {
@@ -181,6 +184,15 @@ void HttpServer::routes() {
     }
     MS_LOG_ERROR("request failed: {}", what);
     reply_json(res, 500, ApiError(500, what, "", "internal_error").to_json());
+  });
+
+  h.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    const std::string_view page = chat_page_html();
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header(
+        "Content-Security-Policy",
+        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src 'self' data:");
+    res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
   });
 
   h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
