@@ -10,6 +10,7 @@ debs=(
   libomp-dev clang libclang-rt-14-dev clang-format
   python3 python3-pip
   gnuplot-nox
+  chromium
 )
 py_pkgs=(pytest openai requests safetensors numpy)
 

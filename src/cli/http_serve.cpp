@@ -18,6 +18,9 @@ void add_http_serve_options(CLI::App& sub, HttpServeOptions& o) {
   sub.add_option("--reasoning-parser", o.reasoning_parser,
                  "Split <think>...</think> into reasoning_content: glm45 or deepseek-r1")
       ->check(CLI::IsMember({"", "glm45", "deepseek-r1"}));
+  sub.add_option("--tool-call-parser", o.tool_call_parser,
+                 "Turn the model's tool-call markup into OpenAI tool_calls: glm or deepseek_v3")
+      ->check(CLI::IsMember({"", "glm", "deepseek_v3"}));
   sub.add_option("--default-max-tokens", o.server.default_max_tokens,
                  "Completion tokens of a chat request that names no max_tokens (0: up to the context)")
       ->check(CLI::NonNegativeNumber)
@@ -35,6 +38,7 @@ int serve_until_signal(server::Backend& backend, const HttpServeOptions& o, cons
                        const std::function<std::string(int port)>& banner_extra) {
   server::ServerConfig sc = o.server;
   if (!o.reasoning_parser.empty()) sc.reasoning_parser = server::parse_reasoning_format(o.reasoning_parser);
+  if (!o.tool_call_parser.empty()) sc.tool_call_parser = server::parse_tool_call_format(o.tool_call_parser);
   server::EngineLoop loop(backend);
   server::HttpServer http(sc, loop);
   http.start();

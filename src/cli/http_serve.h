@@ -15,10 +15,12 @@ namespace ms::cli {
 struct HttpServeOptions {
   server::ServerConfig server;
   std::string reasoning_parser;  // "", "glm45" or "deepseek-r1"
+  std::string tool_call_parser;  // "", "glm" or "deepseek_v3"
   double drain_timeout_s = 30;
 };
 
-// --host --port --api-key --served-model-name --reasoning-parser --max-body-bytes --http-threads
+// --host --port --api-key --served-model-name --reasoning-parser --tool-call-parser --max-body-bytes
+// --http-threads
 // --drain-timeout.
 void add_http_serve_options(CLI::App& sub, HttpServeOptions& o);
 

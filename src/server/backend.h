@@ -31,6 +31,8 @@ class Backend {
   virtual std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const = 0;
   // Text of ids, special tokens skipped. May end in an incomplete UTF-8 sequence (shown as U+FFFD).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The same with special tokens kept: tool-call tags are special tokens in some vocabularies.
+  virtual std::string decode_with_special(const std::vector<int32_t>& ids) const { return decode(ids); }
   // The prompt text of a chat: messages as the OpenAI API sends them, tools (array or null) and
   // chat_template_kwargs (object or null) passed through to the template. Throws ms::Error on bad input.
   virtual std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,

@@ -38,7 +38,8 @@ std::string leading_field(const std::string& message) {
 
 CompletionJob::CompletionJob(EngineLoop& loop, Metrics& metrics, CompletionParams params,
                              std::vector<std::vector<int32_t>> prompts, std::string model,
-                             std::optional<ReasoningFormat> reasoning)
+                             std::optional<ReasoningFormat> reasoning,
+                             std::optional<ToolCallFormat> tool_calls)
     : loop_(loop),
       metrics_(metrics),
       params_(std::move(params)),
@@ -46,6 +47,8 @@ CompletionJob::CompletionJob(EngineLoop& loop, Metrics& metrics, CompletionParam
       model_(std::move(model)),
       id_(new_id(params_.chat)),
       reasoning_format_(params_.chat ? reasoning : std::nullopt),
+      tool_call_format_(params_.chat && params_.tool_choice.mode != ToolChoice::Mode::None ? tool_calls
+                                                                                           : std::nullopt),
       start_(Clock::now()),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
@@ -81,8 +84,16 @@ void CompletionJob::start() {
       r.ignore_eos = params_.ignore_eos;
       Choice c;
       c.prompt = pi;
-      c.text = std::make_unique<TextStream>(
-          [&backend](const std::vector<int32_t>& ids) { return backend.decode(ids); }, params_.stop);
+      if (tool_call_format_) {
+        // Tool-call tags are special tokens in some vocabularies (GLM's): keep them in the text.
+        c.text = std::make_unique<TextStream>(
+            [&backend](const std::vector<int32_t>& ids) { return backend.decode_with_special(ids); },
+            params_.stop);
+        c.tools = std::make_unique<ToolCallParser>(*tool_call_format_, params_.tools);
+      } else {
+        c.text = std::make_unique<TextStream>(
+            [&backend](const std::vector<int32_t>& ids) { return backend.decode(ids); }, params_.stop);
+      }
       if (reasoning_format_)
         c.reasoning = std::make_unique<ReasoningParser>(*reasoning_format_, params_.thinking);
       if (params_.chat) {
@@ -163,6 +174,7 @@ void CompletionJob::consume(size_t index, runtime::RequestOutput& o, Delta& d) {
     c.error = o.error;
     c.refused = o.refused;
   }
+  std::string content;
   if (c.reasoning) {
     auto r = c.reasoning->feed(piece);
     if (c.done) {
@@ -171,10 +183,60 @@ void CompletionJob::consume(size_t index, runtime::RequestOutput& o, Delta& d) {
       r.content += rest.content;
     }
     d.reasoning += r.reasoning;
-    d.content += r.content;
+    content = std::move(r.content);
   } else {
-    d.content += piece;
+    content = std::move(piece);
   }
+  if (c.tools) {
+    auto t = c.tools->feed(content);
+    if (c.done) {
+      auto rest = c.tools->finish();
+      t.content += rest.content;
+      for (auto& p : rest.calls) t.calls.push_back(std::move(p));
+    }
+    d.content += t.content;
+    for (const auto& p : t.calls) {
+      json e = {{"index", p.index}};
+      if (!p.id.empty()) {
+        e["id"] = p.id;
+        e["type"] = "function";
+        e["function"] = {{"name", p.name}, {"arguments", p.arguments}};
+      } else {
+        e["function"] = {{"arguments", p.arguments}};
+      }
+      d.tool_calls.push_back(std::move(e));
+    }
+    if (c.done) check_tool_choice(c);
+  } else {
+    d.content += content;
+  }
+}
+
+// tool_choice "required" or a named function: an answer without that call is refused (no sampler here
+// can force it).
+void CompletionJob::check_tool_choice(Choice& c) const {
+  if (c.finish == runtime::FinishReason::Error || c.finish == runtime::FinishReason::Cancelled) return;
+  const ToolChoice& tc = params_.tool_choice;
+  const auto& calls = c.tools->calls();
+  std::string problem;
+  if (tc.mode == ToolChoice::Mode::Required && calls.empty()) {
+    problem = "tool_choice is 'required' but the model answered without a tool call";
+  } else if (tc.mode == ToolChoice::Mode::Named) {
+    if (calls.empty()) problem = fmt::format("tool_choice names '{}' but the model called no tool", tc.name);
+    for (const auto& call : calls)
+      if (call.name != tc.name)
+        problem = fmt::format("tool_choice names '{}' but the model called '{}'", tc.name, call.name);
+  }
+  if (problem.empty()) return;
+  c.finish = runtime::FinishReason::Error;
+  c.error = problem;
+  c.error_code = "tool_choice_unsatisfied";
+  c.refused = false;
+}
+
+std::string CompletionJob::finish_name(const Choice& c) const {
+  if (c.tools && !c.tools->calls().empty() && c.finish == runtime::FinishReason::Stop) return "tool_calls";
+  return runtime::finish_reason_name(c.finish);
 }
 
 json CompletionJob::usage() const {
@@ -230,6 +292,7 @@ bool CompletionJob::poll(std::vector<json>& chunks, std::chrono::milliseconds ti
       json delta = json::object();
       if (d && !d->content.empty()) delta["content"] = d->content, has = true;
       if (d && !d->reasoning.empty()) delta["reasoning_content"] = d->reasoning, has = true;
+      if (d && !d->tool_calls.empty()) delta["tool_calls"] = d->tool_calls, has = true;
       ch["delta"] = delta;
     } else {
       ch["text"] = d ? d->content : std::string();
@@ -247,7 +310,7 @@ bool CompletionJob::poll(std::vector<json>& chunks, std::chrono::milliseconds ti
     if (c.done && !c.finished_chunk && c.finish != runtime::FinishReason::Cancelled &&
         c.finish != runtime::FinishReason::Error) {
       c.finished_chunk = true;
-      ch["finish_reason"] = runtime::finish_reason_name(c.finish);
+      ch["finish_reason"] = finish_name(c);
       has = true;
     }
     if (has) chunks.push_back(chunk(json::array({ch})));
@@ -277,7 +340,7 @@ bool CompletionJob::poll(std::vector<json>& chunks, std::chrono::milliseconds ti
     if (c.finish == runtime::FinishReason::Error && !c.finished_chunk) {
       c.finished_chunk = true;
       const ApiError e = c.refused ? ApiError(400, c.error, leading_field(c.error))
-                                   : ApiError(500, c.error, "", "engine_error");
+                                   : ApiError(500, c.error, "", c.error_code);
       chunks.push_back({{"error", e.to_json()["error"]}});
     }
     if (c.finish == runtime::FinishReason::Cancelled && !c.finished_chunk && !cancelled_here_) {
@@ -328,14 +391,23 @@ json CompletionJob::collect(const std::function<bool()>& client_gone) {
     Choice& c = choices_[i];
     if (c.finish == runtime::FinishReason::Error) {
       if (c.refused) throw ApiError(400, c.error, leading_field(c.error));
-      throw ApiError(500, c.error, "", "engine_error");
+      throw ApiError(500, c.error, "", c.error_code);
     }
     if (c.finish == runtime::FinishReason::Cancelled)
       throw ApiError(503, "request cancelled: the server is shutting down", "", "service_unavailable");
-    json ch = {{"index", i}, {"finish_reason", runtime::finish_reason_name(c.finish)}};
+    json ch = {{"index", i}, {"finish_reason", finish_name(c)}};
     if (params_.chat) {
       json msg = {{"role", "assistant"}, {"content", c.content}};
       if (c.reasoning) msg["reasoning_content"] = c.reasoning_content;
+      if (c.tools && !c.tools->calls().empty()) {
+        json calls = json::array();
+        for (const auto& call : c.tools->calls())
+          calls.push_back({{"id", call.id},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        msg["tool_calls"] = calls;
+        if (c.content.find_first_not_of(" \n\r\t") == std::string::npos) msg["content"] = nullptr;
+      }
       ch["message"] = msg;
       ch["logprobs"] = params_.logprobs ? json{{"content", c.logprobs}} : json();
     } else {

@@ -17,6 +17,7 @@
 #include "server/openai_protocol.h"
 #include "server/reasoning_parser.h"
 #include "server/text_stream.h"
+#include "server/tool_call_parser.h"
 
 namespace ms::server {
 
@@ -25,7 +26,7 @@ class CompletionJob {
   using Clock = std::chrono::steady_clock;
   CompletionJob(EngineLoop& loop, Metrics& metrics, CompletionParams params,
                 std::vector<std::vector<int32_t>> prompts, std::string model,
-                std::optional<ReasoningFormat> reasoning);
+                std::optional<ReasoningFormat> reasoning, std::optional<ToolCallFormat> tool_calls = {});
   ~CompletionJob();  // cancels what still runs
 
   void start();
@@ -44,11 +45,12 @@ class CompletionJob {
     std::shared_ptr<RequestStream> stream;
     std::unique_ptr<TextStream> text;
     std::unique_ptr<ReasoningParser> reasoning;
+    std::unique_ptr<ToolCallParser> tools;   // chat with tools, a --tool-call-parser, tool_choice not none
     std::string content, reasoning_content;  // all of it, for the non-streaming answer
     nlohmann::json logprobs;                 // chat: array of entries; completions: the four parallel arrays
     int text_offset = 0;
     runtime::FinishReason finish = runtime::FinishReason::None;
-    std::string error;
+    std::string error, error_code = "engine_error";
     bool refused = false;  // the engine refused its input: a client error
     bool done = false, sent_role = false, finished_chunk = false;
     int completion_tokens = 0, cached_tokens = 0;
@@ -57,9 +59,12 @@ class CompletionJob {
   struct Delta {
     std::string content, reasoning;
     nlohmann::json logprobs;
+    nlohmann::json tool_calls = nlohmann::json::array();  // OpenAI delta.tool_calls entries
   };
   void consume(size_t index, runtime::RequestOutput& o, Delta& d);
   void logprob_entry(Choice& c, const runtime::GeneratedToken& g, nlohmann::json& out);
+  void check_tool_choice(Choice& c) const;
+  std::string finish_name(const Choice& c) const;
   nlohmann::json chunk(nlohmann::json choices) const;
   nlohmann::json usage() const;
   void finish_metrics();
@@ -70,6 +75,7 @@ class CompletionJob {
   std::vector<std::vector<int32_t>> prompts_;
   std::string model_, id_;
   std::optional<ReasoningFormat> reasoning_format_;
+  std::optional<ToolCallFormat> tool_call_format_;
   std::vector<Choice> choices_;
   Clock::time_point start_;
   int64_t created_ = 0;

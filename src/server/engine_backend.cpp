@@ -70,6 +70,10 @@ std::string EngineBackend::decode(const std::vector<int32_t>& ids) const {
   return tokenizer_->decode(ids, /*skip_special_tokens=*/true);
 }
 
+std::string EngineBackend::decode_with_special(const std::vector<int32_t>& ids) const {
+  return tokenizer_->decode(ids, /*skip_special_tokens=*/false);
+}
+
 std::string EngineBackend::render_chat(const ordered_json& messages, const ordered_json& tools,
                                        const ordered_json& template_kwargs) const {
   MS_CHECK(chat_template_ != nullptr,

@@ -37,6 +37,7 @@ class EngineBackend : public Backend {
   int32_t vocab_size() const override { return vocab_size_; }
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
+  std::string decode_with_special(const std::vector<int32_t>& ids) const override;
   std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                           const nlohmann::ordered_json& template_kwargs) const override;
 

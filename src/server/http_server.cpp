@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/chat_page.h"
 #include "server/client_connection.h"
 #include "server/completion_job.h"
 
@@ -63,6 +64,20 @@ void raise_listen_backlog(int port) {
     if (addr.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
     if (addr.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
     if (p == port) ::listen(fd, 1024);
+  }
+}
+
+// The prompt text of a chat. Under tool_choice "none" the tools are not offered; with a tool-call parser,
+// earlier tool calls are given to the template in the form it expects.
+std::string render_prompt(const Backend& b, const CompletionParams& p,
+                          const std::optional<ToolCallFormat>& fmt) {
+  static const ordered_json no_tools;
+  const ordered_json& tools = p.tool_choice.mode == ToolChoice::Mode::None ? no_tools : p.tools;
+  try {
+    if (fmt) return b.render_chat(messages_for_template(*fmt, p.messages), tools, p.template_kwargs);
+    return b.render_chat(p.messages, tools, p.template_kwargs);
+  } catch (const ms::Error& e) {
+    throw ApiError(400, e.message(), "messages");
   }
 }
 
@@ -133,7 +148,9 @@ void HttpServer::routes() {
   };
 
   h.set_pre_routing_handler([this, error](const httplib::Request& req, httplib::Response& res) {
-    if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics")
+    // The chat page is public (it holds no data); its API calls send the key the user types in.
+    if (config_.api_key.empty() || req.path == "/health" || req.path == "/metrics" ||
+        (req.path == "/" && req.method == "GET"))
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     if (auth != "Bearer " + config_.api_key) {
@@ -167,6 +184,15 @@ void HttpServer::routes() {
     }
     MS_LOG_ERROR("request failed: {}", what);
     reply_json(res, 500, ApiError(500, what, "", "internal_error").to_json());
+  });
+
+  h.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    const std::string_view page = chat_page_html();
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header(
+        "Content-Security-Policy",
+        "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src 'self' data:");
+    res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
   });
 
   h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -208,11 +234,7 @@ void HttpServer::routes() {
         for (const char* k : {"tools", "chat_template_kwargs"})
           if (body.contains(k)) probe[k] = body[k];
         p = parse_completion_request(probe, true, config_.limits);
-        try {
-          text = b.render_chat(p.messages, p.tools, p.template_kwargs);
-        } catch (const ms::Error& e) {
-          throw ApiError(400, e.message(), "messages");
-        }
+        text = render_prompt(b, p, config_.tool_call_parser);
       } else if (body.contains("prompt") && body["prompt"].is_string()) {
         text = body["prompt"].get<std::string>();
       } else {
@@ -257,13 +279,14 @@ void HttpServer::routes() {
         Backend& b = loop_.backend();
         std::vector<std::vector<int32_t>> prompts;
         if (chat) {
-          std::string text;
-          try {
-            text = b.render_chat(p.messages, p.tools, p.template_kwargs);
-          } catch (const ms::Error& e) {
-            throw ApiError(400, e.message(), "messages");
-          }
-          prompts.push_back(b.encode(text, false));
+          const auto mode = p.tool_choice.mode;
+          if (!config_.tool_call_parser &&
+              (mode == ToolChoice::Mode::Required || mode == ToolChoice::Mode::Named))
+            throw ApiError(400,
+                           "tool_choice: 'required' and a named function need a server started with "
+                           "--tool-call-parser",
+                           "tool_choice", "unsupported_value");
+          prompts.push_back(b.encode(render_prompt(b, p, config_.tool_call_parser), false));
         } else {
           for (const PromptInput& in : p.prompts)
             prompts.push_back(in.text ? b.encode(*in.text, true) : in.ids);
@@ -318,7 +341,7 @@ void HttpServer::routes() {
           p.max_tokens = static_cast<int>(room);
         }
         auto job = std::make_shared<CompletionJob>(loop_, metrics_, p, std::move(prompts), model_name(),
-                                                   config_.reasoning_parser);
+                                                   config_.reasoning_parser, config_.tool_call_parser);
         // Counted until the answer is written: for a stream, until httplib releases the provider.
         ++completions_in_flight_;
         std::shared_ptr<void> in_flight(nullptr, [this](void*) { --completions_in_flight_; });

@@ -13,6 +13,7 @@
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "server/reasoning_parser.h"
+#include "server/tool_call_parser.h"
 
 namespace httplib {
 class Server;
@@ -28,6 +29,7 @@ struct ServerConfig {
   size_t max_body_bytes = 32u << 20;
   int http_threads = 512;  // each streaming client holds one
   std::optional<ReasoningFormat> reasoning_parser;
+  std::optional<ToolCallFormat> tool_call_parser;  // none: answers are text, tool markup included
   // max_tokens of a chat request that gives none (bounded by what is left of the context); 0: the context.
   int default_max_tokens = 4096;
   ProtocolLimits limits;
