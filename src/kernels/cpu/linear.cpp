@@ -1,11 +1,19 @@
 #include "kernels/cpu/linear.h"
 
+// GCC 12 reports the intrinsics' own _mm512_undefined_* placeholders as maybe-uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
 #include <cstddef>
 #include <vector>
+
+#include "kernels/cpu/cpu_features.h"
 
 namespace ms::kernels::cpu {
 
 namespace {
+
+// ---- Reference path: any format, weight rows dequantised a tile at a time --------------------------------
 
 constexpr int kTile = 4;  // weight rows dequantised together; each x row is then read once per tile
 
@@ -16,39 +24,234 @@ float* tile_buffer(int64_t floats) {
   return buf.data();
 }
 
+void linear_tile_ref(const LinearParams& p, int64_t t) {
+  const int64_t k = p.w.cols;
+  float* wbuf = tile_buffer(kTile * k);
+  const int64_t j0 = t * kTile;
+  const int rows = static_cast<int>(p.n - j0 < kTile ? p.n - j0 : kTile);
+  for (int r = 0; r < rows; ++r) dequantize_row(p.w, p.row0 + j0 + r, wbuf + r * k);
+  for (int r = rows; r < kTile; ++r)
+    for (int64_t c = 0; c < k; ++c) wbuf[r * k + c] = 0.0f;
+  const float* w0 = wbuf;
+  const float* w1 = wbuf + k;
+  const float* w2 = wbuf + 2 * k;
+  const float* w3 = wbuf + 3 * k;
+  for (int64_t i = 0; i < p.m; ++i) {
+    const float* x = p.x + i * p.x_stride;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t c = 0; c < k; ++c) {
+      const float xv = x[c];
+      s0 += w0[c] * xv;
+      s1 += w1[c] * xv;
+      s2 += w2[c] * xv;
+      s3 += w3[c] * xv;
+    }
+    float* y = p.y + i * p.y_stride + j0;
+    const float s[kTile] = {s0, s1, s2, s3};
+    for (int r = 0; r < rows; ++r) y[r] = s[r];
+  }
+}
+
+// ---- BF16 weights, f32 activations: register-blocked micro-kernels ---------------------------------------
+//
+// A micro-kernel computes an R x T block of y (R weight rows, T token rows) over the whole k: per 16 (8 for
+// AVX2) columns it widens R weight vectors from bf16 to f32 once (a zero-extend and a shift, exact) and
+// feeds them to R x T FMAs, so each weight byte is loaded once per T tokens and each x vector once per R
+// rows. Accumulation stays f32 with f32 activations, as in the reference; only the summation order differs.
+// Weight rows of one R-tile stay in L1 (R x k x 2 bytes) while the token blocks of a batch walk over them.
+
+#define MS_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define MS_AVX2_TARGET __attribute__((target("avx2,fma")))
+
+template <int R, int T>
+MS_AVX512_TARGET inline void mk_bf16_avx512(const uint16_t* __restrict__ w, int64_t ldw,
+                                            const float* __restrict__ x, int64_t ldx, int64_t k,
+                                            float* __restrict__ y, int64_t ldy, int rows) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= k; c += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + c));
+      wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  if (c < k) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (k - c)) - 1u);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m256i h = _mm256_maskz_loadu_epi16(mask, w + r * ldw + c);
+      wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < rows; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+MS_AVX2_TARGET inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int R, int T>
+MS_AVX2_TARGET inline void mk_bf16_avx2(const uint16_t* __restrict__ w, int64_t ldw,
+                                        const float* __restrict__ x, int64_t ldx, int64_t k,
+                                        float* __restrict__ y, int64_t ldy, int rows) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= k; c += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * ldw + c));
+      wv[r] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  float s[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) s[r][t] = hsum256(acc[r][t]);
+  for (; c < k; ++c)
+    for (int r = 0; r < R; ++r) {
+      const float wf = __builtin_bit_cast(float, static_cast<uint32_t>(w[r * ldw + c]) << 16);
+      for (int t = 0; t < T; ++t) s[r][t] += wf * x[t * ldx + c];
+    }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < rows; ++r) y[t * ldy + r] = s[r][t];
+}
+
+using MicroKernel = void (*)(const uint16_t*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int);
+
+// Tables indexed by T - 1. A batch of one uses 8 rows per pass (8 independent FMA chains and 8 weight
+// streams in flight); batches use 4 rows x up to 4 tokens (16 accumulators, within the 32 / 16 registers).
+constexpr int kRowsM1 = 8;
+constexpr int kRowsMT = 4;
+constexpr int kTokens = 4;
+constexpr int kRowsWide = 2;    // batches of 8+ tokens: 2 rows x 8 tokens, each widened weight vector feeds 8
+constexpr int kTokensWide = 8;  // FMAs (the widening, a shuffle and a shift, is what bounds the 4 x 4 kernel)
+
+struct Bf16Kernels {
+  MicroKernel m1;           // R = kRowsM1, T = 1
+  MicroKernel mt[kTokens];  // R = kRowsMT, T = 1..kTokens
+  MicroKernel wide;         // R = kRowsWide, T = kTokensWide
+};
+
+const Bf16Kernels kAvx512 = {
+    [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+       int rows) { mk_bf16_avx512<kRowsM1, 1>(w, ldw, x, ldx, k, y, ldy, rows); },
+    {[](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx512<kRowsMT, 1>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx512<kRowsMT, 2>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx512<kRowsMT, 3>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx512<kRowsMT, 4>(w, ldw, x, ldx, k, y, ldy, rows); }},
+    [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+       int rows) { mk_bf16_avx512<kRowsWide, kTokensWide>(w, ldw, x, ldx, k, y, ldy, rows); }};
+
+const Bf16Kernels kAvx2 = {
+    [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+       int rows) { mk_bf16_avx2<kRowsM1, 1>(w, ldw, x, ldx, k, y, ldy, rows); },
+    {[](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx2<kRowsMT, 1>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx2<kRowsMT, 2>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx2<kRowsMT, 3>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx2<kRowsMT, 4>(w, ldw, x, ldx, k, y, ldy, rows); }},
+    [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+       int rows) { mk_bf16_avx2<kRowsWide, kTokensWide>(w, ldw, x, ldx, k, y, ldy, rows); }};
+
+const Bf16Kernels* bf16_kernels() {
+  switch (linear_isa()) {
+    case LinearIsa::Avx512:
+      return &kAvx512;
+    case LinearIsa::Avx2:
+      return &kAvx2;
+    case LinearIsa::Reference:
+      break;
+  }
+  return nullptr;
+}
+
+// y rows [j0, j0 + rows) for all m tokens, rows = min(R, n - j0).
+void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R, MicroKernel m1) {
+  const int64_t k = p.w.cols;
+  const int rows = static_cast<int>(p.n - j0 < R ? p.n - j0 : R);
+  const uint16_t* base = static_cast<const uint16_t*>(p.w.data) + (p.row0 + j0) * k;
+  // Weight rows the kernels read: R, or 4 when a 2-row wide tile also runs the 4-row kernels on the batch's
+  // leftover tokens (the extra rows' sums are dropped). Past the matrix end they come from a copy padded with
+  // the last valid row, so no read leaves the matrix.
+  const int need = R == kRowsWide && p.m % kTokensWide != 0 ? kRowsMT : R;
+  const uint16_t* w = base;
+  if (p.w.rows - (p.row0 + j0) < need) {
+    static thread_local std::vector<uint16_t> pad;
+    pad.resize(static_cast<size_t>(need * k));
+    for (int r = 0; r < need; ++r) {
+      const uint16_t* src = base + (r < rows ? r : rows - 1) * k;
+      std::copy(src, src + k, pad.begin() + r * k);
+    }
+    w = pad.data();
+  }
+  if (p.m == 1) {
+    m1(w, k, p.x, p.x_stride, k, p.y + j0, p.y_stride, rows);
+    return;
+  }
+  int64_t i = 0;
+  if (R == kRowsWide)
+    for (; i + kTokensWide <= p.m; i += kTokensWide)
+      kern.wide(w, k, p.x + i * p.x_stride, p.x_stride, k, p.y + i * p.y_stride + j0, p.y_stride, rows);
+  for (int64_t r0 = 0; r0 < R && i < p.m; r0 += kRowsMT) {
+    // Leftover tokens (fewer than 8) of a wide tile, or a whole batch of 2..7: 4-row kernels.
+    for (int64_t ii = i; ii < p.m; ii += kTokens) {
+      const int tok = static_cast<int>(p.m - ii < kTokens ? p.m - ii : kTokens);
+      const int rr = rows - static_cast<int>(r0);
+      if (rr <= 0) break;
+      kern.mt[tok - 1](w + r0 * k, k, p.x + ii * p.x_stride, p.x_stride, k, p.y + ii * p.y_stride + j0 + r0,
+                       p.y_stride, rr < kRowsMT ? rr : kRowsMT);
+    }
+  }
+}
+
+// Below this many weight bytes the op runs on the calling thread: a fork/join costs more than it saves.
+constexpr double kParallelBytes = 96.0 * 1024;
+
 }  // namespace
 
 void linear(const LinearParams& p) {
-  const int64_t k = p.w.cols;
-  const int64_t tiles = (p.n + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
-    float* wbuf = tile_buffer(kTile * k);
-    const int64_t j0 = t * kTile;
-    const int rows = static_cast<int>(p.n - j0 < kTile ? p.n - j0 : kTile);
-    for (int r = 0; r < rows; ++r) dequantize_row(p.w, p.row0 + j0 + r, wbuf + r * k);
-    for (int r = rows; r < kTile; ++r)
-      for (int64_t c = 0; c < k; ++c) wbuf[r * k + c] = 0.0f;
-    const float* w0 = wbuf;
-    const float* w1 = wbuf + k;
-    const float* w2 = wbuf + 2 * k;
-    const float* w3 = wbuf + 3 * k;
-    for (int64_t i = 0; i < p.m; ++i) {
-      const float* x = p.x + i * p.x_stride;
-      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-      for (int64_t c = 0; c < k; ++c) {
-        const float xv = x[c];
-        s0 += w0[c] * xv;
-        s1 += w1[c] * xv;
-        s2 += w2[c] * xv;
-        s3 += w3[c] * xv;
-      }
-      float* y = p.y + i * p.y_stride + j0;
-      const float s[kTile] = {s0, s1, s2, s3};
-      for (int r = 0; r < rows; ++r) y[r] = s[r];
-    }
+  const Bf16Kernels* kern = p.w.format == WeightFormat::BF16 ? bf16_kernels() : nullptr;
+  const bool parallel = 2.0 * static_cast<double>(p.n) * static_cast<double>(p.w.cols) *
+                            static_cast<double>(p.m < kTokens ? 1 : (p.m + kTokens - 1) / kTokens) >=
+                        kParallelBytes;
+  if (kern != nullptr) {
+    const int R = p.m == 1 ? kRowsM1 : p.m >= kTokensWide ? kRowsWide : kRowsMT;
+    const int64_t tiles = (p.n + R - 1) / R;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t t = 0; t < tiles; ++t) bf16_tile(*kern, p, t * R, R, kern->m1);
+    return;
   }
+  const int64_t tiles = (p.n + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t t = 0; t < tiles; ++t) linear_tile_ref(p, t);
 }
 
 }  // namespace ms::kernels::cpu
