@@ -265,6 +265,92 @@ void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R
   }
 }
 
+// ---- FP8 (e4m3) weights with 128x128 block scales, f32 activations, AVX-512
+// --------------------------------
+//
+// The checkpoint's FP8 kept as is: one byte per weight, half the bytes of bf16. A byte widens to f32 exactly
+// without a table: its exponent and mantissa bits (b & 0x7f) shifted left by 20 land in f32's exponent and
+// mantissa fields, which is the value times 2^-120 (the bias difference 127 - 7; subnormals come out right
+// too), and the sign bit moves to bit 31. The 2^120 is folded into the block scale. R rows x T tokens per
+// pass as for bf16; each widened weight vector is multiplied by its block's scale once and then feeds T FMAs.
+
+template <int R, int T>
+MS_AVX512_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_t ldw,
+                                           const float* const* __restrict__ srow, int block,
+                                           const float* __restrict__ x, int64_t ldx, int64_t k,
+                                           float* __restrict__ y, int64_t ldy, int rows) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const __m512i mag_mask = _mm512_set1_epi32(0x7f);
+  const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  constexpr float kBias = 0x1p120f;
+  for (int64_t c0 = 0; c0 < k; c0 += block) {
+    const int64_t c1 = c0 + block < k ? c0 + block : k;
+    __m512 sv[R];
+    for (int r = 0; r < R; ++r) sv[r] = _mm512_set1_ps(srow[r][c0 / block] * kBias);
+    for (int64_t c = c0; c < c1; c += 16) {
+      const __mmask16 mask =
+          c1 - c >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (c1 - c)) - 1u);
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) {
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, w + r * ldw + c));
+        const __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b, mag_mask), 20),
+                                             _mm512_and_si512(_mm512_slli_epi32(b, 24), sign_mask));
+        wv[r] = _mm512_mul_ps(_mm512_castsi512_ps(bits), sv[r]);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + t * ldx + c);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < rows; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+using Fp8Kernel = void (*)(const uint8_t*, int64_t, const float* const*, int, const float*, int64_t, int64_t,
+                           float*, int64_t, int);
+#define MS_FP8_KERNEL(R, T)                                                                                  \
+  [](const uint8_t* w, int64_t ldw, const float* const* sr, int blk, const float* x, int64_t ldx, int64_t k, \
+     float* y, int64_t ldy, int rows) { mk_fp8_avx512<R, T>(w, ldw, sr, blk, x, ldx, k, y, ldy, rows); }
+const Fp8Kernel kFp8M1 = MS_FP8_KERNEL(kRowsM1, 1);
+const Fp8Kernel kFp8Mt[kTokens] = {MS_FP8_KERNEL(kRowsMT, 1), MS_FP8_KERNEL(kRowsMT, 2),
+                                   MS_FP8_KERNEL(kRowsMT, 3), MS_FP8_KERNEL(kRowsMT, 4)};
+#undef MS_FP8_KERNEL
+
+// y rows [j0, j0 + min(R, n - j0)) for all m tokens. Rows past the tile's end alias its last valid row (their
+// sums are dropped), so no read leaves the matrix.
+void fp8_tile(const LinearParams& p, int64_t j0, int R) {
+  const int64_t k = p.w.cols;
+  const int rows = static_cast<int>(p.n - j0 < R ? p.n - j0 : R);
+  const int64_t scale_cols = (k + p.w.block - 1) / p.w.block;
+  const uint8_t* wbase = static_cast<const uint8_t*>(p.w.data);
+  const float* scales = static_cast<const float*>(p.w.scale);
+  const uint8_t* w = wbase + (p.row0 + j0) * k;
+  const float* srow[kRowsM1];
+  for (int r = 0; r < R; ++r)
+    srow[r] = scales + ((p.row0 + j0 + (r < rows ? r : rows - 1)) / p.w.block) * scale_cols;
+  if (rows < R) {
+    static thread_local std::vector<uint8_t> pad;
+    pad.resize(static_cast<size_t>(R * k));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* src = w + (r < rows ? r : rows - 1) * k;
+      std::copy(src, src + k, pad.begin() + r * k);
+    }
+    w = pad.data();
+  }
+  if (p.m == 1) {
+    kFp8M1(w, k, srow, p.w.block, p.x, p.x_stride, k, p.y + j0, p.y_stride, rows);
+    return;
+  }
+  for (int64_t i = 0; i < p.m; i += kTokens) {
+    const int tok = static_cast<int>(p.m - i < kTokens ? p.m - i : kTokens);
+    kFp8Mt[tok - 1](w, k, srow, p.w.block, p.x + i * p.x_stride, p.x_stride, k, p.y + i * p.y_stride + j0,
+                    p.y_stride, rows);
+  }
+}
+
 // Below this many weight bytes the op runs on the calling thread: a fork/join costs more than it saves.
 constexpr double kParallelBytes = 96.0 * 1024;
 
@@ -291,6 +377,13 @@ void linear(const LinearParams& p) {
         for (int64_t j = full * kRowsM1; j < p.n; ++j) gemv_bf16_eo_avx512<1>(w0 + j * k, k, xeo, k, p.y + j);
       }
     }
+    return;
+  }
+  if (p.w.format == WeightFormat::FP8Block && linear_isa() == LinearIsa::Avx512 && p.w.block % 16 == 0) {
+    const int R = p.m == 1 ? kRowsM1 : kRowsMT;
+    const int64_t tiles = (p.n + R - 1) / R;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t t = 0; t < tiles; ++t) fp8_tile(p, t * R, R);
     return;
   }
   if (kern != nullptr) {

@@ -88,6 +88,72 @@ TEST(CpuLinear, Bf16MatchesDoubleReferenceOnEveryIsa) {
     for (const Case& c : cases) check_bf16(isa, c, rng);
 }
 
+// FP8 e4m3 with block scales: every byte code but the two NaNs (so subnormals and both signs occur), scales
+// of varied magnitude; the reference is the dequantised row (the table of quant::fp8_e4m3_table) in double.
+void check_fp8(LinearIsa isa, const Case& c, int block, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sd(0.001f, 4.0f);
+  const int64_t rows = c.row0 + c.n + (c.n % 2 ? 3 : 0);
+  std::vector<uint8_t> w(static_cast<size_t>(rows * c.k));
+  for (auto& v : w) {
+    int b = byte(rng);
+    while ((b & 0x7f) == 0x7f) b = byte(rng);
+    v = static_cast<uint8_t>(b);
+  }
+  const int64_t sr = (rows + block - 1) / block, sc = (c.k + block - 1) / block;
+  std::vector<float> scale(static_cast<size_t>(sr * sc));
+  for (auto& v : scale) v = sd(rng);
+  const int64_t xs = c.k + 1, ys = c.n + 2;
+  std::vector<float> x(static_cast<size_t>(c.m * xs));
+  for (auto& v : x) v = nd(rng);
+  std::vector<float> y(static_cast<size_t>(c.m * ys), std::numeric_limits<float>::quiet_NaN());
+  LinearParams p;
+  p.x = x.data();
+  p.x_stride = xs;
+  p.w.format = WeightFormat::FP8Block;
+  p.w.rows = rows;
+  p.w.cols = c.k;
+  p.w.data = w.data();
+  p.w.scale = scale.data();
+  p.w.block = block;
+  p.row0 = c.row0;
+  p.n = c.n;
+  p.y = y.data();
+  p.y_stride = ys;
+  p.m = c.m;
+  force_linear_isa(isa);
+  linear(p);
+  clear_forced_linear_isa();
+  std::vector<float> wrow(static_cast<size_t>(c.k));
+  for (int64_t j = 0; j < c.n; ++j) {
+    dequantize_row(p.w, c.row0 + j, wrow.data());
+    for (int64_t i = 0; i < c.m; ++i) {
+      double want = 0, mag = 0;
+      for (int64_t q = 0; q < c.k; ++q) {
+        want += static_cast<double>(wrow[q]) * x[i * xs + q];
+        mag += std::fabs(static_cast<double>(wrow[q]) * x[i * xs + q]);
+      }
+      const float got = y[i * ys + j];
+      ASSERT_FALSE(std::isnan(got)) << linear_isa_name(isa) << " fp8 y[" << i << "," << j << "] not written";
+      ASSERT_NEAR(got, want, 1e-6 * static_cast<double>(c.k) * mag + 1e-6)
+          << linear_isa_name(isa) << " fp8 block " << block << " m" << c.m << " n" << c.n << " k" << c.k
+          << " at " << i << "," << j;
+    }
+  }
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = c.n; j < ys; ++j) ASSERT_TRUE(std::isnan(y[i * ys + j])) << "fp8 wrote past n";
+}
+
+TEST(CpuLinear, Fp8BlockMatchesDequantisedRowsOnEveryIsa) {
+  std::mt19937 rng(11);
+  const std::vector<Case> cases = {{1, 37, 300, 0}, {1, 64, 256, 5}, {2, 13, 40, 1},  {4, 21, 128, 2},
+                                   {5, 8, 200, 0},  {8, 33, 256, 0}, {9, 12, 100, 4}, {1, 3, 5, 0}};
+  for (LinearIsa isa : isas_here())
+    for (const Case& c : cases)
+      for (int block : {16, 128}) check_fp8(isa, c, block, rng);
+}
+
 TEST(CpuLinear, DetectedIsaIsOneThisCpuHas) {
   const auto here = isas_here();
   EXPECT_EQ(linear_isa(), here.back()) << linear_isa_name(linear_isa());
