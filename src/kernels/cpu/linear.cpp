@@ -61,6 +61,9 @@ void linear_tile_ref(const LinearParams& p, int64_t t) {
 // feeds them to R x T FMAs, so each weight byte is loaded once per T tokens and each x vector once per R
 // rows. Accumulation stays f32 with f32 activations, as in the reference; only the summation order differs.
 // Weight rows of one R-tile stay in L1 (R x k x 2 bytes) while the token blocks of a batch walk over them.
+// Every kernel sums a row in the same order (lane j takes columns j, j + 16, ..., then one horizontal sum),
+// so a token's result does not depend on how many tokens share the call (an expert's token count changes with
+// other sequences' routing; tests compare such rows bit for bit).
 
 #define MS_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define MS_AVX2_TARGET __attribute__((target("avx2,fma")))
@@ -98,38 +101,6 @@ MS_AVX512_TARGET inline void mk_bf16_avx512(const uint16_t* __restrict__ w, int6
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < rows; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
-// Batch of one, k a multiple of 32, AVX-512: the widening without a shuffle. A 64-byte load holds 32 bf16
-// values as 16 dwords, element 2j in the low half of dword j: `dword << 16` is element 2j as f32 and
-// `dword & 0xffff0000` is element 2j + 1, two plain ALU ops per 32 weights (the zero-extend of the general
-// kernel is a cross-lane shuffle per 16). x is split once per call into its even and odd elements per
-// 32-block (xeo: [k/32][even 16, odd 16]) to match.
-template <int R>
-MS_AVX512_TARGET inline void gemv_bf16_eo_avx512(const uint16_t* __restrict__ w, int64_t ldw,
-                                                 const float* __restrict__ xeo, int64_t k,
-                                                 float* __restrict__ y) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  for (int64_t c = 0; c < k; c += 32) {
-    const __m512 xe = _mm512_loadu_ps(xeo + c);
-    const __m512 xo = _mm512_loadu_ps(xeo + c + 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512i v = _mm512_loadu_si512(w + r * ldw + c);
-      acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), xo, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
-}
-
-void split_even_odd(const float* x, int64_t k, float* xeo) {
-  for (int64_t c = 0; c < k; c += 32)
-    for (int j = 0; j < 16; ++j) {
-      xeo[c + j] = x[c + 2 * j];
-      xeo[c + 16 + j] = x[c + 2 * j + 1];
-    }
 }
 
 MS_AVX2_TARGET inline float hsum256(__m256 v) {
@@ -361,24 +332,6 @@ void linear(const LinearParams& p) {
   const bool parallel = 2.0 * static_cast<double>(p.n) * static_cast<double>(p.w.cols) *
                             static_cast<double>(p.m < kTokens ? 1 : (p.m + kTokens - 1) / kTokens) >=
                         kParallelBytes;
-  if (kern == &kAvx512 && p.m == 1 && p.w.cols % 32 == 0) {
-    const int64_t k = p.w.cols;
-    static thread_local std::vector<float> xeo_buf;
-    xeo_buf.resize(static_cast<size_t>(k));
-    float* xeo = xeo_buf.data();
-    split_even_odd(p.x, k, xeo);
-    const uint16_t* w0 = static_cast<const uint16_t*>(p.w.data) + p.row0 * k;
-    const int64_t full = p.n / kRowsM1;
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t t = 0; t <= full; ++t) {
-      if (t < full) {
-        gemv_bf16_eo_avx512<kRowsM1>(w0 + t * kRowsM1 * k, k, xeo, k, p.y + t * kRowsM1);
-      } else {
-        for (int64_t j = full * kRowsM1; j < p.n; ++j) gemv_bf16_eo_avx512<1>(w0 + j * k, k, xeo, k, p.y + j);
-      }
-    }
-    return;
-  }
   if (p.w.format == WeightFormat::FP8Block && linear_isa() == LinearIsa::Avx512 && p.w.block % 16 == 0) {
     const int R = p.m == 1 ? kRowsM1 : kRowsMT;
     const int64_t tiles = (p.n + R - 1) / R;

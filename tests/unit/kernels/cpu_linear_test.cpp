@@ -3,7 +3,9 @@
 // tail (not a multiple of 16 or 8), n with a partial row tile, a row window (row0 > 0) and strided x / y.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -152,6 +154,43 @@ TEST(CpuLinear, Fp8BlockMatchesDequantisedRowsOnEveryIsa) {
   for (LinearIsa isa : isas_here())
     for (const Case& c : cases)
       for (int block : {16, 128}) check_fp8(isa, c, block, rng);
+}
+
+// A token's row does not depend on the batch it runs in (1, 2..7 or 8+ tokens take different micro-kernels):
+// bit for bit, since an expert's token count changes with other sequences' routing.
+TEST(CpuLinear, Bf16RowsAreBatchInvariant) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 21, k = 200, m = 19;
+  std::vector<uint16_t> w(static_cast<size_t>(n * k));
+  for (auto& v : w) v = ms::quant::f32_to_bf16(nd(rng));
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (auto& v : x) v = nd(rng);
+  auto run = [&](int64_t row, int64_t rows, float* y) {
+    LinearParams p;
+    p.x = x.data() + row * k;
+    p.x_stride = k;
+    p.w.format = WeightFormat::BF16;
+    p.w.rows = n;
+    p.w.cols = k;
+    p.w.data = w.data();
+    p.n = n;
+    p.y = y;
+    p.y_stride = n;
+    p.m = rows;
+    linear(p);
+  };
+  for (LinearIsa isa : isas_here()) {
+    force_linear_isa(isa);
+    std::vector<float> all(static_cast<size_t>(m * n)), part(static_cast<size_t>(m * n));
+    run(0, m, all.data());
+    for (int64_t chunk : {1, 3, 8}) {
+      for (int64_t i = 0; i < m; i += chunk) run(i, std::min(chunk, m - i), part.data() + i * n);
+      EXPECT_EQ(std::memcmp(all.data(), part.data(), all.size() * 4), 0)
+          << linear_isa_name(isa) << ": batch of " << m << " vs chunks of " << chunk;
+    }
+    clear_forced_linear_isa();
+  }
 }
 
 TEST(CpuLinear, DetectedIsaIsOneThisCpuHas) {
