@@ -261,17 +261,22 @@ MS_AVX512_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_
     __m512 sv[R];
     for (int r = 0; r < R; ++r) sv[r] = _mm512_set1_ps(srow[r][c0 / block] * kBias);
     for (int64_t c = c0; c < c1; c += 16) {
+      // Full vectors load unmasked: a masked byte load in the main loop cost 5x the time on this kernel.
+      const bool full = c1 - c >= 16;
       const __mmask16 mask =
-          c1 - c >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (c1 - c)) - 1u);
+          full ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (c1 - c)) - 1u);
       __m512 wv[R];
       for (int r = 0; r < R; ++r) {
-        const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, w + r * ldw + c));
+        const __m128i raw = full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * ldw + c))
+                                 : _mm_maskz_loadu_epi8(mask, w + r * ldw + c);
+        const __m512i b = _mm512_cvtepu8_epi32(raw);
         const __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b, mag_mask), 20),
                                              _mm512_and_si512(_mm512_slli_epi32(b, 24), sign_mask));
         wv[r] = _mm512_mul_ps(_mm512_castsi512_ps(bits), sv[r]);
       }
       for (int t = 0; t < T; ++t) {
-        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + t * ldx + c);
+        const __m512 xv =
+            full ? _mm512_loadu_ps(x + t * ldx + c) : _mm512_maskz_loadu_ps(mask, x + t * ldx + c);
         for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
       }
     }
