@@ -8,6 +8,8 @@
 #   --work    scratch folder for the sdist, the llama.cpp build, the checkpoint and the GGUFs
 #             (default: ${XDG_CACHE_HOME:-$HOME/.cache}/moeserve-peer)
 #   --model   Hugging Face checkpoint (default: gen-model --arch deepseek_v3 --preset small, bf16)
+#   --model-fp8  the same model as FP8 (128x128 blocks) for moeserve's 8-bit row (default: gen-model
+#             --weights fp8 with the same seed, i.e. the same weights quantised; none when --model is given)
 #   --python  a Python with torch, transformers, numpy, safetensors, sentencepiece (the converter's needs);
 #             default: a venv under --work, installed from PyPI on first use (several GB: torch)
 # Environment: MOESERVE (the moeserve binary, default build/moeserve), LLAMA_CPP_PYTHON_VERSION (sdist pin).
@@ -16,12 +18,14 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${XDG_CACHE_HOME:-$HOME/.cache}/moeserve-peer
 MODEL=""
+MODEL_FP8=""
 THREADS="1 2"
 PY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --work) WORK=$2; shift 2 ;;
     --model) MODEL=$2; shift 2 ;;
+    --model-fp8) MODEL_FP8=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
     -h|--help) sed -n 2,16p "$0"; exit 0 ;;
@@ -69,6 +73,11 @@ if [ -z "$MODEL" ]; then
     log "gen-model --arch deepseek_v3 --preset small"
     "$MOESERVE" gen-model --arch deepseek_v3 --preset small --weights bf16 --out "$MODEL" > /dev/null
   fi
+  MODEL_FP8="$WORK/ds_small_fp8"
+  if [ ! -f "$MODEL_FP8/config.json" ]; then
+    log "gen-model --arch deepseek_v3 --preset small --weights fp8"
+    "$MOESERVE" gen-model --arch deepseek_v3 --preset small --weights fp8 --out "$MODEL_FP8" > /dev/null
+  fi
 fi
 # The converter needs a tokenizer and recognises it by a hash of its output: the generated checkpoints have
 # none, so a copy of the checkpoint (links) gets the test tokenizer, and the converter is told it is
@@ -108,13 +117,17 @@ done
 for t in $THREADS; do
   for q in bf16 q8_0; do
     g="$WORK/model-$q-$STAMP.gguf"
-    "$LB/llama-bench" -m "$g" -t "$t" -p 128 -n 0 -r 3 -o json > "$RES/llama_${q}_t${t}_pp.json" 2> /dev/null
-    "$LB/llama-bench" -m "$g" -t "$t" -p 0 -n 32 -d 128 -r 3 -o json > "$RES/llama_${q}_t${t}_tg.json" 2> /dev/null
+    "$LB/llama-bench" -m "$g" -t "$t" -p 128 -n 0 -r 5 -o json > "$RES/llama_${q}_t${t}_pp.json" 2> /dev/null
+    "$LB/llama-bench" -m "$g" -t "$t" -p 0 -n 32 -d 128 -r 5 -o json > "$RES/llama_${q}_t${t}_tg.json" 2> /dev/null
     "$LB/llama-batched-bench" -m "$g" -t "$t" -tb "$t" -c 4096 -b 2048 -ub 512 -npp 128 -ntg 32 -npl 8 \
       --output-format jsonl > "$RES/llama_${q}_t${t}_b8.jsonl" 2> /dev/null
   done
   OMP_NUM_THREADS=$t "$MOESERVE" bench-one-batch --model "$MODEL" --batch-size 1,8 --input-len 128 \
     --output-len 32 --kv-cache-dtype bf16 --json > "$RES/moeserve_t$t.json" 2> /dev/null
+  if [ -n "$MODEL_FP8" ]; then
+    OMP_NUM_THREADS=$t "$MOESERVE" bench-one-batch --model "$MODEL_FP8" --batch-size 1,8 --input-len 128 \
+      --output-len 32 --kv-cache-dtype bf16 --json > "$RES/moeserve_fp8_t$t.json" 2> /dev/null
+  fi
 done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -134,8 +147,12 @@ def jl(p):
         return [json.loads(l) for l in txt.splitlines() if l.startswith("{")]
 
 def llama_bench(name):
+    # The median of llama-bench's repetitions (moeserve reports its median decode step).
     r = jl(name)
-    return r[0]["avg_ts"] if r else None
+    if not r:
+        return None
+    ts = sorted(r[0].get("samples_ts") or [r[0]["avg_ts"]])
+    return ts[len(ts) // 2]
 
 def batched(name):
     r = jl(name)
@@ -159,7 +176,7 @@ print("| threads | engine | prefill 128 tokens | decode batch 1 (context 128) | 
 print("| --- | --- | --- | --- | --- | --- |")
 for t in threads.split():
     prof = jl(f"profile_t{t}.json") or {}
-    ce = prof.get("ceilings", {}) if isinstance(prof, dict) else {}
+    ce = prof.get("decode", {}).get("ceilings", {}) if isinstance(prof, dict) else {}
     bw = ce.get("mem_read_gbps") or ce.get("mem_gbps")
     floor_tps = bw * 1e9 / floor_bytes if bw and floor_bytes else None
     def pct(v):
@@ -170,12 +187,16 @@ for t in threads.split():
         tg = llama_bench(f"llama_{q}_t{t}_tg.json")
         b8 = batched(f"llama_{q}_t{t}_b8.jsonl")
         rows.append((f"llama.cpp {q}", pp, tg, b8))
-    ms = jl(f"moeserve_t{t}.json") or {}
-    runs = {r["batch_size"]: r for r in ms.get("results", [])} if isinstance(ms, dict) else {}
-    b1, b8 = runs.get(1, {}), runs.get(8, {})
-    rows.append(("moeserve bf16", b1.get("prefill_tokens_per_s"), b1.get("decode_tokens_per_s"), b8.get("decode_tokens_per_s")))
-    ref = rows[0]
+    for tag, name in (("", "moeserve bf16"), ("_fp8", "moeserve fp8 block 128")):
+        ms = jl(f"moeserve{tag}_t{t}.json") or {}
+        runs = {r["batch_size"]: r for r in ms.get("results", [])} if isinstance(ms, dict) else {}
+        if not runs:
+            continue
+        b1, b8 = runs.get(1, {}), runs.get(8, {})
+        rows.append((name, b1.get("prefill_tokens_per_s"), b1.get("decode_tokens_per_s"),
+                     b8.get("decode_tokens_per_s")))
     for name, pp, tg, b8v in rows:
+        ref = rows[1] if "fp8" in name else rows[0]  # 8-bit against q8_0, bf16 against bf16
         rel = lambda v, r: "" if name.startswith("llama.cpp") or v is None or r is None else f" ({v / r:.2f}x)"
         print(f"| {t} | {name} | {fmt(pp)}{rel(pp, ref[1])} | {fmt(tg)}{rel(tg, ref[2])} | {pct(tg)} | "
               f"{fmt(b8v)}{rel(b8v, ref[3])} |")
