@@ -122,7 +122,8 @@ MS_AVX512_TARGET inline void gemv_bf16_avx512(const uint16_t* __restrict__ w, in
     const __m512 xv = _mm512_loadu_ps(x + c);
     for (int r = 0; r < R; ++r) {
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + c));
-      acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), xv, acc[r]);
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), xv, acc[r]);
     }
   }
   if (c < k) {
@@ -130,7 +131,8 @@ MS_AVX512_TARGET inline void gemv_bf16_avx512(const uint16_t* __restrict__ w, in
     const __m512 xv = _mm512_maskz_loadu_ps(mask, x + c);
     for (int r = 0; r < R; ++r) {
       const __m256i h = _mm256_maskz_loadu_epi16(mask, w + r * ldw + c);
-      acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), xv, acc[r]);
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), xv, acc[r]);
     }
   }
   for (int r = 0; r < rows; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
@@ -251,7 +253,8 @@ void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R
   }
   if (p.m == 1) {
     if (&kern == &kAvx512) {
-      // The next tile's block, when it lies inside the matrix (a prefetch past it would be harmless but useless).
+      // The next tile's block, when it lies inside the matrix (a prefetch past it would be harmless but
+      // useless).
       const bool has_next = p.row0 + j0 + 2 * R <= p.w.rows && j0 + R < p.n;
       gemv_bf16_avx512<kRowsM1>(w, k, p.x, k, p.y + j0, rows,
                                 has_next ? reinterpret_cast<const char*>(base + R * k) : nullptr);
