@@ -73,13 +73,15 @@ json preset_config(const Options& o) {
   } else {
     j["rms_norm_eps"] = 1e-6;
     j["rope_theta"] = 10000.0;
+    // YaRN; its factor is set below from max_position_embeddings / original_max_position_embeddings, the
+    // relation transformers checks.
     j["rope_scaling"] = {{"type", "yarn"},
-                         {"factor", 40.0},
+                         {"rope_type", "yarn"},
                          {"beta_fast", 32.0},
                          {"beta_slow", 1.0},
                          {"mscale", 1.0},
                          {"mscale_all_dim", 1.0},
-                         {"original_max_position_embeddings", 4096}};
+                         {"original_max_position_embeddings", o.preset == "tiny" ? 1024 : 4096}};
     j["eos_token_id"] = 1;
     j["bos_token_id"] = 0;
   }
@@ -158,6 +160,14 @@ json preset_config(const Options& o) {
   }
   if (o.layers > 0) layers = o.layers;
   j["num_hidden_layers"] = layers;
+  // MLA has one KV head per query head; without the field transformers defaults it to 128 and sizes kv_b_proj
+  // for 128 heads, and llama.cpp's converter refuses the checkpoint.
+  j["num_key_value_heads"] = j["num_attention_heads"];
+  if (j.contains("rope_scaling")) {
+    auto& rs = j["rope_scaling"];
+    rs["factor"] =
+        j["max_position_embeddings"].get<double>() / rs["original_max_position_embeddings"].get<double>();
+  }
   json types = json::array();
   for (int i = 0; i < layers; ++i) types.push_back(i == 0 ? "dense" : "sparse");
   j["mlp_layer_types"] = types;

@@ -1,11 +1,20 @@
 #include "kernels/cpu/linear.h"
 
+// GCC 12 reports the intrinsics' own _mm512_undefined_* placeholders as (maybe-)uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
 #include <cstddef>
 #include <vector>
+
+#include "kernels/cpu/cpu_features.h"
 
 namespace ms::kernels::cpu {
 
 namespace {
+
+// ---- Reference path: any format, weight rows dequantised a tile at a time --------------------------------
 
 constexpr int kTile = 4;  // weight rows dequantised together; each x row is then read once per tile
 
@@ -16,39 +25,378 @@ float* tile_buffer(int64_t floats) {
   return buf.data();
 }
 
+void linear_tile_ref(const LinearParams& p, int64_t t) {
+  const int64_t k = p.w.cols;
+  float* wbuf = tile_buffer(kTile * k);
+  const int64_t j0 = t * kTile;
+  const int rows = static_cast<int>(p.n - j0 < kTile ? p.n - j0 : kTile);
+  for (int r = 0; r < rows; ++r) dequantize_row(p.w, p.row0 + j0 + r, wbuf + r * k);
+  for (int r = rows; r < kTile; ++r)
+    for (int64_t c = 0; c < k; ++c) wbuf[r * k + c] = 0.0f;
+  const float* w0 = wbuf;
+  const float* w1 = wbuf + k;
+  const float* w2 = wbuf + 2 * k;
+  const float* w3 = wbuf + 3 * k;
+  for (int64_t i = 0; i < p.m; ++i) {
+    const float* x = p.x + i * p.x_stride;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t c = 0; c < k; ++c) {
+      const float xv = x[c];
+      s0 += w0[c] * xv;
+      s1 += w1[c] * xv;
+      s2 += w2[c] * xv;
+      s3 += w3[c] * xv;
+    }
+    float* y = p.y + i * p.y_stride + j0;
+    const float s[kTile] = {s0, s1, s2, s3};
+    for (int r = 0; r < rows; ++r) y[r] = s[r];
+  }
+}
+
+// ---- BF16 weights, f32 activations: register-blocked micro-kernels ---------------------------------------
+//
+// A micro-kernel computes an R x T block of y (R weight rows, T token rows) over the whole k: per 16 (8 for
+// AVX2) columns it widens R weight vectors from bf16 to f32 once (a zero-extend and a shift, exact) and
+// feeds them to R x T FMAs, so each weight byte is loaded once per T tokens and each x vector once per R
+// rows. Accumulation stays f32 with f32 activations, as in the reference; only the summation order differs.
+// Weight rows of one R-tile stay in L1 (R x k x 2 bytes) while the token blocks of a batch walk over them.
+// Every kernel sums a row in the same order (lane j takes columns j, j + 16, ..., then one horizontal sum),
+// so a token's result does not depend on how many tokens share the call (an expert's token count changes with
+// other sequences' routing; tests compare such rows bit for bit).
+
+#define MS_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define MS_AVX2_TARGET __attribute__((target("avx2,fma")))
+
+template <int R, int T>
+MS_AVX512_TARGET inline void mk_bf16_avx512(const uint16_t* __restrict__ w, int64_t ldw,
+                                            const float* __restrict__ x, int64_t ldx, int64_t k,
+                                            float* __restrict__ y, int64_t ldy, int rows) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= k; c += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + c));
+      wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  if (c < k) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (k - c)) - 1u);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m256i h = _mm256_maskz_loadu_epi16(mask, w + r * ldw + c);
+      wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < rows; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+// Batch of one on AVX-512: the R x 1 kernel above, plus a prefetch of the next tile. A tile's R rows are one
+// contiguous block (R x k x 2 bytes) read as R short streams; each 16-column step also prefetches
+// R x 32 bytes of the next tile, so the whole next block is requested exactly one tile ahead, sequentially,
+// instead of the hardware prefetcher relearning R new streams per tile. Same sums in the same order as
+// mk_bf16_avx512<R, 1>.
+template <int R>
+MS_AVX512_TARGET inline void gemv_bf16_avx512(const uint16_t* __restrict__ w, int64_t ldw,
+                                              const float* __restrict__ x, int64_t k, float* __restrict__ y,
+                                              int rows, const char* next) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  constexpr int kStepBytes = R * 32;  // the next tile's bytes per 16-column step
+  int64_t c = 0;
+  for (; c + 16 <= k; c += 16) {
+    if (next != nullptr)
+      for (int l = 0; l < kStepBytes; l += 64) _mm_prefetch(next + (c / 16) * kStepBytes + l, _MM_HINT_T0);
+    const __m512 xv = _mm512_loadu_ps(x + c);
+    for (int r = 0; r < R; ++r) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + c));
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), xv, acc[r]);
+    }
+  }
+  if (c < k) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (k - c)) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(mask, x + c);
+    for (int r = 0; r < R; ++r) {
+      const __m256i h = _mm256_maskz_loadu_epi16(mask, w + r * ldw + c);
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), xv, acc[r]);
+    }
+  }
+  for (int r = 0; r < rows; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+MS_AVX2_TARGET inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int R, int T>
+MS_AVX2_TARGET inline void mk_bf16_avx2(const uint16_t* __restrict__ w, int64_t ldw,
+                                        const float* __restrict__ x, int64_t ldx, int64_t k,
+                                        float* __restrict__ y, int64_t ldy, int rows) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= k; c += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * ldw + c));
+      wv[r] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * ldx + c);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  float s[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) s[r][t] = hsum256(acc[r][t]);
+  for (; c < k; ++c)
+    for (int r = 0; r < R; ++r) {
+      const float wf = __builtin_bit_cast(float, static_cast<uint32_t>(w[r * ldw + c]) << 16);
+      for (int t = 0; t < T; ++t) s[r][t] += wf * x[t * ldx + c];
+    }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < rows; ++r) y[t * ldy + r] = s[r][t];
+}
+
+using MicroKernel = void (*)(const uint16_t*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int);
+
+// Tables indexed by T - 1. A batch of one uses 8 rows per pass (8 independent FMA chains and 8 weight
+// streams in flight); batches use 4 rows x up to 4 tokens (16 accumulators, within the 32 / 16 registers).
+constexpr int kRowsM1 = 8;
+constexpr int kRowsMT = 4;
+constexpr int kTokens = 4;
+constexpr int kRowsWide = 2;    // batches of 8+ tokens: 2 rows x 8 tokens, each widened weight vector feeds 8
+constexpr int kTokensWide = 8;  // FMAs (the widening, a shuffle and a shift, is what bounds the 4 x 4 kernel)
+
+struct Bf16Kernels {
+  MicroKernel m1;           // R = kRowsM1, T = 1
+  MicroKernel mt[kTokens];  // R = kRowsMT, T = 1..kTokens
+  MicroKernel wide;         // R = kRowsWide, T = kTokensWide
+};
+
+const Bf16Kernels kAvx512 = {
+    [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+       int rows) { mk_bf16_avx512<kRowsM1, 1>(w, ldw, x, ldx, k, y, ldy, rows); },
+    {[](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx512<kRowsMT, 1>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx512<kRowsMT, 2>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx512<kRowsMT, 3>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx512<kRowsMT, 4>(w, ldw, x, ldx, k, y, ldy, rows); }},
+    [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+       int rows) { mk_bf16_avx512<kRowsWide, kTokensWide>(w, ldw, x, ldx, k, y, ldy, rows); }};
+
+const Bf16Kernels kAvx2 = {
+    [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+       int rows) { mk_bf16_avx2<kRowsM1, 1>(w, ldw, x, ldx, k, y, ldy, rows); },
+    {[](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx2<kRowsMT, 1>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx2<kRowsMT, 2>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx2<kRowsMT, 3>(w, ldw, x, ldx, k, y, ldy, rows); },
+     [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+        int rows) { mk_bf16_avx2<kRowsMT, 4>(w, ldw, x, ldx, k, y, ldy, rows); }},
+    [](const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t k, float* y, int64_t ldy,
+       int rows) { mk_bf16_avx2<kRowsWide, kTokensWide>(w, ldw, x, ldx, k, y, ldy, rows); }};
+
+const Bf16Kernels* bf16_kernels() {
+  switch (linear_isa()) {
+    case LinearIsa::Avx512:
+      return &kAvx512;
+    case LinearIsa::Avx2:
+      return &kAvx2;
+    case LinearIsa::Reference:
+      break;
+  }
+  return nullptr;
+}
+
+// y rows [j0, j0 + rows) for all m tokens, rows = min(R, n - j0).
+void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R, MicroKernel m1) {
+  const int64_t k = p.w.cols;
+  const int rows = static_cast<int>(p.n - j0 < R ? p.n - j0 : R);
+  const uint16_t* base = static_cast<const uint16_t*>(p.w.data) + (p.row0 + j0) * k;
+  // Weight rows the kernels read: R, or 4 when a 2-row wide tile also runs the 4-row kernels on the batch's
+  // leftover tokens (the extra rows' sums are dropped). Past the matrix end they come from a copy padded with
+  // the last valid row, so no read leaves the matrix.
+  const int need = R == kRowsWide && p.m % kTokensWide != 0 ? kRowsMT : R;
+  const uint16_t* w = base;
+  if (p.w.rows - (p.row0 + j0) < need) {
+    static thread_local std::vector<uint16_t> pad;
+    pad.resize(static_cast<size_t>(need * k));
+    for (int r = 0; r < need; ++r) {
+      const uint16_t* src = base + (r < rows ? r : rows - 1) * k;
+      std::copy(src, src + k, pad.begin() + r * k);
+    }
+    w = pad.data();
+  }
+  if (p.m == 1) {
+    if (&kern == &kAvx512) {
+      // The next tile's block, when it lies inside the matrix (a prefetch past it would be harmless but
+      // useless).
+      const bool has_next = p.row0 + j0 + 2 * R <= p.w.rows && j0 + R < p.n;
+      gemv_bf16_avx512<kRowsM1>(w, k, p.x, k, p.y + j0, rows,
+                                has_next ? reinterpret_cast<const char*>(base + R * k) : nullptr);
+    } else {
+      m1(w, k, p.x, p.x_stride, k, p.y + j0, p.y_stride, rows);
+    }
+    return;
+  }
+  int64_t i = 0;
+  if (R == kRowsWide)
+    for (; i + kTokensWide <= p.m; i += kTokensWide)
+      kern.wide(w, k, p.x + i * p.x_stride, p.x_stride, k, p.y + i * p.y_stride + j0, p.y_stride, rows);
+  for (int64_t r0 = 0; r0 < R && i < p.m; r0 += kRowsMT) {
+    // Leftover tokens (fewer than 8) of a wide tile, or a whole batch of 2..7: 4-row kernels.
+    for (int64_t ii = i; ii < p.m; ii += kTokens) {
+      const int tok = static_cast<int>(p.m - ii < kTokens ? p.m - ii : kTokens);
+      const int rr = rows - static_cast<int>(r0);
+      if (rr <= 0) break;
+      kern.mt[tok - 1](w + r0 * k, k, p.x + ii * p.x_stride, p.x_stride, k, p.y + ii * p.y_stride + j0 + r0,
+                       p.y_stride, rr < kRowsMT ? rr : kRowsMT);
+    }
+  }
+}
+
+// ---- FP8 (e4m3) weights with 128x128 block scales, f32 activations, AVX-512
+// --------------------------------
+//
+// The checkpoint's FP8 kept as is: one byte per weight, half the bytes of bf16. A byte widens to f32 exactly
+// without a table: its exponent and mantissa bits (b & 0x7f) shifted left by 20 land in f32's exponent and
+// mantissa fields, which is the value times 2^-120 (the bias difference 127 - 7; subnormals come out right
+// too), and the sign bit moves to bit 31. The 2^120 is folded into the block scale. R rows x T tokens per
+// pass as for bf16; each widened weight vector is multiplied by its block's scale once and then feeds T FMAs.
+
+template <int R, int T>
+MS_AVX512_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_t ldw,
+                                           const float* const* __restrict__ srow, int block,
+                                           const float* __restrict__ x, int64_t ldx, int64_t k,
+                                           float* __restrict__ y, int64_t ldy, int rows) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const __m512i mag_mask = _mm512_set1_epi32(0x7f);
+  const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  constexpr float kBias = 0x1p120f;
+  for (int64_t c0 = 0; c0 < k; c0 += block) {
+    const int64_t c1 = c0 + block < k ? c0 + block : k;
+    __m512 sv[R];
+    for (int r = 0; r < R; ++r) sv[r] = _mm512_set1_ps(srow[r][c0 / block] * kBias);
+    for (int64_t c = c0; c < c1; c += 16) {
+      // Full vectors load unmasked: a masked byte load in the main loop cost 5x the time on this kernel.
+      const bool full = c1 - c >= 16;
+      const __mmask16 mask =
+          full ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (c1 - c)) - 1u);
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) {
+        const __m128i raw = full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * ldw + c))
+                                 : _mm_maskz_loadu_epi8(mask, w + r * ldw + c);
+        const __m512i b = _mm512_cvtepu8_epi32(raw);
+        const __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b, mag_mask), 20),
+                                             _mm512_and_si512(_mm512_slli_epi32(b, 24), sign_mask));
+        wv[r] = _mm512_mul_ps(_mm512_castsi512_ps(bits), sv[r]);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv =
+            full ? _mm512_loadu_ps(x + t * ldx + c) : _mm512_maskz_loadu_ps(mask, x + t * ldx + c);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < rows; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+using Fp8Kernel = void (*)(const uint8_t*, int64_t, const float* const*, int, const float*, int64_t, int64_t,
+                           float*, int64_t, int);
+#define MS_FP8_KERNEL(R, T)                                                                                  \
+  [](const uint8_t* w, int64_t ldw, const float* const* sr, int blk, const float* x, int64_t ldx, int64_t k, \
+     float* y, int64_t ldy, int rows) { mk_fp8_avx512<R, T>(w, ldw, sr, blk, x, ldx, k, y, ldy, rows); }
+const Fp8Kernel kFp8M1 = MS_FP8_KERNEL(kRowsM1, 1);
+const Fp8Kernel kFp8Mt[kTokens] = {MS_FP8_KERNEL(kRowsMT, 1), MS_FP8_KERNEL(kRowsMT, 2),
+                                   MS_FP8_KERNEL(kRowsMT, 3), MS_FP8_KERNEL(kRowsMT, 4)};
+#undef MS_FP8_KERNEL
+
+// y rows [j0, j0 + min(R, n - j0)) for all m tokens. Rows past the tile's end alias its last valid row (their
+// sums are dropped), so no read leaves the matrix.
+void fp8_tile(const LinearParams& p, int64_t j0, int R) {
+  const int64_t k = p.w.cols;
+  const int rows = static_cast<int>(p.n - j0 < R ? p.n - j0 : R);
+  const int64_t scale_cols = (k + p.w.block - 1) / p.w.block;
+  const uint8_t* wbase = static_cast<const uint8_t*>(p.w.data);
+  const float* scales = static_cast<const float*>(p.w.scale);
+  const uint8_t* w = wbase + (p.row0 + j0) * k;
+  const float* srow[kRowsM1];
+  for (int r = 0; r < R; ++r)
+    srow[r] = scales + ((p.row0 + j0 + (r < rows ? r : rows - 1)) / p.w.block) * scale_cols;
+  if (rows < R) {
+    static thread_local std::vector<uint8_t> pad;
+    pad.resize(static_cast<size_t>(R * k));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* src = w + (r < rows ? r : rows - 1) * k;
+      std::copy(src, src + k, pad.begin() + r * k);
+    }
+    w = pad.data();
+  }
+  if (p.m == 1) {
+    kFp8M1(w, k, srow, p.w.block, p.x, p.x_stride, k, p.y + j0, p.y_stride, rows);
+    return;
+  }
+  for (int64_t i = 0; i < p.m; i += kTokens) {
+    const int tok = static_cast<int>(p.m - i < kTokens ? p.m - i : kTokens);
+    kFp8Mt[tok - 1](w, k, srow, p.w.block, p.x + i * p.x_stride, p.x_stride, k, p.y + i * p.y_stride + j0,
+                    p.y_stride, rows);
+  }
+}
+
+// Below this many weight bytes the op runs on the calling thread: a fork/join costs more than it saves.
+constexpr double kParallelBytes = 96.0 * 1024;
+
 }  // namespace
 
 void linear(const LinearParams& p) {
-  const int64_t k = p.w.cols;
-  const int64_t tiles = (p.n + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
-    float* wbuf = tile_buffer(kTile * k);
-    const int64_t j0 = t * kTile;
-    const int rows = static_cast<int>(p.n - j0 < kTile ? p.n - j0 : kTile);
-    for (int r = 0; r < rows; ++r) dequantize_row(p.w, p.row0 + j0 + r, wbuf + r * k);
-    for (int r = rows; r < kTile; ++r)
-      for (int64_t c = 0; c < k; ++c) wbuf[r * k + c] = 0.0f;
-    const float* w0 = wbuf;
-    const float* w1 = wbuf + k;
-    const float* w2 = wbuf + 2 * k;
-    const float* w3 = wbuf + 3 * k;
-    for (int64_t i = 0; i < p.m; ++i) {
-      const float* x = p.x + i * p.x_stride;
-      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-      for (int64_t c = 0; c < k; ++c) {
-        const float xv = x[c];
-        s0 += w0[c] * xv;
-        s1 += w1[c] * xv;
-        s2 += w2[c] * xv;
-        s3 += w3[c] * xv;
-      }
-      float* y = p.y + i * p.y_stride + j0;
-      const float s[kTile] = {s0, s1, s2, s3};
-      for (int r = 0; r < rows; ++r) y[r] = s[r];
-    }
+  const Bf16Kernels* kern = p.w.format == WeightFormat::BF16 ? bf16_kernels() : nullptr;
+  const bool parallel = 2.0 * static_cast<double>(p.n) * static_cast<double>(p.w.cols) *
+                            static_cast<double>(p.m < kTokens ? 1 : (p.m + kTokens - 1) / kTokens) >=
+                        kParallelBytes;
+  if (p.w.format == WeightFormat::FP8Block && linear_isa() == LinearIsa::Avx512 && p.w.block % 16 == 0) {
+    const int R = p.m == 1 ? kRowsM1 : kRowsMT;
+    const int64_t tiles = (p.n + R - 1) / R;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t t = 0; t < tiles; ++t) fp8_tile(p, t * R, R);
+    return;
   }
+  if (kern != nullptr) {
+    const int R = p.m == 1 ? kRowsM1 : p.m >= kTokensWide ? kRowsWide : kRowsMT;
+    const int64_t tiles = (p.n + R - 1) / R;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t t = 0; t < tiles; ++t) bf16_tile(*kern, p, t * R, R, kern->m1);
+    return;
+  }
+  const int64_t tiles = (p.n + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t t = 0; t < tiles; ++t) linear_tile_ref(p, t);
 }
 
 }  // namespace ms::kernels::cpu

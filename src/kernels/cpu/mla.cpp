@@ -1,8 +1,11 @@
 #include "kernels/cpu/mla.h"
 
+#include "kernels/cpu/linear.h"
+
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -29,7 +32,20 @@ void mla_absorb_q(const MlaAbsorbQParams& p) {
       for (int64_t c = 0; c < p.rope; ++c) dst[r + c] = src[p.nope + c];
     }
     for (int64_t d = 0; d < p.nope; ++d) {
-      dequantize_row(p.kv_b, h * (p.nope + p.v) + d, wrow);
+      const int64_t wr = h * (p.nope + p.v) + d;
+      if (p.kv_b.format == WeightFormat::BF16) {
+        // bf16 rows widen inside the loop (a shift), not through a dequantised copy.
+        const uint16_t* wb = static_cast<const uint16_t*>(p.kv_b.data) + wr * r;
+        for (int64_t i = 0; i < p.m; ++i) {
+          const float a = p.q[(i * p.heads + h) * qd + d];
+          float* dst = p.q_cat + (i * p.heads + h) * w;
+#pragma omp simd
+          for (int64_t c = 0; c < r; ++c)
+            dst[c] += a * std::bit_cast<float>(static_cast<uint32_t>(wb[c]) << 16);
+        }
+        continue;
+      }
+      dequantize_row(p.kv_b, wr, wrow);
       for (int64_t i = 0; i < p.m; ++i) {
         const float a = p.q[(i * p.heads + h) * qd + d];
         float* dst = p.q_cat + (i * p.heads + h) * w;
@@ -110,20 +126,22 @@ void mla_attention(const MlaAttentionParams& p) {
 }
 
 void mla_out_v(const MlaOutVParams& p) {
+  // Per head a linear: o[:, h, :] = lat[:, h, :] W_UV_h^T, W_UV_h = kv_b rows [h (nope + v) + nope, + v).
+  // The register-blocked linear kernels read each weight row once for all m tokens, in the stored format.
   const int64_t r = p.kv_lora_rank;
   const int64_t rows = p.heads * p.v;
 #pragma omp parallel for schedule(static)
-  for (int64_t hv = 0; hv < rows; ++hv) {
-    const int64_t h = hv / p.v, e = hv % p.v;
-    float* wrow = row_buffer(r);
-    dequantize_row(p.kv_b, h * (p.nope + p.v) + p.nope + e, wrow);
-    for (int64_t i = 0; i < p.m; ++i) {
-      const float* l = p.lat + (i * p.heads + h) * r;
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < r; ++c) s += l[c] * wrow[c];
-      p.out[i * rows + hv] = s;
-    }
+  for (int64_t h = 0; h < p.heads; ++h) {
+    LinearParams lp;
+    lp.x = p.lat + h * r;
+    lp.x_stride = p.heads * r;
+    lp.w = p.kv_b;
+    lp.row0 = h * (p.nope + p.v) + p.nope;
+    lp.n = p.v;
+    lp.y = p.out + h * p.v;
+    lp.y_stride = rows;
+    lp.m = p.m;
+    linear(lp);
   }
 }
 

@@ -163,6 +163,40 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, GenModel,
                            return std::string(std::get<0>(info.param).arch) + "_" + std::get<1>(info.param);
                          });
 
+// The config fields transformers (and llama.cpp's converter) read and would otherwise default wrongly:
+// num_key_value_heads (MLA: one per query head; the default of 128 sizes kv_b_proj for 128 heads) and a YaRN
+// factor equal to max_position_embeddings / original_max_position_embeddings. The weights must agree with
+// num_key_value_heads, and our own loader must read the same factor back.
+TEST(GenModelCli, ConfigHasTheFieldsTransformersNeeds) {
+  for (const char* arch : {"deepseek_v3", "glm5"}) {
+    fs::path dir = scratch(std::string("hf_fields_") + arch);
+    CmdResult g = run(fmt::format("gen-model --arch {} --preset tiny --out {}", arch, dir.string()));
+    ASSERT_EQ(g.status, 0) << g.out;
+    json c = json::parse(std::ifstream(dir / "config.json"));
+    ASSERT_TRUE(c.contains("num_key_value_heads")) << arch;
+    const int64_t heads = c["num_attention_heads"].get<int64_t>();
+    EXPECT_EQ(c["num_key_value_heads"].get<int64_t>(), heads) << arch;
+    io::Checkpoint ck = io::Checkpoint::open(dir);
+    Tensor kvb = ck.tensor("model.layers.0.self_attn.kv_b_proj.weight");
+    EXPECT_EQ(kvb.size(0), c["num_key_value_heads"].get<int64_t>() *
+                               (c["qk_nope_head_dim"].get<int64_t>() + c["v_head_dim"].get<int64_t>()))
+        << arch;
+    EXPECT_EQ(kvb.size(1), c["kv_lora_rank"].get<int64_t>()) << arch;
+    if (std::string(arch) == "deepseek_v3") {
+      ASSERT_TRUE(c.contains("rope_scaling")) << arch;
+      const json& rs = c["rope_scaling"];
+      EXPECT_EQ(rs.value("rope_type", rs.value("type", "")), "yarn");
+      const double max_pos = c["max_position_embeddings"].get<double>();
+      const double orig = rs["original_max_position_embeddings"].get<double>();
+      EXPECT_LT(orig, max_pos) << "a YaRN factor of 1 would not exercise the scaling";
+      EXPECT_DOUBLE_EQ(rs["factor"].get<double>(), max_pos / orig);
+      io::ModelConfig cfg = io::load_model_config(dir);
+      EXPECT_DOUBLE_EQ(cfg.rope.factor, max_pos / orig);
+    }
+    fs::remove_all(dir);
+  }
+}
+
 TEST(GenModelCli, DeterministicInSeed) {
   fs::path a = scratch("seed_a"), b = scratch("seed_b"), c = scratch("seed_c");
   ASSERT_EQ(run("gen-model --arch glm5 --preset tiny --weights nvfp4 --seed 5 --out " + a.string()).status,
