@@ -396,8 +396,11 @@ TEST(GoldenGlm5Bf16Kv, DivergenceStartsAtADiscreteNearTie) {
   }
 }
 
+// trained_builtin: the trained built-in model (tools/train/train_builtin.py writes its fixture), English
+// prompts of lengths around and above its index_topk and one chat prompt.
 INSTANTIATE_TEST_SUITE_P(Fixtures, Golden,
-                         ::testing::Values("glm5_tiny", "deepseek_v3_tiny", "deepseek_v3_tiny_qproj"));
+                         ::testing::Values("glm5_tiny", "deepseek_v3_tiny", "deepseek_v3_tiny_qproj",
+                                           "trained_builtin"));
 
 }  // namespace
 }  // namespace ms
