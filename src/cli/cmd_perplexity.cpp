@@ -68,6 +68,7 @@ std::string describe(const SettingSpec& s, kv::KvCacheDType dt) {
 }
 
 int run_perplexity(PerplexityCliOptions o) {
+  o.model_dir = resolve_model_dir(o.model_dir);
   if (o.device != "cpu")
     MS_THROW("perplexity: --device {} is not available; this build runs the model on the cpu", o.device);
   const SettingSpec test_spec{o.model_dir, o.kv_dtype, o.oea_k0, o.oea_kmax};

@@ -31,16 +31,24 @@ struct Fixture {
   std::unique_ptr<model::CheckpointSource> src;
 };
 
+// The checkpoint of a fixture: beside it, except the trained built-in model's, which ships once in
+// models/builtin.
+fs::path checkpoint_dir(const std::string& name) {
+  if (name == "trained_builtin") return fs::path(MS_TEST_DATA) / ".." / ".." / "models" / "builtin";
+  return fs::path(MS_TEST_DATA) / "golden" / name;
+}
+
 std::optional<Fixture> load_fixture(const std::string& name) {
   const fs::path dir = fs::path(MS_TEST_DATA) / "golden" / name;
-  if (!fs::exists(dir / "expected.json")) return std::nullopt;
+  const fs::path ckpt = checkpoint_dir(name);
+  if (!fs::exists(dir / "expected.json") || !fs::exists(ckpt / "config.json")) return std::nullopt;
   Fixture f;
-  f.cfg = io::load_model_config(dir);
+  f.cfg = io::load_model_config(ckpt);
   std::ifstream in(dir / "expected.json");
   auto j = nlohmann::json::parse(in);
   f.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
   f.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
-  f.src = std::make_unique<model::CheckpointSource>(dir);
+  f.src = std::make_unique<model::CheckpointSource>(ckpt);
   return f;
 }
 

@@ -403,7 +403,7 @@ def main():
     ap.add_argument("--data", default="tools/train/data")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--pretrain-s", type=float, default=225.0)
+    ap.add_argument("--pretrain-s", type=float, default=210.0)
     ap.add_argument("--chat-s", type=float, default=35.0)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=512)
@@ -474,6 +474,18 @@ def main():
         opt.step()
         spread = balance_router(model, hooks, 1e-3)
         return loss.item(), float(kl), spread
+
+    # One step first: a failing fused expert kernel falls back to transformers' eager experts loop.
+    try:
+        step(*train_batch(), 0.0, True)
+    except Exception as e:  # noqa: BLE001 - any kernel failure
+        if model.config._experts_implementation == "eager":
+            raise
+        log(f"the {model.config._experts_implementation} experts failed ({type(e).__name__}: {e}); "
+            f"using the eager experts")
+        model.config._experts_implementation = "eager"
+        opt.zero_grad(set_to_none=True)
+        step(*train_batch(), 0.0, True)
 
     # ---- stage 1: pre-training
     t0, it, dense = time.time(), 0, True
