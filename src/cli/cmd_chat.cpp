@@ -38,7 +38,8 @@ std::vector<int32_t> turn_end_ids(const tokenizer::Tokenizer& tok) {
   return ids;
 }
 
-int run_chat(const ChatOptions& o) {
+int run_chat(ChatOptions o) {
+  o.model_dir = resolve_model_dir(o.model_dir);
   std::unique_ptr<tokenizer::Tokenizer> tok = load_text_tokenizer(o.model_dir);
   if (!tok) MS_THROW("{} has no tokenizer.json: chat needs one", o.model_dir);
   std::unique_ptr<tokenizer::ChatTemplate> tmpl = load_chat_template(o.model_dir, o.chat_template);

@@ -41,7 +41,8 @@ struct GenerateOptions {
   bool print_ids = false;
 };
 
-int run_generate(const GenerateOptions& o) {
+int run_generate(GenerateOptions o) {
+  o.model_dir = resolve_model_dir(o.model_dir);
   if (o.prompt.empty() == o.prompt_ids.empty()) MS_THROW("give exactly one of --prompt and --prompt-ids");
   std::unique_ptr<tokenizer::Tokenizer> tok;
   std::vector<int32_t> ids;

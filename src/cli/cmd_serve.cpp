@@ -42,7 +42,9 @@ std::string curl_example(const server::ServerConfig& sc, int port, const std::st
       sc.host, port, auth, model);
 }
 
-int run_serve(const ServeOptions& o) {
+int run_serve(ServeOptions o) {
+  const bool builtin_model = o.model_dir.empty();
+  o.model_dir = resolve_model_dir(o.model_dir);
   MS_CHECK(o.max_running >= 1, "--max-running-requests must be at least 1, got {}", o.max_running);
   MS_CHECK(o.max_prefill_tokens >= 1, "--max-prefill-tokens must be at least 1, got {}",
            o.max_prefill_tokens);
@@ -108,7 +110,7 @@ int run_serve(const ServeOptions& o) {
       parts.profiler.ceilings = profiler::parse_ceilings("1,1");
     }
   }
-  parts.model_name = o.model_dir.empty() ? std::string("builtin") : o.model_dir;
+  parts.model_name = builtin_model ? std::string("builtin") : o.model_dir;
   server::EngineBackend backend(std::move(parts));
   const std::string name =
       o.http.server.served_model_name.empty() ? backend.model_name() : o.http.server.served_model_name;

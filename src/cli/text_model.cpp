@@ -1,6 +1,7 @@
 #include "cli/text_model.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
@@ -9,6 +10,17 @@
 namespace ms::cli {
 
 namespace fs = std::filesystem;
+
+std::string resolve_model_dir(const std::string& model_dir) {
+  if (!model_dir.empty()) return model_dir;
+  if (const char* env = std::getenv("MOESERVE_BUILTIN_MODEL"); env && *env)
+    return std::string(env) == "random" ? std::string() : std::string(env);
+#ifdef MOESERVE_SOURCE_DIR
+  const fs::path trained = fs::path(MOESERVE_SOURCE_DIR) / "models" / "builtin";
+  if (fs::exists(trained / "config.json")) return trained.string();
+#endif
+  return {};
+}
 
 std::unique_ptr<tokenizer::Tokenizer> load_text_tokenizer(const std::string& model_dir) {
   if (model_dir.empty())

@@ -15,6 +15,12 @@
 
 namespace ms::cli {
 
+// The checkpoint the text commands (generate, chat, serve, perplexity) run when no --model is given: the
+// trained built-in model, models/builtin of the source tree, when it holds a config.json; else "" (the random
+// built-in model generated in code). $MOESERVE_BUILTIN_MODEL overrides: a directory, or "random" for the
+// generated model. A given `model_dir` is returned as it is.
+std::string resolve_model_dir(const std::string& model_dir);
+
 // The tokenizer of `model_dir` (its tokenizer.json), or the built-in tokenizer when model_dir is empty
 // (the built-in model); nullptr for a checkpoint without tokenizer.json.
 std::unique_ptr<tokenizer::Tokenizer> load_text_tokenizer(const std::string& model_dir);

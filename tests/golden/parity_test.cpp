@@ -32,16 +32,24 @@ struct Fixture {
   std::unique_ptr<model::CheckpointSource> src;
 };
 
+// The checkpoint of a fixture: beside it, except the trained built-in model's, which ships once in
+// models/builtin.
+fs::path checkpoint_dir(const std::string& name) {
+  if (name == "trained_builtin") return fs::path(MS_TEST_DATA) / ".." / ".." / "models" / "builtin";
+  return fs::path(MS_TEST_DATA) / "golden" / name;
+}
+
 std::optional<Fixture> load_fixture(const std::string& name) {
   const fs::path dir = fs::path(MS_TEST_DATA) / "golden" / name;
-  if (!fs::exists(dir / "expected.json")) return std::nullopt;
+  const fs::path ckpt = checkpoint_dir(name);
+  if (!fs::exists(dir / "expected.json") || !fs::exists(ckpt / "config.json")) return std::nullopt;
   Fixture f;
-  f.cfg = io::load_model_config(dir);
+  f.cfg = io::load_model_config(ckpt);
   std::ifstream in(dir / "expected.json");
   auto j = nlohmann::json::parse(in);
   f.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
   f.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
-  f.src = std::make_unique<model::CheckpointSource>(dir);
+  f.src = std::make_unique<model::CheckpointSource>(ckpt);
   return f;
 }
 
@@ -397,8 +405,11 @@ TEST(GoldenGlm5Bf16Kv, DivergenceStartsAtADiscreteNearTie) {
   }
 }
 
+// trained_builtin: the trained built-in model (tools/train/train_builtin.py writes its fixture), English
+// prompts of lengths around and above its index_topk and one chat prompt.
 INSTANTIATE_TEST_SUITE_P(Fixtures, Golden,
-                         ::testing::Values("glm5_tiny", "deepseek_v3_tiny", "deepseek_v3_tiny_qproj"));
+                         ::testing::Values("glm5_tiny", "deepseek_v3_tiny", "deepseek_v3_tiny_qproj",
+                                           "trained_builtin"));
 
 }  // namespace
 }  // namespace ms
