@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "kv/forward_batch.h"
+#include "kv/page_allocator.h"
+#include "runtime/cpu_executor.h"
 
 namespace ms::bench {
 
@@ -33,9 +35,19 @@ class Runner {
  public:
   Runner(const PplSetting& s, int n_windows, int context) : s_(s) {
     const int32_t per = (context + kPage - 1) / kPage;
-    pool_ = std::make_unique<kv::KvPool>(s.model->kv_pool_config(per * n_windows, kPage, s.kv_dtype));
+    runtime::ExecutorConfig c;
+    c.num_pages = per * n_windows;
+    c.page_size = kPage;
+    c.kv_cache_dtype = s.kv_dtype;
+    c.max_tokens = static_cast<int64_t>(n_windows) * context;
+    c.max_seqs = n_windows;
+    c.max_logit_rows = c.max_tokens;
+    c.max_context = context;
+    exec_ = std::make_unique<runtime::CpuExecutor>(
+        std::shared_ptr<const model::Model>(s.model, [](const model::Model*) {}), c);
+    alloc_ = std::make_unique<kv::PageAllocator>(c.num_pages);
     pages_.resize(static_cast<size_t>(n_windows));
-    for (auto& p : pages_) MS_CHECK(pool_->allocator().allocate(per, p), "perplexity: KV pool too small");
+    for (auto& p : pages_) MS_CHECK(alloc_->allocate(per, p), "perplexity: KV pool too small");
   }
 
   // Feeds tokens [t0, t0 + n) of each active window; returns logits [sum n, vocab] for all fed tokens.
@@ -54,12 +66,13 @@ class Runner {
       routing.decode_tokens.assign(static_cast<size_t>(b.n_tokens()), 1);
       routing.oea = s_.oea;
     }
-    return s_.model->forward(b, *pool_, nullptr, routing);
+    return exec_->run(b, routing, nullptr).clone();
   }
 
  private:
   const PplSetting& s_;
-  std::unique_ptr<kv::KvPool> pool_;
+  std::unique_ptr<runtime::CpuExecutor> exec_;
+  std::unique_ptr<kv::PageAllocator> alloc_;
   std::vector<std::vector<int32_t>> pages_;
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "test_executor.h"
 #include "bench/perplexity.h"
 #include "core/error.h"
 #include "kv/forward_batch.h"
@@ -57,14 +58,14 @@ TEST(Perplexity, IsTheMeanNllOfAHandMadeForward) {
   const auto all = text_ids();
   const std::vector<int32_t> ids(all.begin(), all.begin() + 20);
   model::Model& m = builtin();
-  kv::KvPool pool(m.kv_pool_config(1, 64, kv::KvCacheDType::F32));
+  test::ExecPool pool(m, 1, 64, kv::KvCacheDType::F32);
   std::vector<int32_t> pages;
   ASSERT_TRUE(pool.allocator().allocate(1, pages));
   kv::ForwardBatchBuilder bb(64);
   bb.add_sequence(pages, 0, ids.data(), static_cast<int32_t>(ids.size()), false);
   kv::ForwardBatch b = bb.finish();
   for (int32_t i = 0; i < b.n_tokens(); ++i) b.logit_rows.push_back(i);
-  Tensor lg = m.forward(b, pool);
+  Tensor lg = pool.forward(b);
   const int64_t V = m.config().vocab_size;
   double nll = 0;
   for (size_t t = 0; t + 1 < ids.size(); ++t) {

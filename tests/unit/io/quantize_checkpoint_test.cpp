@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "test_executor.h"
 #include "core/error.h"
 #include "io/quantize_checkpoint.h"
 #include "io/safetensors.h"
@@ -27,14 +28,14 @@ fs::path temp_dir(const std::string& name) {
 
 std::vector<float> logits(const fs::path& dir, const std::vector<int32_t>& ids) {
   model::LoadedModel lm = model::load_model(dir);
-  kv::KvPool pool(lm.model->kv_pool_config(1, 64, kv::KvCacheDType::F32));
+  test::ExecPool pool(*lm.model, 1, 64, kv::KvCacheDType::F32);
   std::vector<int32_t> pages;
   EXPECT_TRUE(pool.allocator().allocate(1, pages));
   kv::ForwardBatchBuilder bb(64);
   bb.add_sequence(pages, 0, ids.data(), static_cast<int32_t>(ids.size()), false);
   kv::ForwardBatch b = bb.finish();
   for (int32_t i = 0; i < b.n_tokens(); ++i) b.logit_rows.push_back(i);
-  Tensor t = lm.model->forward(b, pool);
+  Tensor t = pool.forward(b);
   return {t.data<float>(), t.data<float>() + t.numel()};
 }
 
