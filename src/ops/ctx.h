@@ -34,10 +34,11 @@ void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes);
 // The dispatch point of an entry point: on a CUDA context, runs `call` (the op's CUDA branch, ops/cuda/) and
 // returns; on the CPU, falls through to the CPU kernel.
 #if MOESERVE_HAVE_CUDA
-#define MS_OPS_ON_CUDA(ctx, call)           \
-  if ((ctx).device == ::ms::Device::CUDA) { \
-    call;                                   \
-    return;                                 \
+#define MS_OPS_ON_CUDA(ctx, call)                                                                         \
+  if ((ctx).device == ::ms::Device::CUDA) {                                                               \
+    MS_CHECK((ctx).backend != nullptr, "an op ran on a CUDA context without its backend (Ctx::backend)"); \
+    call;                                                                                                 \
+    return;                                                                                               \
   }
 #else
 #define MS_OPS_ON_CUDA(ctx, call) \

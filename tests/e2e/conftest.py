@@ -75,8 +75,9 @@ SERVERS = {
     "builtin": (
         "builtin",
         # KV pool sized by --mem-fraction-static (the default), capped at 64 requests x 1024 tokens.
+        # --expert-stats: the /metrics histograms on the GPU as well (always on for the CPU).
         ["serve", "--context-length", "1024", "--max-running-requests", "64", "--reasoning-parser", "glm45",
-         "--max-body-bytes", "1000000"],
+         "--max-body-bytes", "1000000", "--expert-stats"],
     ),
 }
 

@@ -27,8 +27,7 @@ namespace {
 // NVFP4 weights and a decode batch: the split-K tensor-core GEMV reads the packed weights once for all rows.
 bool use_nvfp4_gemv(const LinearWeight& w, int64_t m, int64_t row0, const Tensor& y) {
   return w.format == WeightFormat::NVFP4 && m >= 1 && m <= cuda::kNvfp4GemvMaxM && row0 == 0 &&
-         y.size(1) == w.out && w.in % 32 == 0 &&
-         reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0;
+         y.size(1) == w.out && w.in % 32 == 0 && reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 == 0;
 }
 
 }  // namespace
@@ -56,7 +55,8 @@ void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t
     // The kernel writes rows n apart: a column slice of a wider output (gate of a fused gate_up) goes
     // through a packed scratch and one strided copy.
     const bool packed = m == 1 || y.stride(0) == n;
-    p.y = packed ? y.data<float>() : static_cast<float*>(be.gemv_y.get(static_cast<size_t>(m * n) * 4, stream));
+    p.y =
+        packed ? y.data<float>() : static_cast<float*>(be.gemv_y.get(static_cast<size_t>(m * n) * 4, stream));
     p.m = static_cast<int>(m);
     p.n = static_cast<int>(n);
     p.k = static_cast<int>(k);
@@ -65,8 +65,8 @@ void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t
     cuda::nvfp4_gemv(p, stream);
     if (!packed)
       CUDA_CHECK(cudaMemcpy2DAsync(y.data<float>(), static_cast<size_t>(y.stride(0)) * 4, p.y,
-                                   static_cast<size_t>(n) * 4, static_cast<size_t>(n) * 4, static_cast<size_t>(m),
-                                   cudaMemcpyDeviceToDevice, stream));
+                                   static_cast<size_t>(n) * 4, static_cast<size_t>(n) * 4,
+                                   static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream));
     return;
   }
   cuda::LinearParams p;

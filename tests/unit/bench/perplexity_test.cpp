@@ -6,11 +6,11 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "test_executor.h"
 #include "bench/perplexity.h"
 #include "core/error.h"
 #include "kv/forward_batch.h"
 #include "model/builtin_model.h"
+#include "test_executor.h"
 #include "tokenizer/builtin.h"
 #include "tokenizer/tokenizer.h"
 

@@ -6,12 +6,12 @@
 #include <cmath>
 #include <filesystem>
 
-#include "test_executor.h"
 #include "core/error.h"
 #include "io/quantize_checkpoint.h"
 #include "io/safetensors.h"
 #include "kv/forward_batch.h"
 #include "model/load_model.h"
+#include "test_executor.h"
 
 namespace ms {
 namespace {
