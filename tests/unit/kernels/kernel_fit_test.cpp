@@ -123,3 +123,41 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
 
 }  // namespace
 #endif
+
+#include "ops/backends.h"
+
+namespace {
+
+const ms::ops::BackendInfo& find(const std::vector<ms::ops::BackendInfo>& l, const std::string& name) {
+  for (const auto& b : l)
+    if (b.name == name) return b;
+  throw std::runtime_error("no backend " + name);
+}
+
+// `moeserve backends --target ...`: the fp8 decode kernel is usable on Hopper and B200 and refused on the
+// RTX PRO 6000 with the kernel, its need and the limit named; the CPU backends are always there.
+TEST(Backends, JudgedAgainstEachTargetPart) {
+  const auto h200 = ms::cuda::limits_h200(), rtx = ms::cuda::limits_rtx_pro_6000();
+  const auto on_h200 = ms::ops::list_backends(&h200), on_rtx = ms::ops::list_backends(&rtx);
+  EXPECT_TRUE(find(on_h200, "mla_fp8_decode").usable);
+  const auto& refused = find(on_rtx, "mla_fp8_decode");
+  EXPECT_FALSE(refused.usable);
+  EXPECT_NE(refused.why.find("mla_decode"), std::string::npos) << refused.why;
+  EXPECT_NE(refused.why.find("101376"), std::string::npos) << refused.why;
+  EXPECT_TRUE(find(on_rtx, "cpu").usable);
+  for (const auto& b : on_rtx)
+    if (b.usable && b.device == "cuda") {
+      EXPECT_LE(b.smem_bytes, rtx.smem_per_block_optin) << b.name;
+    }
+#if MOESERVE_HAVE_CUDA
+  EXPECT_TRUE(find(on_rtx, "mla_general").usable) << find(on_rtx, "mla_general").why;
+  EXPECT_TRUE(find(on_rtx, "grouped").usable) << find(on_rtx, "grouped").why;
+#endif
+  // This machine: a CUDA backend that cannot run here says why.
+  for (const auto& b : ms::ops::list_backends())
+    if (!b.usable) {
+      EXPECT_FALSE(b.why.empty()) << b.name;
+    }
+}
+
+}  // namespace

@@ -1,0 +1,158 @@
+#include "ops/backends.h"
+
+#include <optional>
+
+#include "kernels/cuda/mla_decode/mla_decode_config.h"
+#include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
+#include "ops/cuda_backend.h"
+
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/mla_attention/mla_attention.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#endif
+
+namespace ms::ops {
+
+namespace {
+
+// Where the CUDA backends would run: the target, this machine's first GPU, or nowhere (with the reason).
+std::optional<cuda::DeviceLimits> cuda_target(const cuda::DeviceLimits* target, std::string& why_none) {
+  if (target) return *target;
+  if (!cuda_backend_built()) {
+    why_none = "this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON)";
+    return std::nullopt;
+  }
+  if (cuda_device_count() == 0) {
+    why_none = "no CUDA device is visible";
+    return std::nullopt;
+  }
+#if MOESERVE_HAVE_CUDA
+  return cuda::limits_of(cuda::query_device(0));
+#else
+  return std::nullopt;
+#endif
+}
+
+void fit(BackendInfo& b, const std::optional<cuda::DeviceLimits>& dev, const std::string& why_none,
+         const cuda::KernelNeed& need) {
+  b.smem_bytes = need.smem_bytes;
+  if (!dev) {
+    b.why = why_none;
+    return;
+  }
+  if (auto why = cuda::why_cannot_run(need, *dev)) {
+    b.why = *why;
+    return;
+  }
+  b.usable = true;
+}
+
+}  // namespace
+
+std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
+  std::string why_none;
+  const auto dev = cuda_target(target, why_none);
+  std::vector<BackendInfo> out;
+  out.push_back({"attention", "cpu", "cpu", "f32, bf16, fp8_e4m3 pages",
+                 "any heads, widths and page size; prefill "
+                 "and decode; dense or DSA-selected keys",
+                 "x86-64 (AVX-512 or AVX2 kernels where it matters)", 0, true, ""});
+  {
+    BackendInfo b{
+        "attention",
+        "mla_general",
+        "cuda",
+        "f32, bf16, fp8_e4m3 pages (read in place)",
+        "any heads, widths and page size; prefill chunks and decode mixed; dense or DSA-selected keys",
+        "sm_80 or newer",
+        0,
+        false,
+        ""};
+#if MOESERVE_HAVE_CUDA
+    if (dev) {
+      cuda::DeviceCaps caps;
+      caps.name = dev->name;
+      caps.sm_major = dev->arch / 10;
+      caps.sm_minor = dev->arch % 10;
+      caps.smem_per_block_optin = dev->smem_per_block_optin;
+      caps.multiprocessors = dev->multiprocessors;
+      const cuda::MlaAttentionShape glm{64, 64, 512, 64, 64, cuda::KvFormat::FP8E4M3, true, true, 64};
+      try {
+        const auto c = cuda::mla_attention_choose(glm, caps);
+        fit(b, dev, why_none, {"mla_attention_general", c.smem_bytes, 80, false});
+      } catch (const std::exception& e) {
+        b.why = e.what();
+      }
+    } else {
+      b.why = why_none;
+    }
+#else
+    b.why = why_none;
+#endif
+    out.push_back(b);
+  }
+  {
+    BackendInfo b{
+        "attention",
+        "mla_fp8_decode",
+        "cuda",
+        "fp8_e4m3 pages",
+        "decode steps (one token per sequence), 64 tokens x (512 + 64) per page, dense keys (no DSA "
+        "selection); any heads",
+        "sm_80 or newer",
+        0,
+        false,
+        ""};
+    fit(b, dev, why_none, cuda::mla_decode_config::need());
+    out.push_back(b);
+  }
+  out.push_back({"moe", "cpu", "cpu", "f32, bf16, fp8 128x128 blocks, nvfp4", "any", "x86-64", 0, true, ""});
+  {
+    BackendInfo b{
+        "moe",
+        "grouped",
+        "cuda",
+        "f32, bf16, fp8 128x128 blocks, nvfp4",
+        "one launch for every touched expert; any hidden and intermediate size (nvfp4: multiples of 16; "
+        "a tiled path for multiples of 64)",
+        "sm_80 or newer",
+        0,
+        false,
+        ""};
+#if MOESERVE_HAVE_CUDA
+    fit(b, dev, why_none,
+        {"moe_experts", cuda::moe_experts_smem_bytes(cuda::MoeExpertsPath::General), 80, false});
+#else
+    b.why = why_none;
+#endif
+    out.push_back(b);
+  }
+  {
+    BackendInfo b{
+        "linear", "nvfp4_gemv", "cuda", "nvfp4", "1 to 8 rows (decode), k a multiple of 32", "sm_80 or newer",
+        0,        false,        ""};
+    const auto cfg = dev ? cuda::nvfp4_gemv_config::choose(8, 6144, 6144, *dev)
+                         : cuda::nvfp4_gemv_config::Config{1, 16, 1};
+    fit(b, dev, why_none, cuda::nvfp4_gemv_config::need(8, cfg));
+    out.push_back(b);
+  }
+  {
+    BackendInfo b{"linear",
+                  "cublaslt",
+                  "cuda",
+                  "f32, bf16; fp8 blocks and nvfp4 expanded to bf16 first",
+                  "any rows; k a multiple of 8 (f32: 4)",
+                  "any CUDA device",
+                  0,
+                  false,
+                  ""};
+    fit(b, dev, why_none, {"cublaslt", 0, 0, false});
+    out.push_back(b);
+  }
+  out.push_back(
+      {"linear", "cpu", "cpu", "f32, bf16, fp8 128x128 blocks, nvfp4", "any", "x86-64", 0, true, ""});
+  return out;
+}
+
+}  // namespace ms::ops
