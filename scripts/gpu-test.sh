@@ -41,7 +41,7 @@ if [ "${GPU_TEST_SLICE:-1}" = 1 ]; then
   [ -f "$slice/config.json" ] && export MOESERVE_TEST_SLICES="$slice"
 fi
 
-(cd "$build" && ctest -L gpu --output-on-failure) >"$log/ctest" 2>&1
+(cd "$build" && ctest -L gpu -V) >"$log/ctest" 2>&1
 grep -h "^\[ measured \]" "$log/ctest" | sed 's/^\[ measured \] /  /'
 grep -E "^\[  FAILED  \]|Failure$" -A3 "$log/ctest" | head -60
 if grep -q "100% tests passed" "$log/ctest"; then status "gpu tests" ok; else status "gpu tests" FAILED; fi
