@@ -93,8 +93,10 @@ int run_profile(const ProfileCliOptions& o) {
 
   profiler::ProfileControllerOptions pco{ceilings, {}, {}};
   // On the GPU, ops are timed with CUDA events on the executor's stream (profiled steps run without graphs).
-  if (const auto* ce = dynamic_cast<const runtime::cuda::CudaExecutor*>(&engine.executor()))
-    pco.make_timer = [ce] { return ce->make_timer(); };
+  if (engine.executor().make_timer()) {
+    const runtime::Executor* ex = &engine.executor();
+    pco.make_timer = [ex] { return ex->make_timer(); };
+  }
   profiler::ProfileController ctl(pco);
   engine.set_step_hook(&ctl);
 

@@ -99,7 +99,8 @@ int run_serve(ServeOptions o) {
                 kb.capped ? "; capped at max running requests x context" : "");
   }
   parts.engine = make_engine(lm.model, ec, o.dev, o.mem_fraction > 0 ? o.mem_fraction : 0.85);
-  if (const auto* ce = dynamic_cast<const runtime::cuda::CudaExecutor*>(&parts.engine->executor())) {
+  if (parts.engine->executor().device() == Device::CUDA) {
+    const runtime::Executor* ce = &parts.engine->executor();
     // /start_profile on the GPU: CUDA-event timers and the GPU's own ceilings (measured at the first
     // profile).
     parts.profiler.make_timer = [ce] { return ce->make_timer(); };

@@ -76,7 +76,7 @@ std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model
     ec.num_pages = 0;  // from the memory fraction
     co.max_pages = static_cast<int64_t>(cfg.max_running) * ((ctx + cfg.page_size - 1) / cfg.page_size) + 1;
   }
-  auto exec = std::make_unique<runtime::cuda::CudaExecutor>(*model, ec, co);
+  auto exec = runtime::cuda::make_cuda_executor(*model, ec, co);
   return std::make_unique<runtime::Engine>(std::move(exec), cfg);
 }
 

@@ -14,6 +14,7 @@
 #include "kv/kv_pool.h"
 #include "model/model.h"
 #include "profiler/op_record.h"
+#include "profiler/timer.h"
 
 namespace ms::runtime {
 
@@ -52,6 +53,8 @@ class Executor {
   // not fit (a page id past the pool, more tokens than max_tokens, ...), leaving the executor usable.
   virtual Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
                      profiler::OpSink* sink = nullptr) = 0;
+  // The profiler's timer for this executor's work (CUDA events on a GPU); null: a steady clock.
+  virtual std::unique_ptr<profiler::TimerBackend> make_timer() const { return nullptr; }
 };
 
 }  // namespace ms::runtime

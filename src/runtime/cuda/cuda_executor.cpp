@@ -275,5 +275,21 @@ Tensor CudaExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& ro
   return run_graph(b, routing, bucket);
 }
 
+std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, ExecutorConfig cfg,
+                                             CudaExecutorOptions opt) {
+  return std::make_unique<CudaExecutor>(host_model, cfg, opt);
+}
+
+}  // namespace ms::runtime::cuda
+#else
+#include "core/error.h"
+#include "runtime/cuda/cuda_executor.h"
+
+namespace ms::runtime::cuda {
+
+std::unique_ptr<Executor> make_cuda_executor(const model::Model&, ExecutorConfig, CudaExecutorOptions) {
+  MS_THROW("--device cuda: this build of moeserve has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
+}
+
 }  // namespace ms::runtime::cuda
 #endif

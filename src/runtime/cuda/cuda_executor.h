@@ -54,7 +54,7 @@ class CudaExecutor final : public Executor {
 
   const GraphStats& graph_stats() const { return graphs_stats_; }
   // The profiler's timer for this executor's stream (CUDA events).
-  std::unique_ptr<profiler::TimerBackend> make_timer() const;
+  std::unique_ptr<profiler::TimerBackend> make_timer() const override;
   // Device memory by role, bytes.
   struct Memory {
     size_t weights = 0, kv = 0, workspace = 0, scratch = 0;
@@ -74,6 +74,10 @@ class CudaExecutor final : public Executor {
   std::shared_ptr<const model::Model> model_;
   GraphStats graphs_stats_;
 };
+
+// A CudaExecutor; in a build without CUDA, throws saying so.
+std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, ExecutorConfig cfg,
+                                             CudaExecutorOptions opt = {});
 
 // Batch-size buckets a decode step is padded to for graph replay, up to max_bs.
 std::vector<int> cuda_graph_buckets(int max_bs);
