@@ -116,6 +116,8 @@ Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
     opt_.debug_cast_whole_pool = true;
   MS_CHECK(static_cast<int>(w_.layers.size()) == cfg_.num_hidden_layers,
            "model: {} layers of weights for {} in config", w_.layers.size(), cfg_.num_hidden_layers);
+  MS_CHECK(w_.kv_scales.empty() || w_.kv_scales.size() == w_.layers.size(),
+           "model: {} KV cache scales for {} layers", w_.kv_scales.size(), w_.layers.size());
   if (cfg_.has_indexer)
     MS_CHECK(
         cfg_.indexer_types.empty() || static_cast<int>(cfg_.indexer_types.size()) == cfg_.num_hidden_layers,
@@ -131,6 +133,8 @@ kv::KvPoolConfig Model::kv_pool_config(int32_t num_pages, int32_t page_size, kv:
   c.num_pages = num_pages;
   c.page_size = page_size;
   c.dtype = dtype == kv::KvCacheDType::Auto ? kv::KvCacheDType::BF16 : dtype;
+  // Only an fp8 pool stores scaled values; the other dtypes hold the latent as is.
+  if (c.dtype == kv::KvCacheDType::FP8E4M3) c.scales = w_.kv_scales;
   return c;
 }
 

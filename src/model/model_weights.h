@@ -60,6 +60,11 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   Tensor final_norm;          // f32 [H]
   ops::LinearWeight lm_head;  // [vocab, H] (the embedding when tied)
+  // [layers] the checkpoint's FP8 KV cache scale per layer (value = e4m3 * scale), used when the pool is
+  // fp8_e4m3; empty when the checkpoint has none (scale 1). MLA caches one K-like row per token (normalised
+  // latent, then rotated k_pe), so a layer's k_scale applies to all of it; v_scale only when k_scale is
+  // absent.
+  std::vector<float> kv_scales;
 };
 
 }  // namespace ms::model

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <optional>
+
 #include "core/error.h"
 #include "quant/float_formats.h"
 #include "quant/nvfp4.h"
@@ -56,6 +59,22 @@ float load_scalar(const TensorSource& src, const std::string& name) {
   if (t.numel() != 1)
     MS_THROW("{}: tensor '{}' has shape {}, expected a scalar", src.describe(), name, shape_str(t.shape()));
   return t.data<float>()[0];
+}
+
+// The FP8 KV cache scale of layer `l`, by the names ModelOpt and vLLM use, k_scale first; nullopt when the
+// layer has none. Refuses a scale that is not one positive finite f32.
+std::optional<float> load_kv_scale(const TensorSource& src, int l) {
+  const std::string ap = fmt::format("model.layers.{}.self_attn", l);
+  for (const std::string& name :
+       {ap + ".k_proj.k_scale", ap + ".attn.k_scale", ap + ".v_proj.v_scale", ap + ".attn.v_scale"}) {
+    if (!src.contains(name)) continue;
+    const float s = load_scalar(src, name);
+    if (!std::isfinite(s) || s <= 0)
+      MS_THROW("{}: tensor '{}' is {}, a KV cache scale must be positive and finite", src.describe(), name,
+               s);
+    return s;
+  }
+  return std::nullopt;
 }
 
 MlpWeights load_mlp(const TensorSource& src, const std::string& prefix, int64_t hidden, int64_t inter) {
@@ -185,6 +204,18 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
       L.mlp = load_mlp(src, p + ".mlp", H, c.intermediate_size);
     }
     w.layers.push_back(std::move(L));
+    if (const std::optional<float> ks = load_kv_scale(src, l)) {
+      MS_CHECK(static_cast<int>(w.kv_scales.size()) == l,
+               "{}: layer {} has a KV cache scale but layer {} has none "
+               "(model.layers.{}.self_attn.k_proj.k_scale)",
+               src.describe(), l, w.kv_scales.size(), w.kv_scales.size());
+      w.kv_scales.push_back(*ks);
+    } else {
+      MS_CHECK(w.kv_scales.empty(),
+               "{}: tensor 'model.layers.{}.self_attn.k_proj.k_scale' is missing (layers "
+               "before it have KV cache scales)",
+               src.describe(), l);
+    }
   }
   w.final_norm = load_vector(src, "model.norm.weight", H);
   if (src.contains("lm_head.weight") || !c.tie_word_embeddings)

@@ -117,7 +117,16 @@ void parse_messages(const json& body, CompletionParams& p) {
     }
     if (!content && *role != "assistant") bad(at + ".content", "is required", "missing_required_parameter");
   }
-  p.messages = *m;
+  // A key whose value is null (the official client sends back an assistant tool call with "content": null)
+  // reaches the template as absent, as transformers' apply_chat_template gives it: templates test for a
+  // missing key, and some would print "None".
+  p.messages = json::array();
+  for (const auto& msg : *m) {
+    json kept = json::object();
+    for (auto it = msg.begin(); it != msg.end(); ++it)
+      if (!it.value().is_null()) kept[it.key()] = it.value();
+    p.messages.push_back(std::move(kept));
+  }
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) wrong_type("chat_template_kwargs", "an object", *k);
     p.template_kwargs = *k;

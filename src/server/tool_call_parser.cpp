@@ -127,8 +127,9 @@ ojson messages_for_template(ToolCallFormat format, const ojson& messages) {
         if (!parsed.is_discarded() && parsed.is_object()) *a = std::move(parsed);
       }
     }
-    if (format == ToolCallFormat::Glm && (!m.contains("content") || m["content"].is_null()))
-      m["content"] = "";
+    // An assistant turn of tool calls without text: GLM's template expects a content, DeepSeek-V3's adds it
+    // before the calls (missing, it fails as in transformers; "" renders as its branch for null does).
+    if (!m.contains("content") || m["content"].is_null()) m["content"] = "";
   }
   return out;
 }
