@@ -3,7 +3,8 @@
 # every GPU test (ctest -L gpu) including the CUDA executor on the golden fixtures and on a full-width
 # glm5-slice checkpoint, bench-one-batch on that checkpoint, the e2e suite against `serve` on the GPU, the
 # kernel benchmarks, and one summary table at the end.
-# Switches: GPU_TEST_SLICE=0 (no glm5-slice checkpoint), GPU_TEST_E2E=0, GPU_TEST_BENCH=0, BUILD=dir.
+# Switches: GPU_TEST_SLICE=0 (no glm5-slice checkpoint), GPU_TEST_SLICE_FORMATS="nvfp4 fp8 bf16",
+# GPU_TEST_E2E=0, GPU_TEST_BENCH=0, BUILD=dir.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}
@@ -26,27 +27,34 @@ else
 fi
 bin="$build/moeserve"
 
-slice="$PWD/$build/slices/glm5_nvfp4"
+# glm5-slice checkpoints (full GLM-5 widths, 1 dense + 1 MoE layer) in the formats of GPU_TEST_SLICE_FORMATS
+# (nvfp4 about 10 GB, fp8 about 15 GB, bf16 about 25 GB on disk); the first one is benchmarked.
+slices=()
 if [ "${GPU_TEST_SLICE:-1}" = 1 ]; then
-  if [ ! -f "$slice/config.json" ]; then
-    start=$(date +%s)
-    if "$bin" gen-model --arch glm5 --preset glm5-slice --layers 2 --weights nvfp4 --out "$slice" \
-         >"$log/gen-model" 2>&1; then
-      status "glm5-slice nvfp4" "written in $(($(date +%s) - start)) s"
-    else
-      tail -n 5 "$log/gen-model"
-      status "glm5-slice nvfp4" FAILED
+  for fmt in ${GPU_TEST_SLICE_FORMATS:-nvfp4}; do
+    dir="$PWD/$build/slices/glm5_$fmt"
+    if [ ! -f "$dir/config.json" ]; then
+      start=$(date +%s)
+      if "$bin" gen-model --arch glm5 --preset glm5-slice --layers 2 --weights "$fmt" --out "$dir" \
+           >"$log/gen-model-$fmt" 2>&1; then
+        status "glm5-slice $fmt" "written in $(($(date +%s) - start)) s"
+      else
+        tail -n 5 "$log/gen-model-$fmt"
+        status "glm5-slice $fmt" FAILED
+      fi
     fi
-  fi
-  [ -f "$slice/config.json" ] && export MOESERVE_TEST_SLICES="$slice"
+    [ -f "$dir/config.json" ] && slices+=("$dir")
+  done
 fi
+slice="${slices[0]:-}"
+[ ${#slices[@]} -gt 0 ] && export MOESERVE_TEST_SLICES=$(IFS=,; echo "${slices[*]}")
 
 (cd "$build" && ctest -L gpu -V) >"$log/ctest" 2>&1
 grep -h "^\[ measured \]" "$log/ctest" | sed 's/^\[ measured \] /  /'
 grep -E "^\[  FAILED  \]|Failure$" -A3 "$log/ctest" | head -60
 if grep -q "100% tests passed" "$log/ctest"; then status "gpu tests" ok; else status "gpu tests" FAILED; fi
 
-if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -f "$slice/config.json" ]; then
+if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -n "$slice" ]; then
   for g in "" "--disable-cuda-graph"; do
     if "$bin" bench-one-batch --model "$slice" --device cuda --batch-size 1,8,64 --input-len 128 \
          --output-len 32 --kv-cache-dtype fp8_e4m3 $g >"$log/bench-one-batch$g" 2>&1; then
@@ -58,7 +66,7 @@ if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -f "$slice/config.json" ]; then
   done
 fi
 
-if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -f "$slice/config.json" ]; then
+if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -n "$slice" ]; then
   for b in 1 64; do
     if "$bin" profile --model "$slice" --device cuda --batch $b --context 512 --steps 3 \
          --kv-cache-dtype fp8_e4m3 >"$log/profile-b$b" 2>&1; then
