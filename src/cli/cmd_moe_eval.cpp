@@ -1,5 +1,5 @@
 // `moeserve moe-eval`: what Opportunistic Expert Activation does to a model's decode, baseline routing and
-// OEA side by side on the same tokens (see bench/moe_eval.h).
+// OEA side by side on the same tokens (see eval/moe_eval.h).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/moe_eval.h"
 #include "cli/command.h"
 #include "core/error.h"
+#include "eval/moe_eval.h"
 #include "model/load_model.h"
 #include "tokenizer/builtin.h"
 #include "tokenizer/tokenizer.h"
@@ -22,7 +22,7 @@ struct MoeEvalCliOptions {
   std::string model_dir, text_file, kv_dtype = "f32";
   int batch = 0;
   bool json = false;
-  bench::MoeEvalOptions eval;
+  eval::MoeEvalOptions eval;
 };
 
 // The checkpoint's tokenizer.json, the built-in tokenizer for the built-in model, or none.
@@ -57,22 +57,22 @@ int run_moe_eval(MoeEvalCliOptions o) {
   model::Model& m = *lm.model;
   const int64_t V = m.config().vocab_size;
   std::unique_ptr<tokenizer::Tokenizer> tok = find_tokenizer(o.model_dir);
-  bench::MoeEvalResult r;
+  eval::MoeEvalResult r;
   if (!o.text_file.empty()) {
     if (!tok) MS_THROW("moe-eval: --text needs a tokenizer, and {} has no tokenizer.json", o.model_dir);
     std::ifstream f(o.text_file, std::ios::binary);
     if (!f) MS_THROW("moe-eval: cannot read --text file {}", o.text_file);
     std::stringstream ss;
     ss << f.rdbuf();
-    r = bench::moe_eval_text(m, encode_checked(*tok, ss.str(), V, "--text " + o.text_file), o.batch, o.eval);
+    r = eval::moe_eval_text(m, encode_checked(*tok, ss.str(), V, "--text " + o.text_file), o.batch, o.eval);
   } else if (tok) {
     std::vector<std::vector<int32_t>> prompts;
-    for (const std::string& p : bench::fixed_text_prompts(o.batch))
+    for (const std::string& p : eval::fixed_text_prompts(o.batch))
       prompts.push_back(encode_checked(*tok, p, V, "a fixed prompt"));
-    r = bench::moe_eval_prompts(m, prompts, o.eval);
+    r = eval::moe_eval_prompts(m, prompts, o.eval);
     r.source = "text prompts";
   } else {
-    r = bench::moe_eval_prompts(m, bench::fixed_token_prompts(o.batch, V), o.eval);
+    r = eval::moe_eval_prompts(m, eval::fixed_token_prompts(o.batch, V), o.eval);
     r.source = "token-id prompts";
   }
   if (o.json) {

@@ -1,5 +1,5 @@
 // `moeserve perplexity`: perplexity over a text in windows of --context tokens, and with --reference the KL
-// divergence and top-1 agreement against another setting (see bench/perplexity.h).
+// divergence and top-1 agreement against another setting (see eval/perplexity.h).
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -7,10 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/perplexity.h"
 #include "cli/command.h"
 #include "cli/text_model.h"
 #include "core/error.h"
+#include "eval/perplexity.h"
 #include "model/load_model.h"
 
 namespace ms::cli {
@@ -21,7 +21,7 @@ struct PerplexityCliOptions {
   std::string model_dir, text_file, kv_dtype = "auto", reference, device = "cpu";
   int oea_k0 = 0, oea_kmax = 0;
   bool prefill = false, json = false;
-  bench::PplOptions ppl;
+  eval::PplOptions ppl;
 };
 
 struct SettingSpec {
@@ -83,7 +83,7 @@ int run_perplexity(PerplexityCliOptions o) {
   };
   auto make = [&](const SettingSpec& s) {
     model::LoadedModel& lm = get(s.model_dir);
-    bench::PplSetting st;
+    eval::PplSetting st;
     st.model = lm.model.get();
     st.kv_dtype = kv::parse_kv_cache_dtype(s.kv_dtype);
     if (st.kv_dtype == kv::KvCacheDType::Auto) st.kv_dtype = lm.kv_auto;
@@ -92,8 +92,8 @@ int run_perplexity(PerplexityCliOptions o) {
         (s.model_dir.empty() ? std::string("built-in model") : s.model_dir) + ", " + describe(s, st.kv_dtype);
     return st;
   };
-  const bench::PplSetting test = make(test_spec);
-  std::optional<bench::PplSetting> ref;
+  const eval::PplSetting test = make(test_spec);
+  std::optional<eval::PplSetting> ref;
   if (ref_spec) ref = make(*ref_spec);
 
   auto tok = load_text_tokenizer(o.model_dir);
@@ -104,7 +104,7 @@ int run_perplexity(PerplexityCliOptions o) {
   ss << f.rdbuf();
   const std::vector<int32_t> ids = tok->encode(ss.str(), false);
   o.ppl.decode = !o.prefill;
-  const bench::PplResult r = bench::perplexity(ids, test, o.ppl, ref ? &*ref : nullptr);
+  const eval::PplResult r = eval::perplexity(ids, test, o.ppl, ref ? &*ref : nullptr);
 
   if (o.json) {
     std::printf("%s\n", r.to_json().dump(1).c_str());

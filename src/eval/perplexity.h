@@ -20,7 +20,7 @@
 #include "model/model.h"
 #include "moe/router.h"
 
-namespace ms::bench {
+namespace ms::eval {
 
 // One way of running a model.
 struct PplSetting {
@@ -60,4 +60,4 @@ struct PplResult {
 PplResult perplexity(const std::vector<int32_t>& ids, const PplSetting& test, const PplOptions& o,
                      const PplSetting* ref = nullptr);
 
-}  // namespace ms::bench
+}  // namespace ms::eval

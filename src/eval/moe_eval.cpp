@@ -1,4 +1,4 @@
-#include "bench/moe_eval.h"
+#include "eval/moe_eval.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "moe/expert_stats.h"
 #include "runtime/cpu_executor.h"
 
-namespace ms::bench {
+namespace ms::eval {
 
 namespace {
 
@@ -299,4 +299,4 @@ std::vector<std::string> fixed_text_prompts(int batch) {
   return out;
 }
 
-}  // namespace ms::bench
+}  // namespace ms::eval

@@ -1,4 +1,4 @@
-#include "bench/perplexity.h"
+#include "eval/perplexity.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "kv/page_allocator.h"
 #include "runtime/cpu_executor.h"
 
-namespace ms::bench {
+namespace ms::eval {
 
 namespace {
 
@@ -226,4 +226,4 @@ nlohmann::json PplResult::to_json() const {
   return j;
 }
 
-}  // namespace ms::bench
+}  // namespace ms::eval

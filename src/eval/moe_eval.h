@@ -14,7 +14,7 @@
 #include "kv/kv_pool.h"
 #include "model/model.h"
 
-namespace ms::bench {
+namespace ms::eval {
 
 struct MoeEvalOptions {
   int k0 = 0;      // OEA: experts each token keeps, 1..top_k
@@ -56,4 +56,4 @@ MoeEvalResult moe_eval_text(model::Model& m, const std::vector<int32_t>& text_id
 std::vector<std::vector<int32_t>> fixed_token_prompts(int batch, int64_t vocab);
 std::vector<std::string> fixed_text_prompts(int batch);
 
-}  // namespace ms::bench
+}  // namespace ms::eval
