@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "eval/perplexity.h"
@@ -18,8 +19,8 @@ namespace ms::cli {
 namespace {
 
 struct PerplexityCliOptions {
-  std::string model_dir, text_file, kv_dtype = "auto", reference, device = "cpu";
-  int oea_k0 = 0, oea_kmax = 0;
+  EngineFlags eng;
+  std::string text_file, reference;
   bool prefill = false, json = false;
   eval::PplOptions ppl;
 };
@@ -68,10 +69,11 @@ std::string describe(const SettingSpec& s, kv::KvCacheDType dt) {
 }
 
 int run_perplexity(PerplexityCliOptions o) {
-  o.model_dir = resolve_model_dir(o.model_dir);
-  if (o.device != "cpu")
-    MS_THROW("perplexity: --device {} is not available; this build runs the model on the cpu", o.device);
-  const SettingSpec test_spec{o.model_dir, o.kv_dtype, o.oea_k0, o.oea_kmax};
+  o.eng.model_dir = resolve_model_dir(o.eng.model_dir);
+  o.ppl.make_executor = [dev = o.eng.dev](const model::Model& m, const runtime::ExecutorConfig& ec) {
+    return make_executor(m, ec, dev);
+  };
+  const SettingSpec test_spec{o.eng.model_dir, o.eng.kv_dtype, o.eng.oea_k0, o.eng.oea_kmax};
   std::optional<SettingSpec> ref_spec;
   if (!o.reference.empty()) ref_spec = parse_reference(o.reference, test_spec);
 
@@ -96,8 +98,8 @@ int run_perplexity(PerplexityCliOptions o) {
   std::optional<eval::PplSetting> ref;
   if (ref_spec) ref = make(*ref_spec);
 
-  auto tok = load_text_tokenizer(o.model_dir);
-  if (!tok) MS_THROW("perplexity: {} has no tokenizer.json", o.model_dir);
+  auto tok = load_text_tokenizer(o.eng.model_dir);
+  if (!tok) MS_THROW("perplexity: {} has no tokenizer.json", o.eng.model_dir);
   std::ifstream f(o.text_file, std::ios::binary);
   if (!f) MS_THROW("perplexity: cannot read --text file {}", o.text_file);
   std::stringstream ss;
@@ -129,21 +131,15 @@ Registration reg(
     "Perplexity over a text in windows; with --reference, KL and top-1 agreement against another setting",
     [](CLI::App& app) {
       auto o = std::make_shared<PerplexityCliOptions>();
-      app.add_option("--model", o->model_dir, "Checkpoint directory; default: the built-in model");
+      add_engine_flags(
+          app, o->eng,
+          engine_flag::kModel | engine_flag::kDevice | engine_flag::kKvCacheDtype | engine_flag::kOea);
       app.add_option("--text", o->text_file, "A UTF-8 text file")->required();
       app.add_option("--context", o->ppl.context, "Tokens per window")->capture_default_str();
       app.add_option("--batch", o->ppl.batch, "Windows evaluated together (OEA's base set spans them)")
           ->capture_default_str();
       app.add_option("--max-windows", o->ppl.max_windows, "Evaluate at most this many windows (0: all)")
           ->capture_default_str();
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "f32 (exact), bf16, fp8_e4m3 or auto")
-          ->capture_default_str();
-      app.add_option("--oea-k0", o->oea_k0,
-                     "Opportunistic Expert Activation on decode tokens: experts kept (0: off)")
-          ->capture_default_str();
-      app.add_option("--oea-kmax", o->oea_kmax, "OEA: slots a token may fill (0: top_k)")
-          ->capture_default_str();
-      app.add_option("--device", o->device, "Where the model runs")->capture_default_str();
       app.add_flag("--prefill", o->prefill,
                    "Run each window as one prompt forward instead of token by token (no OEA)");
       app.add_option(

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "eval/executor_factory.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
 
@@ -21,6 +22,7 @@ struct MoeEvalOptions {
   int kmax = 0;    // OEA: slots a token may fill, k0..top_k; 0: top_k
   int steps = 32;  // decode steps per sequence (text: each stream is cut to steps + 2 tokens)
   kv::KvCacheDType kv_dtype = kv::KvCacheDType::F32;  // F32: nothing but routing differs between runs
+  MakeExecutor make_executor;                         // empty: on the CPU
 };
 
 struct MoeEvalResult {
