@@ -17,8 +17,9 @@ declare -A allowed=(
   [scheduler]="core kv scheduler"
   [runtime]="core quant io kernels ops kv moe profiler dist model scheduler tokenizer runtime"
   [server]="core quant io kernels ops kv moe profiler dist model scheduler tokenizer runtime server"
-  [bench]="core quant io kernels ops kv moe profiler dist model scheduler tokenizer runtime server bench"
-  [cli]="core quant io kernels ops kv moe profiler dist model scheduler tokenizer runtime server bench cli"
+  [loadgen]="core loadgen"
+  [eval]="core quant io kernels ops kv moe profiler dist model scheduler tokenizer runtime eval"
+  [cli]="core quant io kernels ops kv moe profiler dist model scheduler tokenizer runtime server loadgen eval cli"
 )
 bad=0
 while IFS= read -r line; do

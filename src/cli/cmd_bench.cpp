@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "bench/load_generator.h"
-#include "bench/plot.h"
 #include "cli/command.h"
 #include "core/error.h"
+#include "loadgen/load_generator.h"
+#include "loadgen/plot.h"
 
 namespace {
 
@@ -34,7 +34,7 @@ std::vector<int> parse_sweep(const std::string& text) {
 
 ms::cli::Registration reg(
     "bench", "Benchmark an OpenAI-compatible server: TTFT, ITL, TPOT, E2E, throughput", [](CLI::App& sub) {
-      auto cfg = std::make_shared<ms::bench::BenchConfig>();
+      auto cfg = std::make_shared<ms::loadgen::BenchConfig>();
       auto sweep = std::make_shared<std::string>();
       auto endpoint = std::make_shared<std::string>("completions");
       auto out_json = std::make_shared<std::string>();
@@ -71,12 +71,12 @@ ms::cli::Registration reg(
       return [=]() -> int {
         cfg->chat = *endpoint == "chat";
         cfg->progress = !*no_progress;
-        std::vector<ms::bench::BenchSummary> all;
+        std::vector<ms::loadgen::BenchSummary> all;
         for (int c : parse_sweep(*sweep)) {
           auto run = *cfg;
           run.max_concurrency = c;
-          all.push_back(ms::bench::run_bench(run));
-          std::fputs(ms::bench::format_summary(all.back()).c_str(), stdout);
+          all.push_back(ms::loadgen::run_bench(run));
+          std::fputs(ms::loadgen::format_summary(all.back()).c_str(), stdout);
           std::fflush(stdout);
         }
         if (!out_json->empty()) {
@@ -84,7 +84,7 @@ ms::cli::Registration reg(
                               {"num_prompts", cfg->num_prompts},   {"input_len", cfg->input_len},
                               {"output_len", cfg->output_len},     {"range_ratio", cfg->range_ratio},
                               {"results", nlohmann::json::array()}};
-          for (const auto& s : all) j["results"].push_back(ms::bench::summary_json(s));
+          for (const auto& s : all) j["results"].push_back(ms::loadgen::summary_json(s));
           std::ofstream f(*out_json);
           MS_CHECK(f.good(), "--output-json: cannot write {}", *out_json);
           f << j.dump(2) << "\n";
@@ -92,10 +92,10 @@ ms::cli::Registration reg(
         if (!out_csv->empty()) {
           std::ofstream f(*out_csv);
           MS_CHECK(f.good(), "--output-csv: cannot write {}", *out_csv);
-          f << ms::bench::csv_header();
-          for (const auto& s : all) f << ms::bench::csv_row(s);
+          f << ms::loadgen::csv_header();
+          for (const auto& s : all) f << ms::loadgen::csv_row(s);
         }
-        if (!plot->empty()) ms::bench::plot_sweep(all, *plot);
+        if (!plot->empty()) ms::loadgen::plot_sweep(all, *plot);
         int failed = 0;
         for (const auto& s : all) failed += s.failed;
         return failed ? 2 : 0;

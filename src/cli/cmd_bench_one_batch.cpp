@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/device_options.h"
+#include "cli/engine_flags.h"
 #include "cli/synthetic_prompt.h"
 #include "core/error.h"
 #include "model/load_model.h"
@@ -23,9 +24,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct OneBatchOptions {
-  DeviceOptions dev;
-  std::string model_dir, batch_sizes = "1,8,64", kv_dtype = "auto";
-  int input_len = 128, output_len = 32, page_size = 64;
+  EngineFlags eng;
+  std::string batch_sizes = "1,8,64";
+  int input_len = 128, output_len = 32;
   bool json = false;
 };
 
@@ -63,17 +64,16 @@ std::vector<int> parse_batch_sizes(const std::string& s) {
 OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o, int batch) {
   const io::ModelConfig& cfg = lm.model->config();
   runtime::EngineConfig ec;
-  ec.page_size = o.page_size;
-  ec.kv_cache_dtype = kv::parse_kv_cache_dtype(o.kv_dtype);
-  if (ec.kv_cache_dtype == kv::KvCacheDType::Auto) ec.kv_cache_dtype = lm.kv_auto;
-  const int64_t seq_pages = (o.input_len + o.output_len + o.page_size - 1) / o.page_size;
-  ec.kv_cache_tokens = batch * seq_pages * o.page_size;
+  ec.page_size = o.eng.page_size;
+  ec.kv_cache_dtype = resolve_kv_dtype(o.eng, lm);
+  const int64_t seq_pages = (o.input_len + o.output_len + o.eng.page_size - 1) / o.eng.page_size;
+  ec.kv_cache_tokens = batch * seq_pages * o.eng.page_size;
   ec.max_running = batch;
   // The whole batch's prompts in one step: the prefill figure is one forward pass over all of them.
   ec.max_prefill_tokens = static_cast<int32_t>(int64_t{batch} * o.input_len);
   ec.enable_prefix_cache = false;  // every step computes what it is timed for
   ec.max_context = cfg.max_position_embeddings;
-  auto engine_ptr = make_engine(lm.model, ec, o.dev);
+  auto engine_ptr = make_engine(lm.model, ec, o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
   for (int s = 0; s < batch; ++s) {
     runtime::Request r;
@@ -123,9 +123,9 @@ OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o,
 int run_bench_one_batch(const OneBatchOptions& o) {
   MS_CHECK(o.input_len >= 1, "--input-len must be at least 1, got {}", o.input_len);
   MS_CHECK(o.output_len >= 1, "--output-len must be at least 1, got {}", o.output_len);
-  MS_CHECK(o.page_size >= 1, "--page-size must be at least 1, got {}", o.page_size);
+  MS_CHECK(o.eng.page_size >= 1, "--page-size must be at least 1, got {}", o.eng.page_size);
   const std::vector<int> batches = parse_batch_sizes(o.batch_sizes);
-  model::LoadedModel lm = model::load_model(o.model_dir);
+  model::LoadedModel lm = model::load_model(o.eng.model_dir);
   const int64_t ctx = lm.model->config().max_position_embeddings;
   MS_CHECK(o.input_len + o.output_len <= ctx,
            "--input-len {} + --output-len {} is past the model's context of {}", o.input_len, o.output_len,
@@ -175,15 +175,10 @@ Registration reg(
     "Time the engine without HTTP: prefill latency, median decode step and tokens/s per batch size",
     [](CLI::App& sub) {
       auto o = std::make_shared<OneBatchOptions>();
-      add_device_options(sub, o->dev);
-      sub.add_option("--model", o->model_dir,
-                     "Hugging Face checkpoint directory (default: the built-in model)");
+      add_engine_flags(sub, o->eng, engine_flag::kCommon);
       sub.add_option("--batch-size", o->batch_sizes, "Batch sizes, comma-separated")->capture_default_str();
       sub.add_option("--input-len", o->input_len, "Prompt tokens per sequence")->capture_default_str();
       sub.add_option("--output-len", o->output_len, "Generated tokens per sequence")->capture_default_str();
-      sub.add_option("--kv-cache-dtype", o->kv_dtype, "auto, f32 (exact), bf16 or fp8_e4m3")
-          ->capture_default_str();
-      sub.add_option("--page-size", o->page_size, "Tokens per KV page")->capture_default_str();
       sub.add_flag("--json", o->json, "Print the results as JSON on stdout");
       return [o]() { return run_bench_one_batch(*o); };
     });

@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/device_options.h"
+#include "cli/engine_flags.h"
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "tokenizer/incremental_detokenizer.h"
@@ -19,9 +20,9 @@ namespace ms::cli {
 namespace {
 
 struct ChatOptions {
-  DeviceOptions dev;
-  std::string model_dir, chat_template, kv_dtype = "auto", system;
-  int max_tokens = 64, top_k = 0, page_size = 64;
+  EngineFlags eng;
+  std::string chat_template, system;
+  int max_tokens = 64, top_k = 0;
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool speeds = false;
@@ -39,14 +40,15 @@ std::vector<int32_t> turn_end_ids(const tokenizer::Tokenizer& tok) {
 }
 
 int run_chat(ChatOptions o) {
-  o.model_dir = resolve_model_dir(o.model_dir);
-  std::unique_ptr<tokenizer::Tokenizer> tok = load_text_tokenizer(o.model_dir);
-  if (!tok) MS_THROW("{} has no tokenizer.json: chat needs one", o.model_dir);
-  std::unique_ptr<tokenizer::ChatTemplate> tmpl = load_chat_template(o.model_dir, o.chat_template);
-  model::LoadedModel lm = model::load_model(o.model_dir);
+  o.eng.model_dir = resolve_model_dir(o.eng.model_dir);
+  std::unique_ptr<tokenizer::Tokenizer> tok = load_text_tokenizer(o.eng.model_dir);
+  if (!tok) MS_THROW("{} has no tokenizer.json: chat needs one", o.eng.model_dir);
+  std::unique_ptr<tokenizer::ChatTemplate> tmpl = load_chat_template(o.eng.model_dir, o.chat_template);
+  model::LoadedModel lm = model::load_model(o.eng.model_dir);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   const int64_t ctx = lm.model->config().max_position_embeddings;
-  auto engine_ptr = make_engine(lm.model, engine_config_for(lm, o.kv_dtype, ctx, o.page_size), o.dev);
+  auto engine_ptr =
+      make_engine(lm.model, engine_config_for(lm, o.eng.kv_dtype, ctx, o.eng.page_size), o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
 
   const bool tty = isatty(STDIN_FILENO) != 0;
@@ -95,9 +97,7 @@ Registration reg(
     "chat", "Chat in the terminal through the model's chat template (one message per line)",
     [](CLI::App& app) {
       auto o = std::make_shared<ChatOptions>();
-      add_device_options(app, o->dev);
-      app.add_option("--model", o->model_dir,
-                     "Checkpoint directory (Hugging Face layout); default: the built-in model");
+      add_engine_flags(app, o->eng, engine_flag::kCommon);
       app.add_option("--chat-template", o->chat_template,
                      "Jinja chat template file (default: the model's, or the built-in one)");
       app.add_option("--system", o->system, "System message that opens the conversation");
@@ -107,9 +107,6 @@ Registration reg(
       app.add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
       app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
       app.add_option("--seed", o->seed, "Random seed (0: none)");
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, f32 (exact), bf16 or fp8_e4m3")
-          ->capture_default_str();
-      app.add_option("--page-size", o->page_size, "KV cache page size in tokens")->capture_default_str();
       app.add_flag("--speeds", o->speeds, "Print prefill and decode speeds after each reply (stderr)");
       return [o] { return run_chat(*o); };
     });

@@ -6,6 +6,7 @@
 
 #include "cli/command.h"
 #include "cli/device_options.h"
+#include "cli/engine_flags.h"
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "tokenizer/incremental_detokenizer.h"
@@ -33,41 +34,40 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }
 
 struct GenerateOptions {
-  DeviceOptions dev;
-  std::string model_dir, prompt, prompt_ids, kv_dtype = "auto";
-  int max_tokens = 32, top_k = 0, page_size = 64, oea_k0 = 0, oea_kmax = 0;
+  EngineFlags eng;
+  std::string prompt, prompt_ids;
+  int max_tokens = 32, top_k = 0;
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool print_ids = false;
 };
 
 int run_generate(GenerateOptions o) {
-  o.model_dir = resolve_model_dir(o.model_dir);
+  o.eng.model_dir = resolve_model_dir(o.eng.model_dir);
   if (o.prompt.empty() == o.prompt_ids.empty()) MS_THROW("give exactly one of --prompt and --prompt-ids");
   std::unique_ptr<tokenizer::Tokenizer> tok;
   std::vector<int32_t> ids;
   if (!o.prompt.empty()) {
-    tok = load_text_tokenizer(o.model_dir);
+    tok = load_text_tokenizer(o.eng.model_dir);
     if (!tok)
       MS_THROW(
           "{} has no tokenizer.json, so --prompt cannot be tokenized: give the prompt as token ids with "
           "--prompt-ids 1,2,3 (and --print-ids)",
-          o.model_dir);
+          o.eng.model_dir);
     ids = tok->encode(o.prompt);
   } else {
     ids = parse_ids(o.prompt_ids);
-    if (!o.print_ids) tok = load_text_tokenizer(o.model_dir);
+    if (!o.print_ids) tok = load_text_tokenizer(o.eng.model_dir);
   }
-  model::LoadedModel lm = model::load_model(o.model_dir);
+  model::LoadedModel lm = model::load_model(o.eng.model_dir);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   if (tok && tok->vocab_size() > lm.model->config().vocab_size)
     MS_THROW("the tokenizer has {} tokens, more than the model's vocab_size {}", tok->vocab_size(),
              lm.model->config().vocab_size);
   runtime::EngineConfig ec =
-      engine_config_for(lm, o.kv_dtype, static_cast<int64_t>(ids.size()) + o.max_tokens, o.page_size);
-  if (o.oea_kmax > 0 && o.oea_k0 <= 0) MS_THROW("--oea-kmax needs --oea-k0");
-  if (o.oea_k0 > 0) ec.oea = moe::OeaConfig{true, o.oea_k0, o.oea_kmax};
-  auto engine_ptr = make_engine(lm.model, ec, o.dev);
+      engine_config_for(lm, o.eng.kv_dtype, static_cast<int64_t>(ids.size()) + o.max_tokens, o.eng.page_size);
+  if (const auto oea = oea_config(o.eng)) ec.oea = *oea;
+  auto engine_ptr = make_engine(lm.model, ec, o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
   runtime::Request r;
   r.prompt_ids = ids;
@@ -103,9 +103,7 @@ int run_generate(GenerateOptions o) {
 Registration reg(
     "generate", "Generate a continuation of one prompt (built-in model without --model)", [](CLI::App& app) {
       auto o = std::make_shared<GenerateOptions>();
-      add_device_options(app, o->dev);
-      app.add_option("--model", o->model_dir,
-                     "Checkpoint directory (Hugging Face layout); default: the built-in model");
+      add_engine_flags(app, o->eng, engine_flag::kCommon | engine_flag::kOea);
       app.add_option("--prompt", o->prompt, "Prompt text (needs the model's tokenizer.json)");
       app.add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated: 1,2,3");
       app.add_option("--max-tokens", o->max_tokens, "Tokens to generate")->capture_default_str();
@@ -114,12 +112,6 @@ Registration reg(
       app.add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
       app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
       app.add_option("--seed", o->seed, "Random seed (0: none)");
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, f32 (exact), bf16 or fp8_e4m3")
-          ->capture_default_str();
-      app.add_option("--page-size", o->page_size, "KV cache page size in tokens")->capture_default_str();
-      app.add_option("--oea-k0", o->oea_k0,
-                     "Opportunistic Expert Activation on decode steps: experts each token keeps (0: off)");
-      app.add_option("--oea-kmax", o->oea_kmax, "OEA: slots a token may fill (0: the model's top-k)");
       app.add_flag("--print-ids", o->print_ids,
                    "Print the generated token ids as a JSON array instead of text (also what a "
                    "checkpoint without a tokenizer prints)");

@@ -3,17 +3,18 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/load_model.h"
-#include "runtime/cpu_executor.h"
 
 namespace ms::cli {
 
 namespace {
 
 struct LogitsOptions {
-  std::string model_dir, prompt_ids, out, kv_dtype = "f32";
+  EngineFlags eng;
+  std::string prompt_ids, out;
 };
 
 int run_logits(const LogitsOptions& o) {
@@ -29,7 +30,7 @@ int run_logits(const LogitsOptions& o) {
       }
     }
   if (ids.empty()) MS_THROW("--prompt-ids: the prompt is empty");
-  model::LoadedModel lm = model::load_model(o.model_dir);
+  model::LoadedModel lm = model::load_model(o.eng.model_dir);
   const auto& cfg = lm.model->config();
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= cfg.vocab_size)
@@ -39,8 +40,7 @@ int run_logits(const LogitsOptions& o) {
     MS_THROW("the prompt ({} tokens) is past the context limit of {}", ids.size(),
              cfg.max_position_embeddings);
   const int32_t page = 64;
-  kv::KvCacheDType dt = kv::parse_kv_cache_dtype(o.kv_dtype);
-  if (dt == kv::KvCacheDType::Auto) dt = lm.kv_auto;
+  const kv::KvCacheDType dt = resolve_kv_dtype(o.eng, lm);
   runtime::ExecutorConfig ec;
   ec.page_size = page;
   ec.num_pages = static_cast<int32_t>((ids.size() + page - 1) / page);
@@ -49,14 +49,14 @@ int run_logits(const LogitsOptions& o) {
   ec.max_seqs = 1;
   ec.max_logit_rows = ec.max_tokens;
   ec.max_context = ec.max_tokens;
-  runtime::CpuExecutor exec(lm.model, ec);
+  const std::unique_ptr<runtime::Executor> exec = make_executor(*lm.model, ec, o.eng.dev);
   std::vector<int32_t> pages(static_cast<size_t>(ec.num_pages));
   for (int32_t i = 0; i < ec.num_pages; ++i) pages[static_cast<size_t>(i)] = i;
   kv::ForwardBatchBuilder bb(page);
   bb.add_sequence(pages, 0, ids.data(), static_cast<int32_t>(ids.size()), false);
   kv::ForwardBatch b = bb.finish();
   for (int32_t i = 0; i < b.n_tokens(); ++i) b.logit_rows.push_back(i);
-  Tensor logits = exec.run(b);
+  Tensor logits = exec->run(b);
   io::write_safetensors(o.out, {{"logits", logits}});
   std::fprintf(stderr, "wrote logits f32[%zu, %lld] to %s\n", ids.size(),
                static_cast<long long>(cfg.vocab_size), o.out.c_str());
@@ -66,11 +66,10 @@ int run_logits(const LogitsOptions& o) {
 Registration reg(
     "logits", "Write the full-prompt logits of a model to a safetensors file", [](CLI::App& app) {
       auto o = std::make_shared<LogitsOptions>();
-      app.add_option("--model", o->model_dir, "Checkpoint directory; default: the built-in model");
+      o->eng.kv_dtype = "f32";
+      add_engine_flags(app, o->eng, engine_flag::kModel | engine_flag::kDevice | engine_flag::kKvCacheDtype);
       app.add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated")->required();
       app.add_option("--out", o->out, "Output .safetensors file")->required();
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "f32 (exact), bf16, fp8_e4m3 or auto")
-          ->capture_default_str();
       return [o] { return run_logits(*o); };
     });
 

@@ -1,5 +1,5 @@
 // `moeserve moe-eval`: what Opportunistic Expert Activation does to a model's decode, baseline routing and
-// OEA side by side on the same tokens (see bench/moe_eval.h).
+// OEA side by side on the same tokens (see eval/moe_eval.h).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -7,9 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/moe_eval.h"
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
+#include "eval/moe_eval.h"
 #include "model/load_model.h"
 #include "tokenizer/builtin.h"
 #include "tokenizer/tokenizer.h"
@@ -19,10 +20,11 @@ namespace ms::cli {
 namespace {
 
 struct MoeEvalCliOptions {
-  std::string model_dir, text_file, kv_dtype = "f32";
+  EngineFlags eng;
+  std::string text_file;
   int batch = 0;
   bool json = false;
-  bench::MoeEvalOptions eval;
+  eval::MoeEvalOptions eval;
 };
 
 // The checkpoint's tokenizer.json, the built-in tokenizer for the built-in model, or none.
@@ -51,28 +53,31 @@ std::string fmt_layers(const std::vector<double>& v) {
 }
 
 int run_moe_eval(MoeEvalCliOptions o) {
-  o.eval.kv_dtype = kv::parse_kv_cache_dtype(o.kv_dtype);
-  model::LoadedModel lm = model::load_model(o.model_dir);
-  if (o.eval.kv_dtype == kv::KvCacheDType::Auto) o.eval.kv_dtype = lm.kv_auto;
+  kv::parse_kv_cache_dtype(o.eng.kv_dtype);  // a bad value fails before the model loads
+  model::LoadedModel lm = model::load_model(o.eng.model_dir);
+  o.eval.kv_dtype = resolve_kv_dtype(o.eng, lm);
+  o.eval.make_executor = [dev = o.eng.dev](const model::Model& m, const runtime::ExecutorConfig& ec) {
+    return make_executor(m, ec, dev);
+  };
   model::Model& m = *lm.model;
   const int64_t V = m.config().vocab_size;
-  std::unique_ptr<tokenizer::Tokenizer> tok = find_tokenizer(o.model_dir);
-  bench::MoeEvalResult r;
+  std::unique_ptr<tokenizer::Tokenizer> tok = find_tokenizer(o.eng.model_dir);
+  eval::MoeEvalResult r;
   if (!o.text_file.empty()) {
-    if (!tok) MS_THROW("moe-eval: --text needs a tokenizer, and {} has no tokenizer.json", o.model_dir);
+    if (!tok) MS_THROW("moe-eval: --text needs a tokenizer, and {} has no tokenizer.json", o.eng.model_dir);
     std::ifstream f(o.text_file, std::ios::binary);
     if (!f) MS_THROW("moe-eval: cannot read --text file {}", o.text_file);
     std::stringstream ss;
     ss << f.rdbuf();
-    r = bench::moe_eval_text(m, encode_checked(*tok, ss.str(), V, "--text " + o.text_file), o.batch, o.eval);
+    r = eval::moe_eval_text(m, encode_checked(*tok, ss.str(), V, "--text " + o.text_file), o.batch, o.eval);
   } else if (tok) {
     std::vector<std::vector<int32_t>> prompts;
-    for (const std::string& p : bench::fixed_text_prompts(o.batch))
+    for (const std::string& p : eval::fixed_text_prompts(o.batch))
       prompts.push_back(encode_checked(*tok, p, V, "a fixed prompt"));
-    r = bench::moe_eval_prompts(m, prompts, o.eval);
+    r = eval::moe_eval_prompts(m, prompts, o.eval);
     r.source = "text prompts";
   } else {
-    r = bench::moe_eval_prompts(m, bench::fixed_token_prompts(o.batch, V), o.eval);
+    r = eval::moe_eval_prompts(m, eval::fixed_token_prompts(o.batch, V), o.eval);
     r.source = "token-id prompts";
   }
   if (o.json) {
@@ -101,7 +106,8 @@ int run_moe_eval(MoeEvalCliOptions o) {
 Registration reg(
     "moe-eval", "Compare decode with and without Opportunistic Expert Activation", [](CLI::App& app) {
       auto o = std::make_shared<MoeEvalCliOptions>();
-      app.add_option("--model", o->model_dir, "Checkpoint directory; default: the built-in model");
+      o->eng.kv_dtype = "f32";
+      add_engine_flags(app, o->eng, engine_flag::kModel | engine_flag::kDevice | engine_flag::kKvCacheDtype);
       app.add_option("--batch", o->batch, "Sequences decoded together")
           ->required()
           ->check(CLI::PositiveNumber);
@@ -110,8 +116,6 @@ Registration reg(
       app.add_option("--steps", o->eval.steps, "Decode steps per sequence")->capture_default_str();
       app.add_option("--text", o->text_file,
                      "Text file: decode it teacher-forced in --batch streams and report perplexity");
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "f32 (exact), bf16, fp8_e4m3 or auto")
-          ->capture_default_str();
       app.add_flag("--json", o->json, "Print one JSON object");
       return [o] { return run_moe_eval(*o); };
     });

@@ -1,5 +1,5 @@
 // `moeserve perplexity`: perplexity over a text in windows of --context tokens, and with --reference the KL
-// divergence and top-1 agreement against another setting (see bench/perplexity.h).
+// divergence and top-1 agreement against another setting (see eval/perplexity.h).
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -7,10 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/perplexity.h"
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "cli/text_model.h"
 #include "core/error.h"
+#include "eval/perplexity.h"
 #include "model/load_model.h"
 
 namespace ms::cli {
@@ -18,10 +19,10 @@ namespace ms::cli {
 namespace {
 
 struct PerplexityCliOptions {
-  std::string model_dir, text_file, kv_dtype = "auto", reference, device = "cpu";
-  int oea_k0 = 0, oea_kmax = 0;
+  EngineFlags eng;
+  std::string text_file, reference;
   bool prefill = false, json = false;
-  bench::PplOptions ppl;
+  eval::PplOptions ppl;
 };
 
 struct SettingSpec {
@@ -68,10 +69,11 @@ std::string describe(const SettingSpec& s, kv::KvCacheDType dt) {
 }
 
 int run_perplexity(PerplexityCliOptions o) {
-  o.model_dir = resolve_model_dir(o.model_dir);
-  if (o.device != "cpu")
-    MS_THROW("perplexity: --device {} is not available; this build runs the model on the cpu", o.device);
-  const SettingSpec test_spec{o.model_dir, o.kv_dtype, o.oea_k0, o.oea_kmax};
+  o.eng.model_dir = resolve_model_dir(o.eng.model_dir);
+  o.ppl.make_executor = [dev = o.eng.dev](const model::Model& m, const runtime::ExecutorConfig& ec) {
+    return make_executor(m, ec, dev);
+  };
+  const SettingSpec test_spec{o.eng.model_dir, o.eng.kv_dtype, o.eng.oea_k0, o.eng.oea_kmax};
   std::optional<SettingSpec> ref_spec;
   if (!o.reference.empty()) ref_spec = parse_reference(o.reference, test_spec);
 
@@ -83,7 +85,7 @@ int run_perplexity(PerplexityCliOptions o) {
   };
   auto make = [&](const SettingSpec& s) {
     model::LoadedModel& lm = get(s.model_dir);
-    bench::PplSetting st;
+    eval::PplSetting st;
     st.model = lm.model.get();
     st.kv_dtype = kv::parse_kv_cache_dtype(s.kv_dtype);
     if (st.kv_dtype == kv::KvCacheDType::Auto) st.kv_dtype = lm.kv_auto;
@@ -92,19 +94,19 @@ int run_perplexity(PerplexityCliOptions o) {
         (s.model_dir.empty() ? std::string("built-in model") : s.model_dir) + ", " + describe(s, st.kv_dtype);
     return st;
   };
-  const bench::PplSetting test = make(test_spec);
-  std::optional<bench::PplSetting> ref;
+  const eval::PplSetting test = make(test_spec);
+  std::optional<eval::PplSetting> ref;
   if (ref_spec) ref = make(*ref_spec);
 
-  auto tok = load_text_tokenizer(o.model_dir);
-  if (!tok) MS_THROW("perplexity: {} has no tokenizer.json", o.model_dir);
+  auto tok = load_text_tokenizer(o.eng.model_dir);
+  if (!tok) MS_THROW("perplexity: {} has no tokenizer.json", o.eng.model_dir);
   std::ifstream f(o.text_file, std::ios::binary);
   if (!f) MS_THROW("perplexity: cannot read --text file {}", o.text_file);
   std::stringstream ss;
   ss << f.rdbuf();
   const std::vector<int32_t> ids = tok->encode(ss.str(), false);
   o.ppl.decode = !o.prefill;
-  const bench::PplResult r = bench::perplexity(ids, test, o.ppl, ref ? &*ref : nullptr);
+  const eval::PplResult r = eval::perplexity(ids, test, o.ppl, ref ? &*ref : nullptr);
 
   if (o.json) {
     std::printf("%s\n", r.to_json().dump(1).c_str());
@@ -129,21 +131,15 @@ Registration reg(
     "Perplexity over a text in windows; with --reference, KL and top-1 agreement against another setting",
     [](CLI::App& app) {
       auto o = std::make_shared<PerplexityCliOptions>();
-      app.add_option("--model", o->model_dir, "Checkpoint directory; default: the built-in model");
+      add_engine_flags(
+          app, o->eng,
+          engine_flag::kModel | engine_flag::kDevice | engine_flag::kKvCacheDtype | engine_flag::kOea);
       app.add_option("--text", o->text_file, "A UTF-8 text file")->required();
       app.add_option("--context", o->ppl.context, "Tokens per window")->capture_default_str();
       app.add_option("--batch", o->ppl.batch, "Windows evaluated together (OEA's base set spans them)")
           ->capture_default_str();
       app.add_option("--max-windows", o->ppl.max_windows, "Evaluate at most this many windows (0: all)")
           ->capture_default_str();
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "f32 (exact), bf16, fp8_e4m3 or auto")
-          ->capture_default_str();
-      app.add_option("--oea-k0", o->oea_k0,
-                     "Opportunistic Expert Activation on decode tokens: experts kept (0: off)")
-          ->capture_default_str();
-      app.add_option("--oea-kmax", o->oea_kmax, "OEA: slots a token may fill (0: top_k)")
-          ->capture_default_str();
-      app.add_option("--device", o->device, "Where the model runs")->capture_default_str();
       app.add_flag("--prefill", o->prefill,
                    "Run each window as one prompt forward instead of token by token (no OEA)");
       app.add_option(

@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/device_options.h"
+#include "cli/engine_flags.h"
 #include "cli/synthetic_prompt.h"
 #include "core/error.h"
 #include "model/load_model.h"
@@ -24,10 +25,9 @@ namespace ms::cli {
 namespace {
 
 struct ProfileCliOptions {
-  DeviceOptions dev;
-  std::string model_dir, trace, ceilings, kv_dtype = "auto";
-  int batch = 1, context = 128, steps = 10, warmup = 2, prefill_tokens = 0, page_size = 64;
-  int64_t kv_cache_tokens = 0;
+  EngineFlags eng;
+  std::string trace, ceilings;
+  int batch = 1, context = 128, steps = 10, warmup = 2, prefill_tokens = 0;
   bool per_layer = false, json = false;
 };
 
@@ -49,10 +49,10 @@ int run_profile(const ProfileCliOptions& o) {
   MS_CHECK(o.steps >= 1, "--steps must be at least 1, got {}", o.steps);
   MS_CHECK(o.warmup >= 0, "--warmup must be >= 0, got {}", o.warmup);
   MS_CHECK(o.prefill_tokens >= 0, "--prefill-tokens must be >= 0, got {}", o.prefill_tokens);
-  MS_CHECK(o.page_size >= 1, "--page-size must be at least 1, got {}", o.page_size);
-  MS_CHECK(o.kv_cache_tokens >= 0, "--kv-cache-tokens must be >= 0, got {}", o.kv_cache_tokens);
+  MS_CHECK(o.eng.page_size >= 1, "--page-size must be at least 1, got {}", o.eng.page_size);
+  MS_CHECK(o.eng.kv_cache_tokens >= 0, "--kv-cache-tokens must be >= 0, got {}", o.eng.kv_cache_tokens);
 
-  model::LoadedModel lm = model::load_model(o.model_dir);
+  model::LoadedModel lm = model::load_model(o.eng.model_dir);
   const io::ModelConfig& cfg = lm.model->config();
   // Each sequence: `context` prompt tokens, its first token from the prefill, then warm-up + timed decodes.
   const int max_tokens = 1 + o.warmup + o.steps;
@@ -61,7 +61,7 @@ int run_profile(const ProfileCliOptions& o) {
            "--context {} + {} decode steps (or --prefill-tokens {}) is past the model's context of {}",
            o.context, max_tokens, o.prefill_tokens, cfg.max_position_embeddings);
 
-  const bool gpu = resolve_device(o.dev) == "cuda";
+  const bool gpu = resolve_device(o.eng.dev) == "cuda";
   profiler::Ceilings ceilings;
   if (!o.ceilings.empty()) {
     ceilings = profiler::parse_ceilings(o.ceilings);
@@ -74,21 +74,21 @@ int run_profile(const ProfileCliOptions& o) {
   }
 
   runtime::EngineConfig ec;
-  ec.page_size = o.page_size;
-  ec.kv_cache_dtype = kv::parse_kv_cache_dtype(o.kv_dtype);
-  if (ec.kv_cache_dtype == kv::KvCacheDType::Auto) ec.kv_cache_dtype = lm.kv_auto;
+  ec.page_size = o.eng.page_size;
+  ec.kv_cache_dtype = resolve_kv_dtype(o.eng, lm);
   const int64_t needed =
-      o.batch * round_up(seq_tokens, o.page_size) + round_up(o.prefill_tokens + 1, o.page_size);
+      o.batch * round_up(seq_tokens, o.eng.page_size) + round_up(o.prefill_tokens + 1, o.eng.page_size);
   // A pool the size a server would have (EngineConfig's default) unless asked otherwise: ops that touch the
   // whole pool instead of the batch's pages show up as they would in serving.
-  ec.kv_cache_tokens = std::max(o.kv_cache_tokens > 0 ? o.kv_cache_tokens : ec.kv_cache_tokens, needed);
+  ec.kv_cache_tokens =
+      std::max(o.eng.kv_cache_tokens > 0 ? o.eng.kv_cache_tokens : ec.kv_cache_tokens, needed);
   ec.max_running = o.batch;
   // The whole batch prefilled in one step when it fits, so every sequence starts decoding together.
   constexpr int64_t kMaxPrefillStep = 65536;
   const int64_t fill = std::min<int64_t>(static_cast<int64_t>(o.batch) * o.context, kMaxPrefillStep);
   ec.max_prefill_tokens = static_cast<int32_t>(std::max<int64_t>({fill, o.prefill_tokens, o.batch}));
   ec.max_context = cfg.max_position_embeddings;
-  auto engine_ptr = make_engine(lm.model, ec, o.dev);
+  auto engine_ptr = make_engine(lm.model, ec, o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
 
   profiler::ProfileControllerOptions pco{ceilings, {}, {}};
@@ -174,9 +174,7 @@ Registration reg(
     "profile", "Time decode steps op by op against this machine's roofline (built-in model without --model)",
     [](CLI::App& app) {
       auto o = std::make_shared<ProfileCliOptions>();
-      add_device_options(app, o->dev);
-      app.add_option("--model", o->model_dir,
-                     "Checkpoint directory (Hugging Face layout); default: the built-in model");
+      add_engine_flags(app, o->eng, engine_flag::kCommon | engine_flag::kKvCacheTokens);
       app.add_option("--batch", o->batch, "Sequences decoding together")->capture_default_str();
       app.add_option("--context", o->context, "Tokens in each sequence before the timed steps")
           ->capture_default_str();
@@ -191,12 +189,6 @@ Registration reg(
       app.add_flag("--json", o->json, "Print the summary as JSON instead of the table");
       app.add_option("--ceilings", o->ceilings,
                      "Use these ceilings instead of measuring them: MEM_GBPS,GFLOPS (e.g. 20,100)");
-      app.add_option("--kv-cache-dtype", o->kv_dtype, "auto, f32 (exact), bf16 or fp8_e4m3")
-          ->capture_default_str();
-      app.add_option("--kv-cache-tokens", o->kv_cache_tokens,
-                     "KV pool size in tokens (0: the server's default, or what the run needs)")
-          ->capture_default_str();
-      app.add_option("--page-size", o->page_size, "KV cache page size in tokens")->capture_default_str();
       return [o] { return run_profile(*o); };
     });
 

@@ -40,8 +40,10 @@ std::string resolve_device(const DeviceOptions& o) {
   return n > 0 ? "cuda" : "cpu";
 }
 
-std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model, runtime::EngineConfig cfg,
-                                             const DeviceOptions& o, double mem_fraction) {
+namespace {
+
+// The resolved device, once the backends asked for are known to exist and to run there.
+std::string checked_device(const DeviceOptions& o) {
   MS_CHECK(o.attention_backend == "auto" || o.attention_backend == "mla_general" ||
                o.attention_backend == "mla_fp8_decode" || o.attention_backend == "cpu",
            "--attention-backend '{}' is not one of auto, mla_general, mla_fp8_decode, cpu (see `moeserve "
@@ -59,25 +61,48 @@ std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model
     MS_CHECK(o.moe_runner_backend == "auto" || o.moe_runner_backend == "cpu",
              "--moe-runner-backend {} runs on the GPU; with --device cpu use auto or cpu",
              o.moe_runner_backend);
-    return std::make_unique<runtime::Engine>(std::move(model), cfg);
+  } else {
+    MS_CHECK(o.attention_backend != "cpu" && o.moe_runner_backend != "cpu",
+             "the cpu backends run with --device cpu, not on the GPU");
   }
-  MS_CHECK(o.attention_backend != "cpu" && o.moe_runner_backend != "cpu",
-           "the cpu backends run with --device cpu, not on the GPU");
+  return dev;
+}
+
+runtime::cuda::CudaExecutorOptions cuda_options(const DeviceOptions& o) {
+  runtime::cuda::CudaExecutorOptions co;
+  co.cuda_graphs = !o.disable_cuda_graph;
+  co.cuda_graph_max_bs = o.cuda_graph_max_bs;
+  co.attention_kernel = o.attention_backend;
+  return co;
+}
+
+}  // namespace
+
+std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model, runtime::EngineConfig cfg,
+                                             const DeviceOptions& o, double mem_fraction) {
+  const std::string dev = checked_device(o);
+  if (dev == "cpu") return std::make_unique<runtime::Engine>(std::move(model), cfg);
   const int64_t ctx = cfg.max_context > 0 ? cfg.max_context : model->config().max_position_embeddings;
   const int64_t tokens = cfg.kv_cache_tokens > 0 ? cfg.kv_cache_tokens : cfg.page_size;
   runtime::ExecutorConfig ec = runtime::executor_config_for(*model, cfg.page_size, tokens, cfg.kv_cache_dtype,
                                                             cfg.max_running, cfg.max_prefill_tokens, ctx);
-  runtime::cuda::CudaExecutorOptions co;
-  co.cuda_graphs = !o.disable_cuda_graph;
-  co.cuda_graph_max_bs = o.cuda_graph_max_bs;
+  runtime::cuda::CudaExecutorOptions co = cuda_options(o);
   co.mem_fraction_static = mem_fraction;
-  co.attention_kernel = o.attention_backend;
   if (cfg.kv_cache_tokens <= 0) {
     ec.num_pages = 0;  // from the memory fraction
     co.max_pages = static_cast<int64_t>(cfg.max_running) * ((ctx + cfg.page_size - 1) / cfg.page_size) + 1;
   }
   auto exec = runtime::cuda::make_cuda_executor(*model, ec, co);
   return std::make_unique<runtime::Engine>(std::move(exec), cfg);
+}
+
+std::unique_ptr<runtime::Executor> make_executor(const model::Model& model,
+                                                 const runtime::ExecutorConfig& cfg, const DeviceOptions& o) {
+  const std::string dev = checked_device(o);
+  if (dev == "cpu")
+    return std::make_unique<runtime::CpuExecutor>(
+        std::shared_ptr<const model::Model>(&model, [](const model::Model*) {}), cfg);
+  return runtime::cuda::make_cuda_executor(model, cfg, cuda_options(o));
 }
 
 }  // namespace ms::cli

@@ -9,6 +9,7 @@
 
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/executor.h"
 
 namespace ms::cli {
 
@@ -30,5 +31,11 @@ std::string resolve_device(const DeviceOptions& o);
 // requests x context.
 std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model, runtime::EngineConfig cfg,
                                              const DeviceOptions& o, double mem_fraction = 0.85);
+
+// An Executor alone (no Engine) on the resolved device, for the commands that drive batches themselves
+// (logits, perplexity, moe-eval): a CpuExecutor over `model` (which must outlive it), or a CudaExecutor with
+// the model's weights copied to the GPU; `cfg` sizes everything, KV pages included.
+std::unique_ptr<runtime::Executor> make_executor(const model::Model& model,
+                                                 const runtime::ExecutorConfig& cfg, const DeviceOptions& o);
 
 }  // namespace ms::cli

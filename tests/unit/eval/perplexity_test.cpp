@@ -6,8 +6,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "bench/perplexity.h"
 #include "core/error.h"
+#include "eval/perplexity.h"
 #include "kv/forward_batch.h"
 #include "model/builtin_model.h"
 #include "test_executor.h"
@@ -30,8 +30,8 @@ std::vector<int32_t> text_ids() {
   return tok->encode(text, false);
 }
 
-bench::PplSetting setting(kv::KvCacheDType dt, int k0 = 0) {
-  bench::PplSetting s;
+eval::PplSetting setting(kv::KvCacheDType dt, int k0 = 0) {
+  eval::PplSetting s;
   s.model = &builtin();
   s.kv_dtype = dt;
   if (k0 > 0) s.oea = moe::OeaConfig{true, k0, 0};
@@ -40,12 +40,12 @@ bench::PplSetting setting(kv::KvCacheDType dt, int k0 = 0) {
 
 TEST(Perplexity, DecodeAndPrefillAgreeWithAnExactCache) {
   const auto ids = text_ids();
-  bench::PplOptions o;
+  eval::PplOptions o;
   o.context = 32;
   o.batch = 3;
-  const auto dec = bench::perplexity(ids, setting(kv::KvCacheDType::F32), o);
+  const auto dec = eval::perplexity(ids, setting(kv::KvCacheDType::F32), o);
   o.decode = false;
-  const auto pre = bench::perplexity(ids, setting(kv::KvCacheDType::F32), o);
+  const auto pre = eval::perplexity(ids, setting(kv::KvCacheDType::F32), o);
   EXPECT_EQ(dec.predicted_tokens, pre.predicted_tokens);
   EXPECT_EQ(dec.windows, static_cast<int>((ids.size() - 1) / 32 + 1));
   // Every window predicts all its tokens but the first.
@@ -76,26 +76,26 @@ TEST(Perplexity, IsTheMeanNllOfAHandMadeForward) {
     nll -= row[ids[t + 1]] - mx - std::log(sum);
   }
   nll /= static_cast<double>(ids.size() - 1);
-  bench::PplOptions o;
+  eval::PplOptions o;
   o.context = 64;
-  const auto r = bench::perplexity(ids, setting(kv::KvCacheDType::F32), o);
+  const auto r = eval::perplexity(ids, setting(kv::KvCacheDType::F32), o);
   EXPECT_NEAR(r.test.nll_mean, nll, 1e-5 * nll);
   EXPECT_NEAR(r.test.ppl, std::exp(nll), 1e-4 * std::exp(nll));
 }
 
 TEST(Perplexity, ReferenceComparison) {
   const auto ids = text_ids();
-  bench::PplOptions o;
+  eval::PplOptions o;
   o.context = 40;
   o.batch = 4;
   const auto f32 = setting(kv::KvCacheDType::F32);
-  const auto same = bench::perplexity(ids, f32, o, &f32);
+  const auto same = eval::perplexity(ids, f32, o, &f32);
   EXPECT_EQ(same.kl_mean, 0.0);
   EXPECT_EQ(same.kl_max, 0.0);
   EXPECT_EQ(same.top1_agreement, 1.0);
   EXPECT_DOUBLE_EQ(same.ppl_ratio(), 1.0);
 
-  const auto fp8 = bench::perplexity(ids, setting(kv::KvCacheDType::FP8E4M3), o, &f32);
+  const auto fp8 = eval::perplexity(ids, setting(kv::KvCacheDType::FP8E4M3), o, &f32);
   ASSERT_TRUE(fp8.reference.has_value());
   EXPECT_DOUBLE_EQ(fp8.reference->ppl, same.test.ppl);
   EXPECT_GT(fp8.kl_mean, 0.0);
@@ -108,23 +108,23 @@ TEST(Perplexity, ReferenceComparison) {
 
   // OEA keeping every expert is plain routing; keeping one changes the distributions.
   const int top_k = builtin().router_config().top_k;
-  const auto full = bench::perplexity(ids, setting(kv::KvCacheDType::F32, top_k), o, &f32);
+  const auto full = eval::perplexity(ids, setting(kv::KvCacheDType::F32, top_k), o, &f32);
   EXPECT_EQ(full.kl_max, 0.0);
-  const auto one = bench::perplexity(ids, setting(kv::KvCacheDType::F32, 1), o, &f32);
+  const auto one = eval::perplexity(ids, setting(kv::KvCacheDType::F32, 1), o, &f32);
   EXPECT_GT(one.kl_mean, 0.0);
 }
 
 TEST(Perplexity, RefusesBadSettings) {
   const auto ids = text_ids();
-  bench::PplOptions o;
+  eval::PplOptions o;
   o.context = 1;
-  EXPECT_THROW(bench::perplexity(ids, setting(kv::KvCacheDType::F32), o), Error);
+  EXPECT_THROW(eval::perplexity(ids, setting(kv::KvCacheDType::F32), o), Error);
   o.context = 32;
   o.decode = false;
-  EXPECT_THROW(bench::perplexity(ids, setting(kv::KvCacheDType::F32, 2), o), Error);  // OEA needs decode
+  EXPECT_THROW(eval::perplexity(ids, setting(kv::KvCacheDType::F32, 2), o), Error);  // OEA needs decode
   o.decode = true;
-  EXPECT_THROW(bench::perplexity({5}, setting(kv::KvCacheDType::F32), o), Error);
-  EXPECT_THROW(bench::perplexity({5, 100000}, setting(kv::KvCacheDType::F32), o), Error);
+  EXPECT_THROW(eval::perplexity({5}, setting(kv::KvCacheDType::F32), o), Error);
+  EXPECT_THROW(eval::perplexity({5, 100000}, setting(kv::KvCacheDType::F32), o), Error);
 }
 
 }  // namespace

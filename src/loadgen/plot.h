@@ -5,13 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 
-namespace ms::bench {
+namespace ms::loadgen {
 
 // The gnuplot script for the points (data inline). Pure, for tests.
 std::string plot_script(const std::vector<BenchSummary>& sweep, const std::string& png_path);
 // Runs gnuplot; throws ms::Error naming --plot when gnuplot is missing or fails.
 void plot_sweep(const std::vector<BenchSummary>& sweep, const std::string& png_path);
 
-}  // namespace ms::bench
+}  // namespace ms::loadgen

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "bench/moe_eval.h"
 #include "core/error.h"
+#include "eval/moe_eval.h"
 #include "model/builtin_model.h"
 #include "tokenizer/builtin.h"
 #include "tokenizer/tokenizer.h"
@@ -22,15 +22,15 @@ model::Model& builtin() {
 std::vector<std::vector<int32_t>> text_prompts(int batch) {
   auto tok = tokenizer::Tokenizer::from_json_text(tokenizer::builtin_tokenizer_json(), "built-in");
   std::vector<std::vector<int32_t>> out;
-  for (const auto& p : bench::fixed_text_prompts(batch)) out.push_back(tok->encode(p));
+  for (const auto& p : eval::fixed_text_prompts(batch)) out.push_back(tok->encode(p));
   return out;
 }
 
 TEST(MoeEval, K0EqualToTopKIsTheBaseline) {
-  bench::MoeEvalOptions o;
+  eval::MoeEvalOptions o;
   o.k0 = builtin().router_config().top_k;
   o.steps = 4;
-  const bench::MoeEvalResult r = bench::moe_eval_prompts(builtin(), text_prompts(8), o);
+  const eval::MoeEvalResult r = eval::moe_eval_prompts(builtin(), text_prompts(8), o);
   EXPECT_EQ(r.top1_agreement, 1.0);
   EXPECT_EQ(r.kl_mean, 0.0);
   EXPECT_EQ(r.distinct_experts_oea, r.distinct_experts_baseline);
@@ -39,10 +39,10 @@ TEST(MoeEval, K0EqualToTopKIsTheBaseline) {
 }
 
 TEST(MoeEval, SmallerK0TouchesFewerExpertsAndTheJsonHasItsKeys) {
-  bench::MoeEvalOptions o;
+  eval::MoeEvalOptions o;
   o.k0 = 1;
   o.steps = 6;
-  const bench::MoeEvalResult r = bench::moe_eval_prompts(builtin(), text_prompts(16), o);
+  const eval::MoeEvalResult r = eval::moe_eval_prompts(builtin(), text_prompts(16), o);
   const int E = builtin().config().n_routed_experts, K = builtin().router_config().top_k;
   EXPECT_LT(r.distinct_experts_oea, r.distinct_experts_baseline);
   EXPECT_GE(r.distinct_experts_oea, 1.0);
@@ -66,19 +66,19 @@ TEST(MoeEval, SmallerK0TouchesFewerExpertsAndTheJsonHasItsKeys) {
 TEST(MoeEval, TextGivesPerplexities) {
   auto tok = tokenizer::Tokenizer::from_json_text(tokenizer::builtin_tokenizer_json(), "built-in");
   std::string text;
-  for (const auto& p : bench::fixed_text_prompts(32)) text += p + "\n";
+  for (const auto& p : eval::fixed_text_prompts(32)) text += p + "\n";
   const std::vector<int32_t> ids = tok->encode(text);
-  bench::MoeEvalOptions o;
+  eval::MoeEvalOptions o;
   o.steps = 10;
   o.k0 = builtin().router_config().top_k;
-  const bench::MoeEvalResult same = bench::moe_eval_text(builtin(), ids, 8, o);
+  const eval::MoeEvalResult same = eval::moe_eval_text(builtin(), ids, 8, o);
   ASSERT_TRUE(same.ppl_baseline && same.ppl_oea);
   EXPECT_EQ(*same.ppl_baseline, *same.ppl_oea);
   EXPECT_GT(*same.ppl_baseline, 1.0);
   EXPECT_EQ(same.predicted_tokens, 8 * 11);  // 12 tokens a stream: 11 predicted, 10 of them by decode steps
   EXPECT_EQ(same.compared, 8 * 10);
   o.k0 = 1;
-  const bench::MoeEvalResult r = bench::moe_eval_text(builtin(), ids, 8, o);
+  const eval::MoeEvalResult r = eval::moe_eval_text(builtin(), ids, 8, o);
   EXPECT_EQ(*r.ppl_baseline, *same.ppl_baseline) << "the baseline run does not depend on k0";
   EXPECT_NE(*r.ppl_oea, *r.ppl_baseline);
   EXPECT_TRUE(std::isfinite(*r.ppl_oea));
@@ -86,28 +86,28 @@ TEST(MoeEval, TextGivesPerplexities) {
 }
 
 TEST(MoeEval, FixedPromptsAreDistinctAndInRange) {
-  const auto ids = bench::fixed_token_prompts(64, 320);
+  const auto ids = eval::fixed_token_prompts(64, 320);
   ASSERT_EQ(ids.size(), 64u);
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_GE(ids[i].size(), 4u);
     for (int32_t t : ids[i]) EXPECT_TRUE(t >= 0 && t < 320);
     for (size_t j = 0; j < i; ++j) EXPECT_NE(ids[i], ids[j]);
   }
-  const auto text = bench::fixed_text_prompts(64);
+  const auto text = eval::fixed_text_prompts(64);
   for (size_t i = 0; i < text.size(); ++i)
     for (size_t j = 0; j < i; ++j) EXPECT_NE(text[i], text[j]);
 }
 
 TEST(MoeEval, BadSettingsAreRefused) {
-  bench::MoeEvalOptions o;
+  eval::MoeEvalOptions o;
   o.k0 = 0;
-  EXPECT_THROW(bench::moe_eval_prompts(builtin(), text_prompts(2), o), Error);
+  EXPECT_THROW(eval::moe_eval_prompts(builtin(), text_prompts(2), o), Error);
   o.k0 = 2;
   o.kmax = 1;
-  EXPECT_THROW(bench::moe_eval_prompts(builtin(), text_prompts(2), o), Error);
+  EXPECT_THROW(eval::moe_eval_prompts(builtin(), text_prompts(2), o), Error);
   o.kmax = 0;
-  EXPECT_THROW(bench::moe_eval_text(builtin(), {1, 2, 3}, 4, o), Error);
-  EXPECT_THROW(bench::moe_eval_prompts(builtin(), {{1, 999}}, o), Error);
+  EXPECT_THROW(eval::moe_eval_text(builtin(), {1, 2, 3}, 4, o), Error);
+  EXPECT_THROW(eval::moe_eval_prompts(builtin(), {{1, 999}}, o), Error);
 }
 
 }  // namespace

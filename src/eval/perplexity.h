@@ -16,11 +16,12 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "eval/executor_factory.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
 #include "moe/router.h"
 
-namespace ms::bench {
+namespace ms::eval {
 
 // One way of running a model.
 struct PplSetting {
@@ -34,7 +35,8 @@ struct PplOptions {
   int context = 512;  // tokens per window, >= 2
   int batch = 8;      // windows in lockstep
   bool decode = true;
-  int64_t max_windows = 0;  // 0: all
+  int64_t max_windows = 0;     // 0: all
+  MakeExecutor make_executor;  // empty: on the CPU
 };
 
 struct PplStats {
@@ -60,4 +62,4 @@ struct PplResult {
 PplResult perplexity(const std::vector<int32_t>& ids, const PplSetting& test, const PplOptions& o,
                      const PplSetting* ref = nullptr);
 
-}  // namespace ms::bench
+}  // namespace ms::eval

@@ -1,4 +1,4 @@
-#include "bench/moe_eval.h"
+#include "eval/moe_eval.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,21 +9,20 @@
 #include "kv/forward_batch.h"
 #include "kv/page_allocator.h"
 #include "moe/expert_stats.h"
-#include "runtime/cpu_executor.h"
 
-namespace ms::bench {
+namespace ms::eval {
 
 namespace {
 
 // One run (baseline or OEA): its executor (and KV pool), each stream's pages, and its distinct-expert counts.
 struct Run {
-  runtime::CpuExecutor exec;
+  std::unique_ptr<runtime::Executor> exec;
   kv::PageAllocator alloc;
   std::vector<std::vector<int32_t>> pages;
   moe::ExpertStats stats;
   model::StepRouting routing;
-  Run(const model::Model& m, const runtime::ExecutorConfig& ec)
-      : exec(std::shared_ptr<const model::Model>(&m, [](const model::Model*) {}), ec),
+  Run(const model::Model& m, const runtime::ExecutorConfig& ec, const MakeExecutor& make)
+      : exec(make_executor(make, m, ec)),
         alloc(ec.num_pages),
         stats(m.config().num_hidden_layers, std::max(m.config().n_routed_experts, 1)) {}
 };
@@ -86,7 +85,7 @@ MoeEvalResult evaluate(model::Model& m, const std::vector<std::vector<int32_t>>&
   ec.max_tokens = std::max<int64_t>(ec.max_tokens, B);
   ec.max_logit_rows = B;
   ec.max_context = longest + steps;
-  Run base(m, ec), oea(m, ec);
+  Run base(m, ec, o.make_executor), oea(m, ec, o.make_executor);
   for (Run* r : {&base, &oea}) {
     r->pages.resize(static_cast<size_t>(B));
     for (int i = 0; i < B; ++i) {
@@ -119,13 +118,13 @@ MoeEvalResult evaluate(model::Model& m, const std::vector<std::vector<int32_t>>&
       const auto& p = prompts[static_cast<size_t>(i)];
       bb.add_sequence(base.pages[static_cast<size_t>(i)], 0, p.data(), static_cast<int32_t>(p.size()), true);
     }
-    Tensor lb = base.exec.run(bb.finish());
+    Tensor lb = base.exec->run(bb.finish());
     kv::ForwardBatchBuilder bo(page);
     for (int i = 0; i < B; ++i) {
       const auto& p = prompts[static_cast<size_t>(i)];
       bo.add_sequence(oea.pages[static_cast<size_t>(i)], 0, p.data(), static_cast<int32_t>(p.size()), true);
     }
-    Tensor lo = oea.exec.run(bo.finish());
+    Tensor lo = oea.exec->run(bo.finish());
     for (int i = 0; i < B; ++i) {
       const float* rb = lb.data<float>() + static_cast<int64_t>(i) * V;
       next[static_cast<size_t>(i)] = forced ? (*forced)[static_cast<size_t>(i)][0] : argmax(rb, V);
@@ -149,7 +148,7 @@ MoeEvalResult evaluate(model::Model& m, const std::vector<std::vector<int32_t>>&
         bb.add_sequence(runs[r]->pages[static_cast<size_t>(i)], pos, &next[static_cast<size_t>(i)], 1, true);
       }
       runs[r]->routing.decode_tokens.assign(static_cast<size_t>(B), 1);
-      logits[r] = runs[r]->exec.run(bb.finish(), runs[r]->routing);
+      logits[r] = runs[r]->exec->run(bb.finish(), runs[r]->routing);
     }
     for (int i = 0; i < B; ++i) {
       const float* rb = logits[0].data<float>() + static_cast<int64_t>(i) * V;
@@ -299,4 +298,4 @@ std::vector<std::string> fixed_text_prompts(int batch) {
   return out;
 }
 
-}  // namespace ms::bench
+}  // namespace ms::eval

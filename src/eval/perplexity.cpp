@@ -1,4 +1,4 @@
-#include "bench/perplexity.h"
+#include "eval/perplexity.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,8 @@
 #include "core/error.h"
 #include "kv/forward_batch.h"
 #include "kv/page_allocator.h"
-#include "runtime/cpu_executor.h"
 
-namespace ms::bench {
+namespace ms::eval {
 
 namespace {
 
@@ -33,7 +32,7 @@ size_t argmax(const std::vector<double>& x) {
 // The logits of one group of windows under one setting: rows[w][t] predicts token t + 1 of window w.
 class Runner {
  public:
-  Runner(const PplSetting& s, int n_windows, int context) : s_(s) {
+  Runner(const PplSetting& s, int n_windows, int context, const MakeExecutor& make) : s_(s) {
     const int32_t per = (context + kPage - 1) / kPage;
     runtime::ExecutorConfig c;
     c.num_pages = per * n_windows;
@@ -43,8 +42,7 @@ class Runner {
     c.max_seqs = n_windows;
     c.max_logit_rows = c.max_tokens;
     c.max_context = context;
-    exec_ = std::make_unique<runtime::CpuExecutor>(
-        std::shared_ptr<const model::Model>(s.model, [](const model::Model*) {}), c);
+    exec_ = make_executor(make, *s.model, c);
     alloc_ = std::make_unique<kv::PageAllocator>(c.num_pages);
     pages_.resize(static_cast<size_t>(n_windows));
     for (auto& p : pages_) MS_CHECK(alloc_->allocate(per, p), "perplexity: KV pool too small");
@@ -71,7 +69,7 @@ class Runner {
 
  private:
   const PplSetting& s_;
-  std::unique_ptr<runtime::CpuExecutor> exec_;
+  std::unique_ptr<runtime::Executor> exec_;
   std::unique_ptr<kv::PageAllocator> alloc_;
   std::vector<std::vector<int32_t>> pages_;
 };
@@ -144,14 +142,17 @@ PplResult perplexity(const std::vector<int32_t>& ids, const PplSetting& test, co
     }
   };
 
+  // One executor per setting for every group (on a GPU each holds the weights): a group's windows take the
+  // first pages and write every position they read, so what an earlier group left there is never seen.
+  const int per_group = static_cast<int>(std::min(windows.size(), static_cast<size_t>(o.batch)));
+  Runner rt(test, per_group, o.context, o.make_executor);
+  std::optional<Runner> rr;
+  if (ref) rr.emplace(*ref, per_group, o.context, o.make_executor);
   for (size_t g0 = 0; g0 < windows.size(); g0 += static_cast<size_t>(o.batch)) {
     const size_t g1 = std::min(windows.size(), g0 + static_cast<size_t>(o.batch));
     std::vector<const std::vector<int32_t>*> group;
     for (size_t w = g0; w < g1; ++w) group.push_back(&windows[w]);
     const int n = static_cast<int>(group.size());
-    Runner rt(test, n, o.context);
-    std::optional<Runner> rr;
-    if (ref) rr.emplace(*ref, n, o.context);
     if (!o.decode) {
       std::vector<int> active(static_cast<size_t>(n));
       for (int w = 0; w < n; ++w) active[static_cast<size_t>(w)] = w;
@@ -226,4 +227,4 @@ nlohmann::json PplResult::to_json() const {
   return j;
 }
 
-}  // namespace ms::bench
+}  // namespace ms::eval

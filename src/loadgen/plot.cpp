@@ -1,4 +1,4 @@
-#include "bench/plot.h"
+#include "loadgen/plot.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace ms::bench {
+namespace ms::loadgen {
 
 std::string plot_script(const std::vector<BenchSummary>& sweep, const std::string& png_path) {
   std::string quoted;
@@ -43,4 +43,4 @@ void plot_sweep(const std::vector<BenchSummary>& sweep, const std::string& png_p
     MS_THROW("--plot: gnuplot failed with status {} (is gnuplot installed? apt-get install gnuplot-nox)", rc);
 }
 
-}  // namespace ms::bench
+}  // namespace ms::loadgen

@@ -11,16 +11,18 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "eval/executor_factory.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
 
-namespace ms::bench {
+namespace ms::eval {
 
 struct MoeEvalOptions {
   int k0 = 0;      // OEA: experts each token keeps, 1..top_k
   int kmax = 0;    // OEA: slots a token may fill, k0..top_k; 0: top_k
   int steps = 32;  // decode steps per sequence (text: each stream is cut to steps + 2 tokens)
   kv::KvCacheDType kv_dtype = kv::KvCacheDType::F32;  // F32: nothing but routing differs between runs
+  MakeExecutor make_executor;                         // empty: on the CPU
 };
 
 struct MoeEvalResult {
@@ -56,4 +58,4 @@ MoeEvalResult moe_eval_text(model::Model& m, const std::vector<int32_t>& text_id
 std::vector<std::vector<int32_t>> fixed_token_prompts(int batch, int64_t vocab);
 std::vector<std::string> fixed_text_prompts(int batch);
 
-}  // namespace ms::bench
+}  // namespace ms::eval

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace ms::bench {
+namespace ms::loadgen {
 
 struct BenchConfig {
   std::string base_url = "http://127.0.0.1:30000";
@@ -67,4 +67,4 @@ nlohmann::json summary_json(const BenchSummary& s);
 std::string csv_header();
 std::string csv_row(const BenchSummary& s);
 
-}  // namespace ms::bench
+}  // namespace ms::loadgen

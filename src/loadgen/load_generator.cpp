@@ -1,4 +1,4 @@
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 
 #include <httplib.h>
 
@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 
-namespace ms::bench {
+namespace ms::loadgen {
 namespace {
 
 using nlohmann::json;
@@ -375,4 +375,4 @@ std::string csv_row(const BenchSummary& s) {
                      s.per_user_output_tokens_per_s, p(s.ttft_ms), p(s.tpot_ms), p(s.itl_ms), p(s.e2e_ms));
 }
 
-}  // namespace ms::bench
+}  // namespace ms::loadgen

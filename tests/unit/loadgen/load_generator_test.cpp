@@ -1,15 +1,15 @@
-#include "bench/load_generator.h"
+#include "loadgen/load_generator.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "bench/plot.h"
 #include "core/error.h"
+#include "loadgen/plot.h"
 #include "server/echo_backend.h"
 #include "server/http_server.h"
 
-using namespace ms::bench;
+using namespace ms::loadgen;
 
 TEST(BenchStats, PercentilesInterpolateLikeNumpy) {
   EXPECT_DOUBLE_EQ(percentile({1, 2, 3, 4}, 0.5), 2.5);

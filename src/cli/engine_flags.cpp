@@ -1,0 +1,58 @@
+#include "cli/engine_flags.h"
+
+#include "core/error.h"
+
+namespace ms::cli {
+
+void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
+  using namespace engine_flag;
+  if (groups & kDevice) add_device_options(sub, f.dev);
+  if (groups & kModel)
+    sub.add_option("--model", f.model_dir, "Hugging Face checkpoint directory (default: the built-in model)");
+  if (groups & kKvCacheDtype)
+    sub.add_option("--kv-cache-dtype", f.kv_dtype,
+                   "auto (the checkpoint's, else bf16), f32 (exact), bf16 or fp8_e4m3")
+        ->capture_default_str();
+  if (groups & kPageSize)
+    sub.add_option("--page-size", f.page_size, "Tokens per KV page")->capture_default_str();
+  if (groups & kOea) {
+    sub.add_option("--oea-k0", f.oea_k0,
+                   "Opportunistic Expert Activation on decode tokens: experts each token keeps (0: off)")
+        ->capture_default_str();
+    sub.add_option("--oea-kmax", f.oea_kmax, "OEA: slots a token may fill (0: the model's top-k)")
+        ->capture_default_str();
+  }
+  if (groups & kServing) {
+    sub.add_option("--max-running-requests", f.max_running, "Requests decoding together at most")
+        ->capture_default_str();
+    sub.add_option("--max-prefill-tokens", f.max_prefill_tokens,
+                   "Prompt tokens per step (longer prompts are prefilled in chunks)")
+        ->capture_default_str();
+    sub.add_option("--mem-fraction-static", f.mem_fraction,
+                   "CPU: the KV cache's share of the memory available after the weights are loaded (default "
+                   "0.5); GPU: the share of the GPU's memory for weights, workspace and KV cache together "
+                   "(default 0.85). Capped at max running requests x context")
+        ->capture_default_str();
+    sub.add_option("--context-length", f.context_length,
+                   "Tokens per request, prompt and completion (default: the model's)");
+  }
+  if (groups & kKvCacheTokens)
+    sub.add_option("--kv-cache-tokens", f.kv_cache_tokens,
+                   (groups & kServing)
+                       ? "KV cache size in tokens (overrides --mem-fraction-static)"
+                       : "KV pool size in tokens (0: the server's default, or what the run needs)")
+        ->capture_default_str();
+}
+
+kv::KvCacheDType resolve_kv_dtype(const EngineFlags& f, const model::LoadedModel& lm) {
+  const kv::KvCacheDType dt = kv::parse_kv_cache_dtype(f.kv_dtype);
+  return dt == kv::KvCacheDType::Auto ? lm.kv_auto : dt;
+}
+
+std::optional<moe::OeaConfig> oea_config(const EngineFlags& f) {
+  MS_CHECK(f.oea_kmax == 0 || f.oea_k0 > 0, "--oea-kmax needs --oea-k0");
+  if (f.oea_k0 <= 0) return std::nullopt;
+  return moe::OeaConfig{true, f.oea_k0, f.oea_kmax};
+}
+
+}  // namespace ms::cli
