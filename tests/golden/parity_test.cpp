@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "golden_fixture.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "kv/forward_batch.h"
@@ -26,37 +27,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Fixture {
-  io::ModelConfig cfg;
-  std::vector<std::vector<int32_t>> prompts, greedy;
-  std::unique_ptr<model::CheckpointSource> src;
-};
+using test::Fixture;
+using test::load_fixture;
 
-// The checkpoint of a fixture: beside it, except the trained built-in model's, which ships once in
-// models/builtin.
-fs::path checkpoint_dir(const std::string& name) {
-  if (name == "trained_builtin") return fs::path(MS_TEST_DATA) / ".." / ".." / "models" / "builtin";
-  return fs::path(MS_TEST_DATA) / "golden" / name;
-}
-
-std::optional<Fixture> load_fixture(const std::string& name) {
-  const fs::path dir = fs::path(MS_TEST_DATA) / "golden" / name;
-  const fs::path ckpt = checkpoint_dir(name);
-  if (!fs::exists(dir / "expected.json") || !fs::exists(ckpt / "config.json")) return std::nullopt;
-  Fixture f;
-  f.cfg = io::load_model_config(ckpt);
-  std::ifstream in(dir / "expected.json");
-  auto j = nlohmann::json::parse(in);
-  f.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
-  f.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
-  f.src = std::make_unique<model::CheckpointSource>(ckpt);
-  return f;
-}
-
-Tensor expected_logits(const std::string& name, size_t i) {
-  auto file = io::SafetensorsFile::open(fs::path(MS_TEST_DATA) / "golden" / name / "logits.safetensors");
-  return file->tensor("logits." + std::to_string(i));
-}
+using test::expected_logits;
 
 // max |a - b| / max |b| over rows [r0, r1).
 double rel_err(const float* got, const Tensor& want, int64_t r0, int64_t r1, int64_t V) {

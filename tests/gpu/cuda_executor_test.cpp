@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "golden_fixture.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/common/device_caps.h"
@@ -31,24 +32,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Fixture {
-  io::ModelConfig cfg;
-  std::vector<std::vector<int32_t>> prompts, greedy;
-  std::unique_ptr<model::CheckpointSource> src;
-};
-
-std::optional<Fixture> load_fixture(const std::string& name) {
-  const fs::path dir = fs::path(MS_TEST_DATA) / "golden" / name;
-  if (!fs::exists(dir / "expected.json")) return std::nullopt;
-  Fixture f;
-  f.cfg = io::load_model_config(dir);
-  std::ifstream in(dir / "expected.json");
-  auto j = nlohmann::json::parse(in);
-  f.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
-  f.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
-  f.src = std::make_unique<model::CheckpointSource>(dir);
-  return f;
-}
+using test::Fixture;
+using test::load_fixture;
 
 // max |a - b| / max |b| over n values.
 double rel_err(const float* got, const float* want, size_t n) {

@@ -1,3 +1,5 @@
+#include <string>
+
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 
@@ -26,6 +28,19 @@ DeviceCaps query_device(int device) {
   c.global_mem = p.totalGlobalMem;
   c.l2_bytes = p.l2CacheSize;
   return c;
+}
+
+DeviceCaps current_device_caps() {
+  DeviceCaps caps;
+  CUDA_CHECK(cudaGetDevice(&caps.device));
+  int v = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, caps.device));
+  caps.smem_per_block_optin = static_cast<size_t>(v);
+  CUDA_CHECK(cudaDeviceGetAttribute(&caps.multiprocessors, cudaDevAttrMultiProcessorCount, caps.device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_major, cudaDevAttrComputeCapabilityMajor, caps.device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_minor, cudaDevAttrComputeCapabilityMinor, caps.device));
+  caps.name = "device " + std::to_string(caps.device);
+  return caps;
 }
 
 void check_smem(const DeviceCaps& caps, const char* kernel, size_t smem_bytes) {

@@ -27,6 +27,9 @@ inline DeviceLimits limits_of(const DeviceCaps& c) {
 // Number of visible CUDA devices; 0 when there is no driver or device (never throws).
 int device_count();
 DeviceCaps query_device(int device);
+// The current device's limits for a launcher's last check, through attribute queries only (cheap, no device
+// sync, allowed while a stream is being captured into a graph).
+DeviceCaps current_device_caps();
 // Throws ms::Error naming the kernel and the limit when `smem_bytes` exceeds what `caps` allows.
 void check_smem(const DeviceCaps& caps, const char* kernel, size_t smem_bytes);
 // Throws ms::Error with why_cannot_run's message when `need` does not fit the device.

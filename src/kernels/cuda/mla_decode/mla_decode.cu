@@ -406,14 +406,7 @@ void mla_decode_plan(const MlaDecodeParams& p, cudaStream_t stream) {
 
 void mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   check_params(p);
-  DeviceCaps caps;
-  CUDA_CHECK(cudaGetDevice(&caps.device));
-  int optin = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, caps.device));
-  caps.smem_per_block_optin = static_cast<size_t>(optin);
-  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_major, cudaDevAttrComputeCapabilityMajor, caps.device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_minor, cudaDevAttrComputeCapabilityMinor, caps.device));
-  caps.name = "device " + std::to_string(caps.device);
+  const DeviceCaps caps = current_device_caps();
   check_fit(caps, need());
   CUDA_CHECK(cudaFuncSetAttribute(mla_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmemBytes)));

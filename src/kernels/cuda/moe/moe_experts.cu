@@ -28,7 +28,6 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/moe/moe_experts.h"
-#include "kernels/cuda/moe/moe_launch.h"
 
 namespace ms::cuda {
 namespace {
@@ -464,7 +463,7 @@ void launch_gemm_format(const MoeExpertsParams& p, MoeExpertsPath path, dim3 gri
 template <bool kGateUp>
 void launch_gemm(const MoeExpertsParams& p, cudaStream_t stream) {
   const MoeExpertsPath path = moe_experts_path(p);
-  check_smem(moe_launch_caps(), kGateUp ? "moe_experts_gate_up" : "moe_experts_down",
+  check_smem(current_device_caps(), kGateUp ? "moe_experts_gate_up" : "moe_experts_down",
              moe_experts_smem_bytes(path));
   const int cols_per_block = kGateUp ? kW / 2 : kW;
   const int n_out = kGateUp ? p.inter : p.hidden;

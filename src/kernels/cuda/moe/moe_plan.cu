@@ -9,7 +9,6 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
-#include "kernels/cuda/moe/moe_launch.h"
 #include "kernels/cuda/moe/moe_plan.h"
 
 namespace ms::cuda {
@@ -98,7 +97,7 @@ void moe_plan(const MoePlanParams& p, cudaStream_t stream) {
   MS_CHECK(p.m == 0 || (p.topk_ids != nullptr && p.sorted_slots != nullptr),
            "moe_plan: topk_ids / sorted_slots is null");
   // Static shared memory: the histogram.
-  check_smem(moe_launch_caps(), "moe_plan_count", kMoePlanMaxExperts * sizeof(int32_t));
+  check_smem(current_device_caps(), "moe_plan_count", kMoePlanMaxExperts * sizeof(int32_t));
   moe_plan_count_kernel<<<1, kCountThreads, 0, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
   if (p.m == 0) return;

@@ -9,7 +9,6 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
-#include "kernels/cuda/moe/moe_launch.h"
 #include "kernels/cuda/moe/moe_route.h"
 
 namespace ms::cuda {
@@ -188,7 +187,7 @@ __global__ void __launch_bounds__(kRouteThreads)
 
 void launch_route(const MoeRouteConfig& cfg, const MoeRouteParams& p, bool base_pass, cudaStream_t stream) {
   const size_t smem = moe_route_smem_bytes(cfg.n_experts);
-  check_smem(moe_launch_caps(), "moe_route", smem);
+  check_smem(current_device_caps(), "moe_route", smem);
   const int blocks = (p.m + kRouteWarps - 1) / kRouteWarps;
   moe_route_kernel<<<blocks, kRouteThreads, smem, stream>>>(cfg, p, base_pass);
   CUDA_CHECK(cudaGetLastError());

@@ -228,20 +228,6 @@ void launch_m(const Nvfp4GemvParams& p, const Config& c, const DeviceCaps& caps,
     launch<M, 1>(p, c, caps, stream);
 }
 
-// The two limits a launch depends on, read through cheap attribute queries (no full property read per call).
-DeviceCaps launch_caps() {
-  DeviceCaps caps;
-  CUDA_CHECK(cudaGetDevice(&caps.device));
-  int v = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, caps.device));
-  caps.smem_per_block_optin = static_cast<size_t>(v);
-  CUDA_CHECK(cudaDeviceGetAttribute(&caps.multiprocessors, cudaDevAttrMultiProcessorCount, caps.device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_major, cudaDevAttrComputeCapabilityMajor, caps.device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_minor, cudaDevAttrComputeCapabilityMinor, caps.device));
-  caps.name = "device " + std::to_string(caps.device);
-  return caps;
-}
-
 }  // namespace
 
 size_t nvfp4_gemv_workspace_bytes(int m, int n, int k) {
@@ -258,7 +244,7 @@ void nvfp4_gemv(const Nvfp4GemvParams& p, cudaStream_t stream) {
   MS_CHECK(reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(p.w_scale) % 2 == 0,
            "nvfp4_gemv: weights and activations must be 16-byte aligned, block scales 2-byte aligned");
-  const DeviceCaps caps = launch_caps();
+  const DeviceCaps caps = current_device_caps();
   const Config c = nvfp4_gemv_config::choose(p.m, p.n, p.k, limits_of(caps));
   MS_CHECK(c.splits == 1 || p.workspace != nullptr,
            "nvfp4_gemv: workspace is null but m={} n={} k={} needs nvfp4_gemv_workspace_bytes = {} bytes",

@@ -1,5 +1,5 @@
-// The current device's limits for a launcher's last check (attribute queries only: cheap, no device sync,
-// allowed while a stream is being captured into a graph).
+// A launcher's last step before a launch: the kernel's shared memory checked against the current device
+// (current_device_caps, device_caps.h) and its opt-in above 48 KB set.
 #pragma once
 
 #include <string>
@@ -8,19 +8,6 @@
 #include "kernels/cuda/common/device_caps.h"
 
 namespace ms::cuda {
-
-inline DeviceCaps current_device_caps() {
-  DeviceCaps caps;
-  CUDA_CHECK(cudaGetDevice(&caps.device));
-  int v = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, caps.device));
-  caps.smem_per_block_optin = static_cast<size_t>(v);
-  CUDA_CHECK(cudaDeviceGetAttribute(&caps.multiprocessors, cudaDevAttrMultiProcessorCount, caps.device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_major, cudaDevAttrComputeCapabilityMajor, caps.device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&caps.sm_minor, cudaDevAttrComputeCapabilityMinor, caps.device));
-  caps.name = "device " + std::to_string(caps.device);
-  return caps;
-}
 
 // Checks `smem` against the device and lets `kernel` use it (the opt-in above 48 KB).
 template <typename Kernel>
