@@ -196,7 +196,9 @@ def test_stop_button_cancels_the_request(browser, page_server):
     browser.open(page_server.url + "/#ask=Count&stop")
     assert browser.wait_state({"done", "error", "stopped"}) == "stopped"
     answer = browser.eval("document.querySelector('.msg.assistant').innerText")
-    assert "stopped" in answer and "1 2" in answer and "9 10 1 2 3 4 5 6 7 8 9 10" not in answer[-200:]
+    # Stop is pressed when the first words arrive: some of the count is shown (how much depends on how fast the
+    # page reacts), never the whole scripted answer.
+    assert "stopped" in answer and "1" in answer and "9 10 1 2 3 4 5 6 7 8 9 10" not in answer[-200:]
     deadline = time.time() + 10
     while time.time() < deadline:
         m = page_server.metrics()
