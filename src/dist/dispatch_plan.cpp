@@ -127,7 +127,8 @@ const char* exchange_name(Exchange e) {
   return e == Exchange::AllToAll ? "all_to_all" : "all_gather_reduce_scatter";
 }
 
-ExchangeCost choose_exchange(const std::vector<AllToAllPlan>& plans, int64_t hidden, int dtype_bytes) {
+ExchangeCost choose_exchange(const std::vector<AllToAllPlan>& plans, int64_t hidden, int dtype_bytes,
+                             uint64_t a2a_overhead_bytes) {
   MS_CHECK(!plans.empty(), "no plans");
   MS_CHECK(hidden > 0 && dtype_bytes > 0, "hidden {} and dtype_bytes {} must be positive", hidden,
            dtype_bytes);
@@ -143,7 +144,8 @@ ExchangeCost choose_exchange(const std::vector<AllToAllPlan>& plans, int64_t hid
   }
   // m_total = ep * rows_per_rank; each of the two collectives moves m_total * row * (ep - 1) / ep per rank.
   c.all_gather_bytes = 2 * static_cast<uint64_t>(rows_per_rank) * row * (ep - 1);
-  c.choice = c.all_gather_bytes <= c.all_to_all_bytes ? Exchange::AllGather : Exchange::AllToAll;
+  c.choice = c.all_gather_bytes <= c.all_to_all_bytes + a2a_overhead_bytes ? Exchange::AllGather
+                                                                           : Exchange::AllToAll;
   return c;
 }
 

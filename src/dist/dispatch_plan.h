@@ -69,11 +69,16 @@ const char* exchange_name(Exchange e);
 
 struct ExchangeCost {
   Exchange choice = Exchange::AllToAll;
-  uint64_t all_to_all_bytes = 0;  // slowest rank, dispatch + combine
+  uint64_t all_to_all_bytes = 0;  // slowest rank, dispatch + combine (overhead not included)
   uint64_t all_gather_bytes = 0;  // per rank, all-gather + reduce-scatter
 };
-// plans: every rank's plan with fill_recv done. Ties go to the all-gather (fixed shapes, no count exchange).
-ExchangeCost choose_exchange(const std::vector<AllToAllPlan>& plans, int64_t hidden, int dtype_bytes);
+// plans: every rank's plan with fill_recv done. By bytes alone the all-to-all never moves more (a rank sends
+// a token at most min(k, ep - 1) remote rows against the all-gather's ep - 1), so its fixed costs decide
+// small batches: a2a_overhead_bytes is the byte-equivalent of the all-to-all's count exchange and launch
+// latency (latency x link bandwidth, from measurement), added to its side. Ties go to the all-gather (fixed
+// shapes, no count exchange).
+ExchangeCost choose_exchange(const std::vector<AllToAllPlan>& plans, int64_t hidden, int dtype_bytes,
+                             uint64_t a2a_overhead_bytes = 0);
 
 // Fixed shapes for CUDA graphs: every (source, destination) pair gets `capacity` rows whatever the routing,
 // so the all-to-all's counts never change; the valid rows per pair travel as data. capacity == m (this

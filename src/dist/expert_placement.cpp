@@ -22,13 +22,13 @@ ExpertPlacement ExpertPlacement::contiguous(int n_experts, int ep_size) {
 
 ExpertPlacement ExpertPlacement::with_redundancy(int n_experts, int ep_size, int num_redundant,
                                                  const std::vector<uint64_t>& counts) {
-  ExpertPlacement p = contiguous(n_experts, ep_size);
+  ExpertPlacement base = contiguous(n_experts, ep_size);
   MS_CHECK(num_redundant >= 0 && num_redundant % ep_size == 0,
            "--ep-num-redundant-experts {} must be a non-negative multiple of ep_size {}", num_redundant,
            ep_size);
   MS_CHECK(num_redundant <= n_experts * (ep_size - 1),
            "--ep-num-redundant-experts {} exceeds one copy of every expert per rank", num_redundant);
-  if (num_redundant == 0) return p;
+  if (num_redundant == 0) return base;
   MS_CHECK(static_cast<int>(counts.size()) == n_experts, "routing counts have {} entries for {} experts",
            counts.size(), n_experts);
   std::vector<int> copies(n_experts, 1);
@@ -44,25 +44,47 @@ ExpertPlacement ExpertPlacement::with_redundancy(int n_experts, int ep_size, int
     ++copies[best];
     extra.push_back(best);
   }
+  // Pack all n + K copies afresh (as EPLB does): heaviest copy first onto the least loaded rank with a free
+  // slot that lacks the expert. Keeping the contiguous base and adding replicas could not work: the hot
+  // experts often share a rank, whose free slots their replicas may not use.
   auto share = [&](int e) { return static_cast<double>(counts[e]) / copies[e]; };
+  std::vector<int> order;
+  for (int e = 0; e < n_experts; ++e)
+    for (int c = 0; c < copies[e]; ++c) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return share(a) > share(b); });
   const int cap = n_experts / ep_size + num_redundant / ep_size;
-  std::vector<std::vector<int>>& ranks = p.rank_experts_;
-  std::stable_sort(extra.begin(), extra.end(), [&](int a, int b) { return share(a) > share(b); });
-  for (int e : extra) {
+  std::vector<std::vector<int>> ranks(ep_size);
+  std::vector<double> load(ep_size, 0.0);
+  auto holds = [&](int r, int e) { return std::find(ranks[r].begin(), ranks[r].end(), e) != ranks[r].end(); };
+  for (int e : order) {
     int best = -1;
-    double best_load = 0;
     for (int r = 0; r < ep_size; ++r) {
-      if (static_cast<int>(ranks[r].size()) >= cap) continue;
-      if (std::find(ranks[r].begin(), ranks[r].end(), e) != ranks[r].end()) continue;
-      double load = 0;
-      for (int x : ranks[r]) load += share(x);
-      if (best < 0 || load < best_load) best = r, best_load = load;
+      if (static_cast<int>(ranks[r].size()) >= cap || holds(r, e)) continue;
+      if (best < 0 || load[r] < load[best]) best = r;
     }
-    // A rank with a free slot but already holding e is all that is left: swap-free fallback is to put the
-    // replica on any rank with room that lacks it; if none, every rank with room holds e, which cannot happen
-    // while copies[e] < ep_size and the free slots sum to what is left to place.
-    MS_CHECK(best >= 0, "no rank has a free slot for a replica of expert {}", e);
+    if (best < 0) {
+      // Every rank with room already holds e: move some x from a full rank q lacking e to a rank r with
+      // room that lacks x, then e takes x's slot on q. Copies of e number at most ep, so q exists.
+      for (int r = 0; r < ep_size && best < 0; ++r) {
+        if (static_cast<int>(ranks[r].size()) >= cap) continue;
+        for (int q = 0; q < ep_size && best < 0; ++q) {
+          if (holds(q, e)) continue;
+          for (int& x : ranks[q])
+            if (!holds(r, x)) {
+              ranks[r].push_back(x);
+              load[r] += share(x), load[q] -= share(x);
+              x = e;
+              load[q] += share(e);
+              best = q;
+              break;
+            }
+        }
+      }
+      MS_CHECK(best >= 0, "no rank can take a copy of expert {}", e);
+      continue;
+    }
     ranks[best].push_back(e);
+    load[best] += share(e);
   }
   return from_ranks(n_experts, std::move(ranks));
 }

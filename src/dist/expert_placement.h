@@ -21,10 +21,11 @@ class ExpertPlacement {
  public:
   // Expert e on rank e / (n / ep), slot e % (n / ep). Needs n % ep == 0.
   static ExpertPlacement contiguous(int n_experts, int ep_size);
-  // contiguous() plus `num_redundant` extra slots (a multiple of ep_size, so every rank holds
-  // n/ep + num_redundant/ep slots). Replicas go, one at a time, to the expert with the largest load per copy
-  // (counts[e] / copies); each replica then goes to the least loaded rank with a free slot that does not
-  // hold that expert yet. counts: [n_experts] tokens routed to each expert (any layer sum).
+  // `num_redundant` extra slots (a multiple of ep_size, so every rank holds n/ep + num_redundant/ep slots);
+  // 0 gives contiguous(). Replicas go, one at a time, to the expert with the largest load per copy
+  // (counts[e] / copies, at most one copy per rank); then all copies are packed afresh, heaviest first, each
+  // onto the least loaded rank with a free slot that does not hold that expert yet.
+  // counts: [n_experts] tokens routed to each expert (any layer sum).
   static ExpertPlacement with_redundancy(int n_experts, int ep_size, int num_redundant,
                                          const std::vector<uint64_t>& counts);
   // From explicit rank -> local expert lists; validate()s.
