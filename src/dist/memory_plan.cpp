@@ -121,7 +121,7 @@ void require_fits(const MemoryPlan& plan) {
 }
 
 std::string format_memory_plan(const MemoryPlan& p, const MemoryOptions& o) {
-  std::string s = fmt::format("memory plan per rank (tp {}, ep {}{}, {} GPUs of {}):\n", o.tp_size, o.ep_size,
+  std::string s = fmt::format("memory plan per rank (tp {}, ep {}{}, {} x {}):\n", o.tp_size, o.ep_size,
                               o.dp_attention ? ", dp attention" : "", p.world_size, gb(o.gpu_memory_bytes));
   for (const auto& r : p.weights) s += fmt::format("  {:<16} {}\n", r.role, gb(r.bytes));
   s += fmt::format("  {:<16} {}\n", "weights", gb(p.weight_bytes));
