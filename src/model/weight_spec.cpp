@@ -278,4 +278,60 @@ std::map<std::string, int64_t> params_by_role(const std::vector<WeightSpec>& spe
   return out;
 }
 
+dist::WeightBytes parallel_weight_bytes(const ModelConfig& cfg, const QuantConfig& quant, DType kv_dtype) {
+  dist::WeightBytes w;
+  const char* fmt_name = quant.format == WeightFormat::NVFP4      ? "nvfp4"
+                         : quant.format == WeightFormat::FP8Block ? "fp8_block"
+                                                                  : "bf16";
+  w.label = fmt::format("{} {}", cfg.model_type, fmt_name);
+  w.n_routed_experts = cfg.n_routed_experts;
+  w.num_attention_heads = cfg.num_attention_heads;
+  w.hidden_size = cfg.hidden_size;
+  w.vocab_size = cfg.vocab_size;
+  w.kv_bytes_per_token = kv_bytes_per_token(cfg, kv_dtype);
+  auto ends_with = [](const std::string& x, std::string_view tail) {
+    return x.size() >= tail.size() && x.compare(x.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (const auto& s : model_weight_specs(cfg, quant)) {
+    if (s.mtp) continue;
+    const uint64_t b = s.nbytes();
+    switch (s.role) {
+      case WeightRole::Embedding:
+        w.embedding += b;
+        break;
+      case WeightRole::LmHead:
+        w.lm_head += b;
+        break;
+      case WeightRole::Norm:
+        w.norms += b;
+        break;
+      case WeightRole::Router:
+        w.router += b;
+        break;
+      case WeightRole::Expert:
+        w.routed_experts += b;
+        break;
+      case WeightRole::SharedExpert:
+        w.shared_expert += b;
+        break;
+      case WeightRole::DenseMlp:
+        w.dense_mlp += b;
+        break;
+      case WeightRole::Attention:
+      case WeightRole::Indexer: {
+        const std::string& m = s.module;
+        const bool by_heads =
+            !ends_with(s.name, ".bias") &&
+            (ends_with(m, ".q_b_proj") || ends_with(m, ".q_proj") || ends_with(m, ".kv_b_proj") ||
+             ends_with(m, ".o_proj") || ends_with(m, ".wq_b") || ends_with(m, ".weights_proj"));
+        (by_heads ? w.attention_heads : w.attention_shared) += b;
+        break;
+      }
+      case WeightRole::MtpProj:
+        break;
+    }
+  }
+  return w;
+}
+
 }  // namespace ms::model

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/memory_plan.h"
 #include "io/model_config.h"
 #include "io/quant_config.h"
 
@@ -72,6 +73,12 @@ uint64_t decode_floor_bytes(const io::ModelConfig& cfg, const std::vector<Weight
 std::map<std::string, uint64_t> bytes_by_dtype(const std::vector<WeightSpec>& specs, bool include_mtp);
 // Parameters per role name, main model only.
 std::map<std::string, int64_t> params_by_role(const std::vector<WeightSpec>& specs);
+
+// The main model's stored bytes split the way tensor / expert parallelism splits them (dist::plan_memory):
+// attention projections over heads (q_b / q_proj, kv_b, o_proj, the indexer's wq_b and weights_proj) apart
+// from the attention tensors every rank keeps; KV bytes per token at kv_dtype. MTP layers are left out.
+dist::WeightBytes parallel_weight_bytes(const io::ModelConfig& cfg, const io::QuantConfig& quant,
+                                        DType kv_dtype);
 
 // The dtype config.json's torch_dtype names for unquantized weights (bfloat16 -> BF16, ...).
 DType unquantized_dtype(const io::ModelConfig& cfg);
