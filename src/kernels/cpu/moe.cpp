@@ -14,8 +14,8 @@ namespace {
 
 // One unit of a phase: tile t of the expert's gate and up (phase 1) or down (phase 2).
 struct Item {
-  int32_t expert;
-  int32_t tile;
+  const LinearParams* lp;
+  int64_t tile;
 };
 
 // Below this many weight bytes in a pass the region runs on the calling thread (as linear does).
@@ -105,15 +105,17 @@ void moe_experts(const MoeExpertsParams& p) {
       // Cost of a tile: its weight bytes, read once per 4 tokens.
       const double reuse = static_cast<double>((cnt + 3) / 4);
       const int64_t tg = linear_tiles(g);
-      const double cg = (weight_bytes(g.w) + weight_bytes(u.w)) / static_cast<double>(tg) * reuse;
-      for (int64_t t = 0; t < tg; ++t) {
-        items_gu.push_back({e, static_cast<int32_t>(t)});
-        cost_gu.push_back((cost_gu.empty() ? 0.0 : cost_gu.back()) + cg);
-      }
+      const double cg = weight_bytes(g.w) / static_cast<double>(tg) * reuse;
+      // All of gate, then all of up: each matrix read as one sequential stream.
+      for (const LinearParams* lp : {&g, &u})
+        for (int64_t t = 0; t < tg; ++t) {
+          items_gu.push_back({lp, t});
+          cost_gu.push_back((cost_gu.empty() ? 0.0 : cost_gu.back()) + cg);
+        }
       const int64_t td = linear_tiles(d);
       const double cd = weight_bytes(d.w) / static_cast<double>(td) * reuse;
       for (int64_t t = 0; t < td; ++t) {
-        items_dn.push_back({e, static_cast<int32_t>(t)});
+        items_dn.push_back({&d, t});
         cost_dn.push_back((cost_dn.empty() ? 0.0 : cost_dn.back()) + cd);
       }
       bytes += weight_bytes(g.w) + weight_bytes(u.w) + weight_bytes(d.w);
@@ -132,27 +134,18 @@ void moe_experts(const MoeExpertsParams& p) {
       }
       size_t b = 0, end = 0;
       my_range(cost_gu, tid, nt, &b, &end);
-      for (size_t i = b; i < end; ++i) {
-        const auto ue = static_cast<size_t>(items_gu[i].expert);
-        const LinearParams& g = lp_gate[ue];
-        const int64_t t = items_gu[i].tile;
-        linear_tile(g, t);
-        linear_tile(lp_up[ue], t);
-        // SiLU-and-mul of the columns this tile wrote, as kernels/cpu silu_mul computes it.
-        const int64_t per = linear_tile_rows(g);
-        const int64_t j0 = t * per, j1 = std::min(inter, j0 + per);
-        const int64_t r0 = (g.y - p.gate_up) / (2 * inter);
-        for (int64_t r = r0; r < r0 + g.m; ++r) {
-          const float* gr = p.gate_up + r * 2 * inter;
-          const float* ur = gr + inter;
-          float* o = p.act + r * inter;
-          for (int64_t j = j0; j < j1; ++j) o[j] = gr[j] / (1.0f + std::exp(-gr[j])) * ur[j];
-        }
-      }
+      for (size_t i = b; i < end; ++i) linear_tile(*items_gu[i].lp, items_gu[i].tile);
 #pragma omp barrier
+        // SiLU-and-mul, as kernels/cpu silu_mul computes it.
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* gr = p.gate_up + r * 2 * inter;
+        const float* ur = gr + inter;
+        float* o = p.act + r * inter;
+        for (int64_t j = 0; j < inter; ++j) o[j] = gr[j] / (1.0f + std::exp(-gr[j])) * ur[j];
+      }
       my_range(cost_dn, tid, nt, &b, &end);
-      for (size_t i = b; i < end; ++i)
-        linear_tile(lp_down[static_cast<size_t>(items_dn[i].expert)], items_dn[i].tile);
+      for (size_t i = b; i < end; ++i) linear_tile(*items_dn[i].lp, items_dn[i].tile);
 #pragma omp barrier
         // Each token adds its slots of this pass in ascending expert order (the order the experts' groups
         // come in), whatever order the router listed them in.
