@@ -1,6 +1,7 @@
 // Routed experts of one step on the CPU, all experts in one parallel region: the tokens are already grouped
-// by expert (offsets / order); threads split every touched expert's gate and up tiles together (each tile
-// followed by its SiLU-and-mul), then every expert's down tiles, then each token's weighted sum.
+// by expert (offsets / order); threads split every touched expert's gate and up tiles together (contiguous
+// ranges of about equal weight bytes; an expert's gate, then its up, each read as one sequential run), then
+// SiLU-and-mul, then every expert's down tiles, then each token's weighted sum.
 #pragma once
 
 #include <cstdint>
