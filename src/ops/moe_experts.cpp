@@ -3,8 +3,10 @@
 #include "ops/cuda/cuda_ops.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/moe.h"
 #include "ops/ops.h"
 
 namespace ms::ops {
@@ -21,17 +23,6 @@ MoeScratch MoeScratch::make(const TensorAlloc& alloc, int64_t max_tokens, int to
   s.y = alloc({max_tokens * hidden}, DType::F32);
   return s;
 }
-
-namespace {
-
-// The first rows x cols values of a flat scratch tensor as a [rows, cols] matrix.
-Tensor rows_of(const Tensor& flat, int64_t rows, int64_t cols, std::string_view what) {
-  MS_CHECK(flat.dtype() == DType::F32 && flat.dim() == 1 && flat.numel() >= rows * cols,
-           "moe scratch {} {} cannot hold [{}, {}]", what, flat.desc(), rows, cols);
-  return flat.slice(0, 0, rows * cols).view({rows, cols});
-}
-
-}  // namespace
 
 void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                  std::span<const ExpertWeights> experts, const Tensor& out, const MoeScratch& s) {
@@ -70,36 +61,52 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
   std::copy(offsets, offsets + n_experts, cursor);
   for (int64_t slot = 0; slot < n_slots; ++slot)
     if (ids[slot] >= 0) order[cursor[ids[slot]]++] = static_cast<int32_t>(slot);
-  const float* xd = x.data<float>();
-  float* od = out.data<float>();
+  // All touched experts in one parallel region (kernels/cpu/moe.h): gate/up tiles of every expert split
+  // over the threads together, then every down tile, then the weighted sums.
+  MS_CHECK(top_k <= kernels::cpu::kMoeMaxTopK, "moe top_k {} above {}", top_k, kernels::cpu::kMoeMaxTopK);
+  static thread_local std::vector<kernels::cpu::WeightView> views;
+  views.resize(3 * static_cast<size_t>(n_experts));
+  int64_t inter = -1;
   for (int e = 0; e < n_experts; ++e) {
-    const int64_t cnt = offsets[e + 1] - offsets[e];
-    if (cnt == 0) continue;
+    if (offsets[e + 1] == offsets[e]) continue;
     const ExpertWeights& w = experts[static_cast<size_t>(e)];
-    const int64_t inter = w.gate.out;
-    Tensor xs = rows_of(s.x, cnt, hidden, "x");
-    Tensor gu = rows_of(s.gate_up, cnt, 2 * inter, "gate_up");
-    Tensor act = rows_of(s.act, cnt, inter, "act");
-    Tensor ys = rows_of(s.y, cnt, hidden, "y");
-    float* xsd = xs.data<float>();
-    for (int64_t i = 0; i < cnt; ++i) {
-      const int64_t tok = order[offsets[e] + i] / top_k;
-      std::copy(xd + tok * hidden, xd + (tok + 1) * hidden, xsd + i * hidden);
-    }
-    linear(ctx, xs, w.gate, gu.slice(1, 0, inter));
-    linear(ctx, xs, w.up, gu.slice(1, inter, 2 * inter));
-    silu_mul(ctx, gu, act);
-    linear(ctx, act, w.down, ys);
-    const float* yd = ys.data<float>();
-    for (int64_t i = 0; i < cnt; ++i) {
-      const int32_t slot = order[offsets[e] + i];
-      const int64_t tok = slot / top_k;
-      const float wt = wts[slot];
-      float* o = od + tok * hidden;
-      const float* y = yd + i * hidden;
-      for (int64_t c = 0; c < hidden; ++c) o[c] += wt * y[c];
-    }
+    if (inter < 0) inter = w.gate.out;
+    MS_CHECK(w.gate.out == inter && w.up.out == inter && w.gate.in == hidden && w.up.in == hidden &&
+                 w.down.in == inter && w.down.out == hidden,
+             "moe expert {}: gate {}x{}, up {}x{}, down {}x{} vs hidden {} and intermediate {}", e,
+             w.gate.out, w.gate.in, w.up.out, w.up.in, w.down.out, w.down.in, hidden, inter);
+    const auto ue = static_cast<size_t>(e);
+    views[ue] = w.gate.cpu_view();
+    views[static_cast<size_t>(n_experts) + ue] = w.up.cpu_view();
+    views[2 * static_cast<size_t>(n_experts) + ue] = w.down.cpu_view();
   }
+  if (inter < 0) return;
+  const int64_t scratch_rows = std::min(
+      {s.x.numel() / hidden, s.gate_up.numel() / (2 * inter), s.act.numel() / inter, s.y.numel() / hidden});
+  MS_CHECK(s.x.dtype() == DType::F32 && s.gate_up.dtype() == DType::F32 && s.act.dtype() == DType::F32 &&
+               s.y.dtype() == DType::F32 && scratch_rows >= m,
+           "moe scratch holds {} rows, fewer than the {} tokens", scratch_rows, m);
+  kernels::cpu::MoeExpertsParams p;
+  p.x = x.data<float>();
+  p.topk_ids = ids;
+  p.topk_weights = wts;
+  p.offsets = offsets;
+  p.order = order;
+  p.gate = views.data();
+  p.up = views.data() + n_experts;
+  p.down = views.data() + 2 * static_cast<int64_t>(n_experts);
+  p.m = m;
+  p.hidden = hidden;
+  p.inter = inter;
+  p.top_k = top_k;
+  p.n_experts = n_experts;
+  p.xs = s.x.data<float>();
+  p.gate_up = s.gate_up.data<float>();
+  p.act = s.act.data<float>();
+  p.ys = s.y.data<float>();
+  p.scratch_rows = scratch_rows;
+  p.out = out.data<float>();
+  kernels::cpu::moe_experts(p);
 }
 
 }  // namespace ms::ops

@@ -1,5 +1,6 @@
 // Routed experts, grouped by expert: each expert gathers its tokens, runs gate/up -> SiLU-and-mul -> down on
-// them as one small GEMM, and adds the routing-weighted result back to each token's row.
+// them as one small GEMM, and adds the routing-weighted result back to each token's row. On the CPU all
+// touched experts run in one parallel region (kernels/cpu/moe.h).
 #pragma once
 
 #include <cstdint>

@@ -375,28 +375,61 @@ constexpr double kParallelBytes = 96.0 * 1024;
 
 }  // namespace
 
+namespace {
+
+enum class Path : uint8_t { Fp8, Bf16, Reference };
+
+struct Plan {
+  Path path;
+  int rows;                 // output rows per tile
+  const Bf16Kernels* kern;  // Bf16 only
+};
+
+Plan plan(const LinearParams& p) {
+  if (p.w.format == WeightFormat::FP8Block && linear_isa() == LinearIsa::Avx512 && p.w.block % 16 == 0)
+    return {Path::Fp8, p.m == 1 ? kRowsM1 : kRowsMT, nullptr};
+  if (const Bf16Kernels* kern = p.w.format == WeightFormat::BF16 ? bf16_kernels() : nullptr)
+    return {Path::Bf16, p.m == 1 ? kRowsM1 : p.m >= kTokensWide ? kRowsWide : kRowsMT, kern};
+  return {Path::Reference, kTile, nullptr};
+}
+
+void run_tile(const Plan& pl, const LinearParams& p, int64_t t) {
+  switch (pl.path) {
+    case Path::Fp8:
+      fp8_tile(p, t * pl.rows, pl.rows);
+      return;
+    case Path::Bf16:
+      bf16_tile(*pl.kern, p, t * pl.rows, pl.rows, pl.kern->m1);
+      return;
+    case Path::Reference:
+      linear_tile_ref(p, t);
+      return;
+  }
+}
+
+}  // namespace
+
+int64_t linear_tiles(const LinearParams& p) {
+  const int rows = plan(p).rows;
+  return (p.n + rows - 1) / rows;
+}
+
+int linear_tile_rows(const LinearParams& p) {
+  return plan(p).rows;
+}
+
+void linear_tile(const LinearParams& p, int64_t t) {
+  run_tile(plan(p), p, t);
+}
+
 void linear(const LinearParams& p) {
-  const Bf16Kernels* kern = p.w.format == WeightFormat::BF16 ? bf16_kernels() : nullptr;
   const bool parallel = 2.0 * static_cast<double>(p.n) * static_cast<double>(p.w.cols) *
                             static_cast<double>(p.m < kTokens ? 1 : (p.m + kTokens - 1) / kTokens) >=
                         kParallelBytes;
-  if (p.w.format == WeightFormat::FP8Block && linear_isa() == LinearIsa::Avx512 && p.w.block % 16 == 0) {
-    const int R = p.m == 1 ? kRowsM1 : kRowsMT;
-    const int64_t tiles = (p.n + R - 1) / R;
+  const Plan pl = plan(p);
+  const int64_t tiles = (p.n + pl.rows - 1) / pl.rows;
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t t = 0; t < tiles; ++t) fp8_tile(p, t * R, R);
-    return;
-  }
-  if (kern != nullptr) {
-    const int R = p.m == 1 ? kRowsM1 : p.m >= kTokensWide ? kRowsWide : kRowsMT;
-    const int64_t tiles = (p.n + R - 1) / R;
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t t = 0; t < tiles; ++t) bf16_tile(*kern, p, t * R, R, kern->m1);
-    return;
-  }
-  const int64_t tiles = (p.n + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t t = 0; t < tiles; ++t) linear_tile_ref(p, t);
+  for (int64_t t = 0; t < tiles; ++t) run_tile(pl, p, t);
 }
 
 }  // namespace ms::kernels::cpu

@@ -20,4 +20,12 @@ struct LinearParams {
 
 void linear(const LinearParams& p);
 
+// The same work cut into tiles of output rows, for callers that split several matrices' tiles over one
+// parallel region of their own: linear_tiles(p) tiles, each computed on the calling thread by
+// linear_tile(p, t). Tile t covers rows [t * R, min((t + 1) * R, n)) for all m tokens, with the kernels and
+// summation order linear(p) uses, so results equal linear(p)'s bit for bit.
+int64_t linear_tiles(const LinearParams& p);
+int linear_tile_rows(const LinearParams& p);  // R
+void linear_tile(const LinearParams& p, int64_t t);
+
 }  // namespace ms::kernels::cpu
