@@ -73,7 +73,7 @@ OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o,
   ec.max_prefill_tokens = static_cast<int32_t>(int64_t{batch} * o.input_len);
   ec.enable_prefix_cache = false;  // every step computes what it is timed for
   ec.max_context = cfg.max_position_embeddings;
-  auto engine_ptr = make_engine(lm.model, ec, o.eng.dev);
+  auto engine_ptr = make_engine(lm, ec, o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
   for (int s = 0; s < batch; ++s) {
     runtime::Request r;
@@ -125,7 +125,7 @@ int run_bench_one_batch(const OneBatchOptions& o) {
   MS_CHECK(o.output_len >= 1, "--output-len must be at least 1, got {}", o.output_len);
   MS_CHECK(o.eng.page_size >= 1, "--page-size must be at least 1, got {}", o.eng.page_size);
   const std::vector<int> batches = parse_batch_sizes(o.batch_sizes);
-  model::LoadedModel lm = model::load_model(o.eng.model_dir);
+  model::LoadedModel lm = load_engine_model(o.eng);
   const int64_t ctx = lm.model->config().max_position_embeddings;
   MS_CHECK(o.input_len + o.output_len <= ctx,
            "--input-len {} + --output-len {} is past the model's context of {}", o.input_len, o.output_len,
@@ -175,7 +175,7 @@ Registration reg(
     "Time the engine without HTTP: prefill latency, median decode step and tokens/s per batch size",
     [](CLI::App& sub) {
       auto o = std::make_shared<OneBatchOptions>();
-      add_engine_flags(sub, o->eng, engine_flag::kCommon);
+      add_engine_flags(sub, o->eng, engine_flag::kCommon | engine_flag::kLoadFormat);
       sub.add_option("--batch-size", o->batch_sizes, "Batch sizes, comma-separated")->capture_default_str();
       sub.add_option("--input-len", o->input_len, "Prompt tokens per sequence")->capture_default_str();
       sub.add_option("--output-len", o->output_len, "Generated tokens per sequence")->capture_default_str();

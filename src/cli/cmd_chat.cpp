@@ -44,11 +44,11 @@ int run_chat(ChatOptions o) {
   std::unique_ptr<tokenizer::Tokenizer> tok = load_text_tokenizer(o.eng.model_dir);
   if (!tok) MS_THROW("{} has no tokenizer.json: chat needs one", o.eng.model_dir);
   std::unique_ptr<tokenizer::ChatTemplate> tmpl = load_chat_template(o.eng.model_dir, o.chat_template);
-  model::LoadedModel lm = model::load_model(o.eng.model_dir);
+  model::LoadedModel lm = load_engine_model(o.eng);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   const int64_t ctx = lm.model->config().max_position_embeddings;
   auto engine_ptr =
-      make_engine(lm.model, engine_config_for(lm, o.eng.kv_dtype, ctx, o.eng.page_size), o.eng.dev);
+      make_engine(lm, engine_config_for(lm, o.eng.kv_dtype, ctx, o.eng.page_size), o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
 
   const bool tty = isatty(STDIN_FILENO) != 0;

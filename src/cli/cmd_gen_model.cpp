@@ -4,13 +4,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <numbers>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -18,10 +16,8 @@
 #include "io/model_config.h"
 #include "io/quant_config.h"
 #include "io/safetensors.h"
+#include "model/random_weights.h"
 #include "model/weight_spec.h"
-#include "quant/float_formats.h"
-#include "quant/fp8_block.h"
-#include "quant/nvfp4.h"
 
 namespace ms::cli {
 namespace {
@@ -180,170 +176,12 @@ json preset_config(const Options& o) {
   return j;
 }
 
-// Routed and shared experts in NVFP4; attention (with the indexer), dense MLPs and lm_head stay BF16, as the
-// published ModelOpt checkpoints of these models do.
-json nvfp4_excludes(const io::ModelConfig& c) {
-  json ex = {"lm_head", "*self_attn*"};
-  for (int i = 0; i < c.num_hidden_layers; ++i)
-    if (!c.layer_is_moe[i]) ex.push_back(fmt::format("model.layers.{}.mlp*", i));
-  return ex;
-}
-
-// ---- values
-// ------------------------------------------------------------------------------------------------
-
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t name_hash(const std::string& s, uint64_t seed) {
-  uint64_t h = 1469598103934665603ull ^ seed;  // FNV-1a, then mixed
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return splitmix64(h);
-}
-
-// n values of N(mean, std), a function of (seed, name) alone: chunks of 4096 draw from their own stream, so
-// the threads that fill them do not change the result.
-std::vector<float> normal_values(const std::string& name, int64_t n, double mean, double std, uint64_t seed) {
-  std::vector<float> v(static_cast<size_t>(n));
-  const uint64_t base = name_hash(name, seed);
-  constexpr int64_t kChunk = 4096;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    uint64_t s = base ^ (static_cast<uint64_t>(c) * 0xd1342543de82ef95ull);
-    int64_t end = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; i += 2) {
-      // Box-Muller on two 53-bit uniforms in (0, 1].
-      double u1 = (static_cast<double>(splitmix64(s) >> 11) + 1.0) * 0x1.0p-53;
-      double u2 = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;
-      double r = std::sqrt(-2.0 * std::log(u1));
-      v[static_cast<size_t>(i)] = static_cast<float>(mean + std * r * std::cos(2.0 * std::numbers::pi * u2));
-      if (i + 1 < end)
-        v[static_cast<size_t>(i + 1)] =
-            static_cast<float>(mean + std * r * std::sin(2.0 * std::numbers::pi * u2));
-    }
-  }
-  return v;
-}
-
-// Initial values by tensor kind: norm weights ~1, biases small, the router's correction bias spread enough to
-// change which experts win, everything else N(0, 0.02).
-std::vector<float> init_values(const model::WeightSpec& s, int64_t n, uint64_t seed) {
-  auto ends_with = [&](const char* suffix) {
-    std::string_view v(s.name), x(suffix);
-    return v.size() >= x.size() && v.substr(v.size() - x.size()) == x;
-  };
-  if (ends_with("e_score_correction_bias")) return normal_values(s.name, n, 0.0, 0.05, seed);
-  if (ends_with(".bias")) return normal_values(s.name, n, 0.0, 0.01, seed);
-  if (s.module.empty() && (ends_with("norm.weight") || ends_with("layernorm.weight")))
-    return normal_values(s.name, n, 1.0, 0.02, seed);
-  return normal_values(s.name, n, 0.0, 0.02, seed);
-}
-
-Tensor to_tensor(const std::vector<float>& v, const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype);
-  MS_CHECK(t.numel() == static_cast<int64_t>(v.size()), "value count {} for {}", v.size(), t.desc());
-  if (dtype == DType::F32) {
-    std::copy(v.begin(), v.end(), t.data<float>());
-  } else if (dtype == DType::BF16) {
-    auto* p = t.data<uint16_t>();
-    for (size_t i = 0; i < v.size(); ++i) p[i] = quant::f32_to_bf16(v[i]);
-  } else if (dtype == DType::F16) {
-    auto* p = t.data<uint16_t>();
-    for (size_t i = 0; i < v.size(); ++i) p[i] = quant::f32_to_f16(v[i]);
-  } else {
-    MS_THROW("gen-model: cannot store plain values as {}", dtype_name(dtype));
-  }
-  return t;
-}
-
-Tensor bytes_tensor(const std::vector<uint8_t>& bytes, const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype);
-  MS_CHECK(t.nbytes() == bytes.size(), "byte count {} for {}", bytes.size(), t.desc());
-  std::copy(bytes.begin(), bytes.end(), t.data<uint8_t>());
-  return t;
-}
-
-Tensor scalar_f32(float v) {
-  Tensor t = Tensor::empty({}, DType::F32);
-  *t.data<float>() = v;
-  return t;
-}
-
-// One unit of generation: a plain tensor, or the linears of one MLP / one attention projection with all
-// their tensors (weights, scales, bias). gate_proj and up_proj of one MLP share weight_scale_2 and
-// input_scale in NVFP4, as ModelOpt exports fused layers.
+// One unit of generation (model::weight_group_key): a plain tensor, or the linears of one MLP / one attention
+// projection with all their tensors.
 struct Group {
   std::vector<const model::WeightSpec*> specs;
   uint64_t bytes = 0;
 };
-
-std::string group_key(const model::WeightSpec& s) {
-  if (s.module.empty()) return s.name;
-  auto dot = s.module.rfind('.');
-  std::string last = s.module.substr(dot + 1);
-  if (last == "gate_proj" || last == "up_proj" || last == "down_proj") return s.module.substr(0, dot);
-  return s.module;
-}
-
-// Activation amax the generated input_scale stands for (ModelOpt: input_scale = amax / (6 * 448)).
-constexpr float kInputAmax = 8.0f;
-
-void generate_group(const Group& g, const io::QuantConfig& quant, uint64_t seed,
-                    std::vector<std::pair<std::string, Tensor>>& out) {
-  // Float weights of each linear module in the group, [out, in] row-major.
-  std::map<std::string, std::vector<float>> weights;
-  std::map<std::string, const model::WeightSpec*> weight_spec;
-  for (const auto* s : g.specs) {
-    if (s->module.empty()) {
-      out.emplace_back(s->name, to_tensor(init_values(*s, s->numel(), seed), s->shape, s->dtype));
-    } else if (s->name == s->module + ".weight") {
-      weights[s->module] = normal_values(s->name, s->params, 0.0, 0.02, seed);
-      weight_spec[s->module] = s;
-    }
-  }
-  float shared_scale2 = 0.0f;
-  if (quant.format == io::WeightFormat::NVFP4) {
-    float amax = 0.0f;
-    for (auto& [m, w] : weights) {
-      std::string last = m.substr(m.rfind('.') + 1);
-      if ((last == "gate_proj" || last == "up_proj") && weight_spec[m]->quantized)
-        for (float x : w) amax = std::max(amax, std::fabs(x));
-    }
-    shared_scale2 = amax / (6.0f * quant::kFp8E4M3Max);
-  }
-  for (const auto* s : g.specs) {
-    if (s->module.empty() || s->name != s->module + ".weight") continue;
-    const std::vector<float>& w = weights[s->module];
-    const int64_t rows = s->shape[0], cols = s->params / rows;
-    if (!s->quantized) {
-      out.emplace_back(s->name, to_tensor(w, s->shape, s->dtype));
-    } else if (quant.format == io::WeightFormat::NVFP4) {
-      std::string last = s->module.substr(s->module.rfind('.') + 1);
-      bool fused = (last == "gate_proj" || last == "up_proj") && shared_scale2 > 0.0f;
-      quant::Nvfp4Weight q = fused ? quant::nvfp4_quantize_with_scale2(w.data(), rows, cols, shared_scale2)
-                                   : quant::nvfp4_quantize(w.data(), rows, cols);
-      out.emplace_back(s->name, bytes_tensor(q.packed, {rows, cols / 2}, DType::U8));
-      out.emplace_back(s->module + ".weight_scale",
-                       bytes_tensor(q.scales, {rows, cols / 16}, DType::F8_E4M3));
-      out.emplace_back(s->module + ".weight_scale_2", scalar_f32(q.scale2));
-      out.emplace_back(s->module + ".input_scale", scalar_f32(kInputAmax / (6.0f * quant::kFp8E4M3Max)));
-    } else {
-      quant::Fp8BlockWeight q = quant::fp8_block_quantize(w.data(), rows, cols);
-      out.emplace_back(s->name, bytes_tensor(q.data, {rows, cols}, DType::F8_E4M3));
-      Tensor si = Tensor::empty({(rows + 127) / 128, q.scale_cols()}, DType::F32);
-      std::copy(q.scale_inv.begin(), q.scale_inv.end(), si.data<float>());
-      out.emplace_back(s->module + ".weight_scale_inv", si);
-    }
-  }
-  for (const auto* s : g.specs)
-    if (!s->module.empty() && s->name == s->module + ".bias")
-      out.emplace_back(s->name, to_tensor(init_values(*s, s->numel(), seed), s->shape, s->dtype));
-}
 
 void write_json(const fs::path& path, const json& j) {
   std::ofstream f(path);
@@ -370,7 +208,7 @@ int run_gen_model(const Options& o) {
                                        {"activation_scheme", "dynamic"},
                                        {"weight_block_size", {128, 128}}};
   } else if (o.weights == "nvfp4") {
-    json ex = nvfp4_excludes(cfg);
+    json ex = model::nvfp4_exclude_modules(cfg);
     hq = {{"producer", {{"name", "moeserve gen-model"}}},
           {"quantization",
            {{"quant_algo", "NVFP4"},
@@ -392,7 +230,7 @@ int run_gen_model(const Options& o) {
   std::vector<Group> groups;
   std::string last_key;
   for (const auto& s : specs) {
-    std::string key = group_key(s);
+    std::string key = model::weight_group_key(s);
     if (groups.empty() || key != last_key) groups.emplace_back();
     groups.back().specs.push_back(&s);
     groups.back().bytes += s.nbytes();
@@ -428,7 +266,7 @@ int run_gen_model(const Options& o) {
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const Group* g : shards[k]) {
       size_t first = tensors.size();
-      generate_group(*g, quant, o.seed, tensors);
+      model::generate_weight_group(g->specs, quant, o.seed, tensors);
       // Every tensor the spec lists, with its shape and dtype, and nothing else.
       MS_CHECK(tensors.size() - first == g->specs.size(), "{}: generated {} tensors for {} specs",
                g->specs.front()->name, tensors.size() - first, g->specs.size());

@@ -59,7 +59,7 @@ int run_generate(GenerateOptions o) {
     ids = parse_ids(o.prompt_ids);
     if (!o.print_ids) tok = load_text_tokenizer(o.eng.model_dir);
   }
-  model::LoadedModel lm = model::load_model(o.eng.model_dir);
+  model::LoadedModel lm = load_engine_model(o.eng);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   if (tok && tok->vocab_size() > lm.model->config().vocab_size)
     MS_THROW("the tokenizer has {} tokens, more than the model's vocab_size {}", tok->vocab_size(),
@@ -67,7 +67,7 @@ int run_generate(GenerateOptions o) {
   runtime::EngineConfig ec =
       engine_config_for(lm, o.eng.kv_dtype, static_cast<int64_t>(ids.size()) + o.max_tokens, o.eng.page_size);
   if (const auto oea = oea_config(o.eng)) ec.oea = *oea;
-  auto engine_ptr = make_engine(lm.model, ec, o.eng.dev);
+  auto engine_ptr = make_engine(lm, ec, o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
   runtime::Request r;
   r.prompt_ids = ids;
@@ -103,7 +103,7 @@ int run_generate(GenerateOptions o) {
 Registration reg(
     "generate", "Generate a continuation of one prompt (built-in model without --model)", [](CLI::App& app) {
       auto o = std::make_shared<GenerateOptions>();
-      add_engine_flags(app, o->eng, engine_flag::kCommon | engine_flag::kOea);
+      add_engine_flags(app, o->eng, engine_flag::kCommon | engine_flag::kOea | engine_flag::kLoadFormat);
       app.add_option("--prompt", o->prompt, "Prompt text (needs the model's tokenizer.json)");
       app.add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated: 1,2,3");
       app.add_option("--max-tokens", o->max_tokens, "Tokens to generate")->capture_default_str();

@@ -30,7 +30,7 @@ int run_logits(const LogitsOptions& o) {
       }
     }
   if (ids.empty()) MS_THROW("--prompt-ids: the prompt is empty");
-  model::LoadedModel lm = model::load_model(o.eng.model_dir);
+  model::LoadedModel lm = load_engine_model(o.eng);
   const auto& cfg = lm.model->config();
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= cfg.vocab_size)

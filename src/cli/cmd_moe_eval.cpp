@@ -54,7 +54,7 @@ std::string fmt_layers(const std::vector<double>& v) {
 
 int run_moe_eval(MoeEvalCliOptions o) {
   kv::parse_kv_cache_dtype(o.eng.kv_dtype);  // a bad value fails before the model loads
-  model::LoadedModel lm = model::load_model(o.eng.model_dir);
+  model::LoadedModel lm = load_engine_model(o.eng);
   o.eval.kv_dtype = resolve_kv_dtype(o.eng, lm);
   o.eval.make_executor = [dev = o.eng.dev](const model::Model& m, const runtime::ExecutorConfig& ec) {
     return make_executor(m, ec, dev);

@@ -52,7 +52,7 @@ int run_profile(const ProfileCliOptions& o) {
   MS_CHECK(o.eng.page_size >= 1, "--page-size must be at least 1, got {}", o.eng.page_size);
   MS_CHECK(o.eng.kv_cache_tokens >= 0, "--kv-cache-tokens must be >= 0, got {}", o.eng.kv_cache_tokens);
 
-  model::LoadedModel lm = model::load_model(o.eng.model_dir);
+  model::LoadedModel lm = load_engine_model(o.eng);
   const io::ModelConfig& cfg = lm.model->config();
   // Each sequence: `context` prompt tokens, its first token from the prefill, then warm-up + timed decodes.
   const int max_tokens = 1 + o.warmup + o.steps;
@@ -88,7 +88,7 @@ int run_profile(const ProfileCliOptions& o) {
   const int64_t fill = std::min<int64_t>(static_cast<int64_t>(o.batch) * o.context, kMaxPrefillStep);
   ec.max_prefill_tokens = static_cast<int32_t>(std::max<int64_t>({fill, o.prefill_tokens, o.batch}));
   ec.max_context = cfg.max_position_embeddings;
-  auto engine_ptr = make_engine(lm.model, ec, o.eng.dev);
+  auto engine_ptr = make_engine(lm, ec, o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
 
   profiler::ProfileControllerOptions pco{ceilings, {}, {}};
@@ -174,7 +174,7 @@ Registration reg(
     "profile", "Time decode steps op by op against this machine's roofline (built-in model without --model)",
     [](CLI::App& app) {
       auto o = std::make_shared<ProfileCliOptions>();
-      add_engine_flags(app, o->eng, engine_flag::kCommon | engine_flag::kKvCacheTokens);
+      add_engine_flags(app, o->eng, engine_flag::kCommon | engine_flag::kKvCacheTokens | engine_flag::kLoadFormat);
       app.add_option("--batch", o->batch, "Sequences decoding together")->capture_default_str();
       app.add_option("--context", o->context, "Tokens in each sequence before the timed steps")
           ->capture_default_str();

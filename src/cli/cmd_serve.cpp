@@ -60,7 +60,7 @@ int run_serve(ServeOptions o) {
     if (!o.chat_template.empty()) throw;
     MS_LOG_WARN("no chat template ({}); /v1/chat/completions will answer 400", e.message());
   }
-  model::LoadedModel lm = model::load_model(o.eng.model_dir);
+  model::LoadedModel lm = load_engine_model(o.eng);
   const io::ModelConfig& cfg = lm.model->config();
   MS_LOG_INFO("model: {}", lm.description);
 
@@ -94,7 +94,7 @@ int run_serve(ServeOptions o) {
                 o.eng.mem_fraction > 0 ? o.eng.mem_fraction : 0.5, kb.available_bytes >> 20,
                 kb.capped ? "; capped at max running requests x context" : "");
   }
-  parts.engine = make_engine(lm.model, ec, o.eng.dev, o.eng.mem_fraction > 0 ? o.eng.mem_fraction : 0.85);
+  parts.engine = make_engine(lm, ec, o.eng.dev, o.eng.mem_fraction > 0 ? o.eng.mem_fraction : 0.85);
   if (parts.engine->executor().device() == Device::CUDA) {
     const runtime::Executor* ce = &parts.engine->executor();
     // /start_profile on the GPU: CUDA-event timers and the GPU's own ceilings (measured at the first
@@ -124,7 +124,7 @@ Registration reg("serve", "OpenAI-compatible HTTP server on a model (the built-i
                    add_http_serve_options(sub, o->http);
                    add_engine_flags(sub, o->eng,
                                     engine_flag::kCommon | engine_flag::kOea | engine_flag::kServing |
-                                        engine_flag::kKvCacheTokens);
+                                        engine_flag::kKvCacheTokens | engine_flag::kLoadFormat);
                    sub.add_flag("--expert-stats", o->expert_stats,
                                 "On the GPU, record distinct experts per MoE layer for /metrics (syncs every "
                                 "layer and runs decode without CUDA graphs; always on for the CPU)");

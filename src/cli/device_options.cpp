@@ -78,9 +78,16 @@ runtime::cuda::CudaExecutorOptions cuda_options(const DeviceOptions& o) {
 
 }  // namespace
 
-std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model, runtime::EngineConfig cfg,
-                                             const DeviceOptions& o, double mem_fraction) {
+namespace {
+
+std::unique_ptr<runtime::Engine> make_engine_from(std::shared_ptr<model::Model> model,
+                                                  const model::LoadedModel* lm, runtime::EngineConfig cfg,
+                                                  const DeviceOptions& o, double mem_fraction) {
   const std::string dev = checked_device(o);
+  const bool device_weights = lm && lm->device_weights;
+  MS_CHECK(dev == "cuda" || !device_weights,
+           "the model's weights are to be made on the GPU (--load-format dummy with --device cuda) but the "
+           "engine runs on the cpu");
   if (dev == "cpu") return std::make_unique<runtime::Engine>(std::move(model), cfg);
   const int64_t ctx = cfg.max_context > 0 ? cfg.max_context : model->config().max_position_embeddings;
   const int64_t tokens = cfg.kv_cache_tokens > 0 ? cfg.kv_cache_tokens : cfg.page_size;
@@ -92,8 +99,22 @@ std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model
     ec.num_pages = 0;  // from the memory fraction
     co.max_pages = static_cast<int64_t>(cfg.max_running) * ((ctx + cfg.page_size - 1) / cfg.page_size) + 1;
   }
-  auto exec = runtime::cuda::make_cuda_executor(*model, ec, co);
+  auto exec = device_weights ? runtime::cuda::make_cuda_executor(model->config(), *lm->device_weights,
+                                                                  lm->device_weight_bytes, ec, co)
+                             : runtime::cuda::make_cuda_executor(*model, ec, co);
   return std::make_unique<runtime::Engine>(std::move(exec), cfg);
+}
+
+}  // namespace
+
+std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model, runtime::EngineConfig cfg,
+                                             const DeviceOptions& o, double mem_fraction) {
+  return make_engine_from(std::move(model), nullptr, cfg, o, mem_fraction);
+}
+
+std::unique_ptr<runtime::Engine> make_engine(const model::LoadedModel& lm, runtime::EngineConfig cfg,
+                                             const DeviceOptions& o, double mem_fraction) {
+  return make_engine_from(lm.model, &lm, cfg, o, mem_fraction);
 }
 
 std::unique_ptr<runtime::Executor> make_executor(const model::Model& model,

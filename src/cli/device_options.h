@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "model/load_model.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/executor.h"
@@ -30,6 +31,11 @@ std::string resolve_device(const DeviceOptions& o);
 // mem_fraction of the GPU's memory leaves after the weights and the workspace, capped at max running
 // requests x context.
 std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<model::Model> model, runtime::EngineConfig cfg,
+                                             const DeviceOptions& o, double mem_fraction = 0.85);
+
+// The same for a loaded model: with LoadedModel::device_weights (--load-format dummy on the GPU), the
+// CudaExecutor builds the weights on the GPU tensor by tensor from that source.
+std::unique_ptr<runtime::Engine> make_engine(const model::LoadedModel& lm, runtime::EngineConfig cfg,
                                              const DeviceOptions& o, double mem_fraction = 0.85);
 
 // An Executor alone (no Engine) on the resolved device, for the commands that drive batches themselves

@@ -1,6 +1,8 @@
 #include "cli/engine_flags.h"
 
 #include "core/error.h"
+#include "core/log.h"
+#include "model/random_weights.h"
 
 namespace ms::cli {
 
@@ -9,6 +11,16 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
   if (groups & kDevice) add_device_options(sub, f.dev);
   if (groups & kModel)
     sub.add_option("--model", f.model_dir, "Hugging Face checkpoint directory (default: the built-in model)");
+  if (groups & kLoadFormat) {
+    sub.add_option("--load-format", f.load_format,
+                   "auto (the checkpoint's weights) or dummy (random weights from --model's config.json alone, "
+                   "to time a model without its checkpoint)")
+        ->capture_default_str();
+    sub.add_option("--quantization", f.quantization,
+                   "With --load-format dummy: nvfp4, fp8 (128x128 blocks) or bf16; the checkpoint's own "
+                   "quantization config is ignored")
+        ->capture_default_str();
+  }
   if (groups & kKvCacheDtype)
     sub.add_option("--kv-cache-dtype", f.kv_dtype,
                    "auto (the checkpoint's, else bf16), f32 (exact), bf16 or fp8_e4m3")
@@ -42,6 +54,23 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
                        ? "KV cache size in tokens (overrides --mem-fraction-static)"
                        : "KV pool size in tokens (0: the server's default, or what the run needs)")
         ->capture_default_str();
+}
+
+model::LoadedModel load_engine_model(const EngineFlags& f) {
+  if (f.load_format == "auto") {
+    MS_CHECK(f.quantization == "bf16",
+             "--quantization {} applies to --load-format dummy; a checkpoint keeps its own format",
+             f.quantization);
+    return model::load_model(f.model_dir);
+  }
+  MS_CHECK(f.load_format == "dummy", "--load-format '{}' is not one of auto, dummy", f.load_format);
+  MS_CHECK(!f.model_dir.empty(), "--load-format dummy needs --model (a directory with config.json, or the file)");
+  // On the GPU the weights are made there tensor by tensor (make_engine): a full-size model never fits in
+  // host memory first.
+  const bool on_gpu = resolve_device(f.dev) == "cuda";
+  model::LoadedModel lm = model::load_dummy(f.model_dir, f.quantization, 0, !on_gpu);
+  MS_LOG_INFO("{}", lm.description);
+  return lm;
 }
 
 kv::KvCacheDType resolve_kv_dtype(const EngineFlags& f, const model::LoadedModel& lm) {

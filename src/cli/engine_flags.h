@@ -20,6 +20,8 @@ namespace ms::cli {
 struct EngineFlags {
   DeviceOptions dev;              // kDevice
   std::string model_dir;          // kModel; "": the built-in model
+  std::string load_format = "auto";   // kLoadFormat; auto (the checkpoint) or dummy (random weights, config only)
+  std::string quantization = "bf16";  // kLoadFormat; with --load-format dummy: nvfp4, fp8 or bf16
   std::string kv_dtype = "auto";  // kKvCacheDtype
   int page_size = 64;             // kPageSize
   int oea_k0 = 0, oea_kmax = 0;   // kOea
@@ -40,10 +42,17 @@ inline constexpr unsigned kOea = 1u << 4;            // --oea-k0, --oea-kmax
 inline constexpr unsigned kKvCacheTokens = 1u << 5;  // --kv-cache-tokens
 // --max-running-requests, --max-prefill-tokens, --context-length, --mem-fraction-static
 inline constexpr unsigned kServing = 1u << 6;
+// --load-format, --quantization (serve, generate, bench-one-batch, profile: the commands that time a model)
+inline constexpr unsigned kLoadFormat = 1u << 7;
 inline constexpr unsigned kCommon = kModel | kDevice | kKvCacheDtype | kPageSize;
 }  // namespace engine_flag
 
 void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups);
+
+// The model --model, --load-format and --quantization name: the checkpoint (or the built-in model), or with
+// --load-format dummy random weights from --model's config.json in --quantization (seed 0), logged in one
+// line. Throws naming the flag for a bad value.
+model::LoadedModel load_engine_model(const EngineFlags& f);
 
 // --kv-cache-dtype parsed; auto resolves to what the checkpoint asks for.
 kv::KvCacheDType resolve_kv_dtype(const EngineFlags& f, const model::LoadedModel& lm);

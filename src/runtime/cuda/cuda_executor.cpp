@@ -52,12 +52,11 @@ struct CudaExecutor::Impl {
 
 namespace {
 
-ExecutorConfig resolved(const model::Model& m, ExecutorConfig c) {
+ExecutorConfig resolved(const io::ModelConfig& mc, ExecutorConfig c) {
   MS_CHECK(c.page_size > 0, "--page-size must be positive, got {}", c.page_size);
   MS_CHECK(c.max_tokens > 0 && c.max_seqs > 0,
            "executor: max tokens ({}) and sequences ({}) must be positive", c.max_tokens, c.max_seqs);
-  if (c.max_context <= 0 || c.max_context > m.config().max_position_embeddings)
-    c.max_context = m.config().max_position_embeddings;
+  if (c.max_context <= 0 || c.max_context > mc.max_position_embeddings) c.max_context = mc.max_position_embeddings;
   if (c.max_logit_rows <= 0) c.max_logit_rows = c.max_seqs;
   if (c.kv_cache_dtype == kv::KvCacheDType::Auto) c.kv_cache_dtype = kv::KvCacheDType::BF16;
   return c;
@@ -70,14 +69,35 @@ TensorAlloc arena_alloc(DeviceArena& a) {
 }  // namespace
 
 CudaExecutor::CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, CudaExecutorOptions opt)
-    : cfg_(resolved(host_model, cfg)), opt_(opt), impl_(std::make_unique<Impl>()) {
+    : CudaExecutor(
+          host_model.config(), host_model.options(),
+          [&host_model](Impl& I) {
+            UploadStats up;
+            return upload_weights(host_model.weights(), I.weights, &up);
+          },
+          cfg, opt) {}
+
+CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::TensorSource& weights, double weight_bytes,
+                           ExecutorConfig cfg, CudaExecutorOptions opt, model::ModelOptions mopt)
+    : CudaExecutor(
+          mc, mopt,
+          [&](Impl& I) {
+            UploadStats up;
+            return upload_weights_from_source(mc, weights, weight_bytes, I.weights, &up);
+          },
+          cfg, opt) {}
+
+CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions& mopt,
+                           const std::function<model::ModelWeights(Impl&)>& make_weights, ExecutorConfig cfg,
+                           CudaExecutorOptions opt)
+    : cfg_(resolved(mc, cfg)), opt_(opt), impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   CUDA_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
   I.ctx = I.backend.ctx(I.stream);
   I.backend.set_attention_kernel(opt_.attention_kernel);
   I.backend.set_exact_linear(opt_.exact_linear);
   if (opt_.attention_kernel == "mla_fp8_decode") {
-    const io::ModelConfig& c = host_model.config();
+    const io::ModelConfig& c = mc;
     MS_CHECK(
         cfg_.kv_cache_dtype == kv::KvCacheDType::FP8E4M3 && c.kv_lora_rank == 512 &&
             c.qk_rope_head_dim == 64 && cfg_.page_size == 64,
@@ -86,12 +106,10 @@ CudaExecutor::CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, C
         "--attention-backend auto",
         kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), cfg_.page_size, c.kv_lora_rank, c.qk_rope_head_dim);
   }
-  const io::ModelConfig& mc = host_model.config();
 
   // Weights, in their stored formats; then a model over them with its RoPE tables on the device.
-  UploadStats up;
-  model::ModelWeights dw = upload_weights(host_model.weights(), I.weights, &up);
-  auto m = std::make_shared<model::Model>(mc, std::move(dw), host_model.options());
+  model::ModelWeights dw = make_weights(I);
+  auto m = std::make_shared<model::Model>(mc, std::move(dw), mopt);
   m->place_tables(I.ctx, arena_alloc(I.weights));
   model_ = m;
 
@@ -280,6 +298,11 @@ std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, Exe
   return std::make_unique<CudaExecutor>(host_model, cfg, opt);
 }
 
+std::unique_ptr<Executor> make_cuda_executor(const io::ModelConfig& mc, const model::TensorSource& weights,
+                                             double weight_bytes, ExecutorConfig cfg, CudaExecutorOptions opt) {
+  return std::make_unique<CudaExecutor>(mc, weights, weight_bytes, cfg, opt);
+}
+
 }  // namespace ms::runtime::cuda
 #else
 #include "core/error.h"
@@ -288,6 +311,11 @@ std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, Exe
 namespace ms::runtime::cuda {
 
 std::unique_ptr<Executor> make_cuda_executor(const model::Model&, ExecutorConfig, CudaExecutorOptions) {
+  MS_THROW("--device cuda: this build of moeserve has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
+}
+
+std::unique_ptr<Executor> make_cuda_executor(const io::ModelConfig&, const model::TensorSource&, double,
+                                             ExecutorConfig, CudaExecutorOptions) {
   MS_THROW("--device cuda: this build of moeserve has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
 }
 

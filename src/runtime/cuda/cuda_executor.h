@@ -4,12 +4,15 @@
 // the Engine's sampler.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "model/model.h"
 #include "model/step_inputs.h"
+#include "model/tensor_source.h"
 #include "model/workspace.h"
 #include "ops/cuda_backend.h"
 #include "profiler/timer.h"
@@ -42,6 +45,10 @@ class CudaExecutor final : public Executor {
   // Copies host_model's weights to the current GPU (progress bar, GB/s) and allocates everything the config
   // asks for; refuses with what to change when it does not fit.
   CudaExecutor(const model::Model& host_model, ExecutorConfig cfg, CudaExecutorOptions opt = {});
+  // The model of `mc` with its weights built on the GPU tensor by tensor from `weights` (--load-format dummy:
+  // a RandomSource), never whole in host memory; `weight_bytes` (their stored size) reserves the arena.
+  CudaExecutor(const io::ModelConfig& mc, const model::TensorSource& weights, double weight_bytes,
+               ExecutorConfig cfg, CudaExecutorOptions opt = {}, model::ModelOptions mopt = {});
   ~CudaExecutor() override;
 
   std::string_view name() const override { return "cuda"; }
@@ -64,6 +71,9 @@ class CudaExecutor final : public Executor {
   struct Impl;
 
  private:
+  CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions& mopt,
+               const std::function<model::ModelWeights(Impl&)>& make_weights, ExecutorConfig cfg,
+               CudaExecutorOptions opt);
   Tensor run_eager(const kv::ForwardBatch& b, const model::StepRouting& routing, profiler::OpSink* sink);
   Tensor run_graph(const kv::ForwardBatch& b, const model::StepRouting& routing, int bucket);
   Tensor logits_to_host(const Tensor& dev, int64_t rows);
@@ -77,6 +87,12 @@ class CudaExecutor final : public Executor {
 
 // A CudaExecutor; in a build without CUDA, throws saying so.
 std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, ExecutorConfig cfg,
+                                             CudaExecutorOptions opt = {});
+
+// A CudaExecutor over weights made tensor by tensor from `weights` (see the constructor); in a build without
+// CUDA, throws saying so.
+std::unique_ptr<Executor> make_cuda_executor(const io::ModelConfig& mc, const model::TensorSource& weights,
+                                             double weight_bytes, ExecutorConfig cfg,
                                              CudaExecutorOptions opt = {});
 
 // Batch-size buckets a decode step is padded to for graph replay, up to max_bs.

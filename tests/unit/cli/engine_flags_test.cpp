@@ -4,7 +4,11 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
+
+#include <unistd.h>
 
 namespace {
 
@@ -76,6 +80,58 @@ TEST(EngineFlags, BadDeviceIsRefused) {
     EXPECT_NE(r.status, 0);
     EXPECT_NE(r.out.find("--device"), std::string::npos) << r.out;
   }
+}
+
+// --load-format dummy and --quantization on the commands that time a model, and only there.
+TEST(EngineFlags, LoadFormatOnTheTimingCommands) {
+  for (const char* c : {"serve", "generate", "bench-one-batch", "profile"}) {
+    SCOPED_TRACE(c);
+    const std::string h = run(std::string(c) + " --help").out;
+    EXPECT_NE(help_line(h, "--load-format").find("=auto"), std::string::npos) << h;
+    EXPECT_NE(help_line(h, "--quantization").find("nvfp4, fp8"), std::string::npos) << h;
+  }
+  for (const char* c : {"logits", "perplexity", "moe-eval"}) {
+    SCOPED_TRACE(c);
+    EXPECT_EQ(help_line(run(std::string(c) + " --help").out, "--load-format"), "");
+  }
+}
+
+// A dummy model from a config alone runs through generate and bench-one-batch on the CPU, logging what was
+// made; bad values are refused naming their flag.
+TEST(EngineFlags, LoadFormatDummyRuns) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("moeserve_flags_dummy_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  ASSERT_EQ(run("gen-model --preset tiny --out '" + dir.string() + "'").status, 0);
+  // The config alone: the dummy load must not need the safetensors.
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename() != "config.json") fs::remove(e.path());
+  const std::string m = " --device cpu --model '" + dir.string() + "'";
+
+  CmdResult r = run("generate --load-format dummy --quantization nvfp4 --prompt-ids 1,2,3 --max-tokens 3 "
+                    "--print-ids" + m);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("dummy weights (glm_moe_dsa nvfp4, seed 0)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("params"), std::string::npos) << r.out;
+
+  r = run("bench-one-batch --load-format dummy --quantization fp8 --batch-size 1 --input-len 8 --output-len 2"
+          " --json" + m);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("glm_moe_dsa fp8"), std::string::npos) << r.out;
+
+  r = run("generate --load-format dummy --quantization int4 --prompt-ids 1,2 --max-tokens 1" + m);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("--quantization 'int4'"), std::string::npos) << r.out;
+
+  r = run("generate --load-format random --prompt-ids 1,2 --max-tokens 1" + m);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("--load-format 'random'"), std::string::npos) << r.out;
+
+  // Without --load-format dummy a checkpoint keeps its own format.
+  r = run("generate --quantization fp8 --prompt-ids 1,2 --max-tokens 1" + m);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("--load-format dummy"), std::string::npos) << r.out;
+  fs::remove_all(dir);
 }
 
 }  // namespace
