@@ -47,8 +47,7 @@ int run_chat(ChatOptions o) {
   model::LoadedModel lm = load_engine_model(o.eng);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   const int64_t ctx = lm.model->config().max_position_embeddings;
-  auto engine_ptr =
-      make_engine(lm, engine_config_for(lm, o.eng.kv_dtype, ctx, o.eng.page_size), o.eng.dev);
+  auto engine_ptr = make_engine(lm, engine_config_for(lm, o.eng.kv_dtype, ctx, o.eng.page_size), o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
 
   const bool tty = isatty(STDIN_FILENO) != 0;

@@ -174,7 +174,8 @@ Registration reg(
     "profile", "Time decode steps op by op against this machine's roofline (built-in model without --model)",
     [](CLI::App& app) {
       auto o = std::make_shared<ProfileCliOptions>();
-      add_engine_flags(app, o->eng, engine_flag::kCommon | engine_flag::kKvCacheTokens | engine_flag::kLoadFormat);
+      add_engine_flags(app, o->eng,
+                       engine_flag::kCommon | engine_flag::kKvCacheTokens | engine_flag::kLoadFormat);
       app.add_option("--batch", o->batch, "Sequences decoding together")->capture_default_str();
       app.add_option("--context", o->context, "Tokens in each sequence before the timed steps")
           ->capture_default_str();

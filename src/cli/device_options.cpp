@@ -100,7 +100,7 @@ std::unique_ptr<runtime::Engine> make_engine_from(std::shared_ptr<model::Model> 
     co.max_pages = static_cast<int64_t>(cfg.max_running) * ((ctx + cfg.page_size - 1) / cfg.page_size) + 1;
   }
   auto exec = device_weights ? runtime::cuda::make_cuda_executor(model->config(), *lm->device_weights,
-                                                                  lm->device_weight_bytes, ec, co)
+                                                                 lm->device_weight_bytes, ec, co)
                              : runtime::cuda::make_cuda_executor(*model, ec, co);
   return std::make_unique<runtime::Engine>(std::move(exec), cfg);
 }

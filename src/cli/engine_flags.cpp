@@ -1,7 +1,6 @@
 #include "cli/engine_flags.h"
 
 #include "core/error.h"
-#include "core/log.h"
 #include "model/random_weights.h"
 
 namespace ms::cli {
@@ -12,9 +11,10 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
   if (groups & kModel)
     sub.add_option("--model", f.model_dir, "Hugging Face checkpoint directory (default: the built-in model)");
   if (groups & kLoadFormat) {
-    sub.add_option("--load-format", f.load_format,
-                   "auto (the checkpoint's weights) or dummy (random weights from --model's config.json alone, "
-                   "to time a model without its checkpoint)")
+    sub.add_option(
+           "--load-format", f.load_format,
+           "auto (the checkpoint's weights) or dummy (random weights from --model's config.json alone, "
+           "to time a model without its checkpoint)")
         ->capture_default_str();
     sub.add_option("--quantization", f.quantization,
                    "With --load-format dummy: nvfp4, fp8 (128x128 blocks) or bf16; the checkpoint's own "
@@ -64,13 +64,13 @@ model::LoadedModel load_engine_model(const EngineFlags& f) {
     return model::load_model(f.model_dir);
   }
   MS_CHECK(f.load_format == "dummy", "--load-format '{}' is not one of auto, dummy", f.load_format);
-  MS_CHECK(!f.model_dir.empty(), "--load-format dummy needs --model (a directory with config.json, or the file)");
+  MS_CHECK(!f.model_dir.empty(),
+           "--load-format dummy needs --model (a directory with config.json, or the file)");
   // On the GPU the weights are made there tensor by tensor (make_engine): a full-size model never fits in
   // host memory first.
   const bool on_gpu = resolve_device(f.dev) == "cuda";
-  model::LoadedModel lm = model::load_dummy(f.model_dir, f.quantization, 0, !on_gpu);
-  MS_LOG_INFO("{}", lm.description);
-  return lm;
+  // The commands print the description: the one line saying what was made (format, seed, params, bytes).
+  return model::load_dummy(f.model_dir, f.quantization, 0, !on_gpu);
 }
 
 kv::KvCacheDType resolve_kv_dtype(const EngineFlags& f, const model::LoadedModel& lm) {

@@ -18,18 +18,19 @@
 namespace ms::cli {
 
 struct EngineFlags {
-  DeviceOptions dev;              // kDevice
-  std::string model_dir;          // kModel; "": the built-in model
-  std::string load_format = "auto";   // kLoadFormat; auto (the checkpoint) or dummy (random weights, config only)
+  DeviceOptions dev;      // kDevice
+  std::string model_dir;  // kModel; "": the built-in model
+  std::string load_format =
+      "auto";  // kLoadFormat; auto (the checkpoint) or dummy (random weights, config only)
   std::string quantization = "bf16";  // kLoadFormat; with --load-format dummy: nvfp4, fp8 or bf16
-  std::string kv_dtype = "auto";  // kKvCacheDtype
-  int page_size = 64;             // kPageSize
-  int oea_k0 = 0, oea_kmax = 0;   // kOea
-  int64_t kv_cache_tokens = 0;    // kKvCacheTokens
-  int max_running = 64;           // kServing
-  int max_prefill_tokens = 4096;  // kServing
-  int64_t context_length = 0;     // kServing; 0: the model's
-  double mem_fraction = 0;        // kServing; 0: the device's default
+  std::string kv_dtype = "auto";      // kKvCacheDtype
+  int page_size = 64;                 // kPageSize
+  int oea_k0 = 0, oea_kmax = 0;       // kOea
+  int64_t kv_cache_tokens = 0;        // kKvCacheTokens
+  int max_running = 64;               // kServing
+  int max_prefill_tokens = 4096;      // kServing
+  int64_t context_length = 0;         // kServing; 0: the model's
+  double mem_fraction = 0;            // kServing; 0: the device's default
 };
 
 // Groups of flags, or'ed together.
@@ -50,8 +51,8 @@ inline constexpr unsigned kCommon = kModel | kDevice | kKvCacheDtype | kPageSize
 void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups);
 
 // The model --model, --load-format and --quantization name: the checkpoint (or the built-in model), or with
-// --load-format dummy random weights from --model's config.json in --quantization (seed 0), logged in one
-// line. Throws naming the flag for a bad value.
+// --load-format dummy random weights from --model's config.json in --quantization (seed 0), described in
+// LoadedModel::description (one line). Throws naming the flag for a bad value.
 model::LoadedModel load_engine_model(const EngineFlags& f);
 
 // --kv-cache-dtype parsed; auto resolves to what the checkpoint asks for.

@@ -232,14 +232,24 @@ Tensor RandomSource::tensor(const std::string& name) const {
   return t->second;
 }
 
+namespace {
+
+std::string human(double v, const char* unit) {
+  if (v >= 1e9) return fmt::format("{:.2f} G{}", v / 1e9, unit);
+  if (v >= 1e6) return fmt::format("{:.2f} M{}", v / 1e6, unit);
+  return fmt::format("{:.2f} K{}", v / 1e3, unit);
+}
+
+}  // namespace
+
 std::string describe_dummy(const io::ModelConfig& cfg, const RandomSource& source) {
   const auto& specs = source.specs();
   uint64_t bytes = 0;
   for (const auto& [dt, b] : bytes_by_dtype(specs, false)) bytes += b;
-  return fmt::format("{}: {} layers, {:.3f}B params ({:.3f}B active per token), {:.3f} GB", source.describe(),
-                     cfg.num_hidden_layers, static_cast<double>(params_total(specs)) / 1e9,
-                     static_cast<double>(params_active_per_token(cfg, specs)) / 1e9,
-                     static_cast<double>(bytes) / 1e9);
+  return fmt::format("{}: {} layers, {} params ({} active per token), {}", source.describe(),
+                     cfg.num_hidden_layers, human(static_cast<double>(params_total(specs)), ""),
+                     human(static_cast<double>(params_active_per_token(cfg, specs)), ""),
+                     human(static_cast<double>(bytes), "B"));
 }
 
 LoadedModel load_dummy(const std::filesystem::path& cfg_path, const std::string& quantization, uint64_t seed,

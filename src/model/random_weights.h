@@ -65,8 +65,8 @@ class RandomSource : public TensorSource {
   mutable std::map<std::string, Tensor> cache_;
 };
 
-// "dummy weights (glm_moe_dsa nvfp4, seed 0): 78 layers, 753.900B params (40.100B active per token),
-// 431.200 GB" for `source` over `cfg` (MTP layers excluded).
+// "dummy weights (glm_moe_dsa nvfp4, seed 0): 78 layers, 753.90 G params (40.10 G active per token),
+// 431.20 GB" for `source` over `cfg` (MTP layers excluded).
 std::string describe_dummy(const io::ModelConfig& cfg, const RandomSource& source);
 
 // `--load-format dummy`: the model of `cfg_path` (a directory with config.json, or the config.json file) with

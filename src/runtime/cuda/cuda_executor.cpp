@@ -56,7 +56,8 @@ ExecutorConfig resolved(const io::ModelConfig& mc, ExecutorConfig c) {
   MS_CHECK(c.page_size > 0, "--page-size must be positive, got {}", c.page_size);
   MS_CHECK(c.max_tokens > 0 && c.max_seqs > 0,
            "executor: max tokens ({}) and sequences ({}) must be positive", c.max_tokens, c.max_seqs);
-  if (c.max_context <= 0 || c.max_context > mc.max_position_embeddings) c.max_context = mc.max_position_embeddings;
+  if (c.max_context <= 0 || c.max_context > mc.max_position_embeddings)
+    c.max_context = mc.max_position_embeddings;
   if (c.max_logit_rows <= 0) c.max_logit_rows = c.max_seqs;
   if (c.kv_cache_dtype == kv::KvCacheDType::Auto) c.kv_cache_dtype = kv::KvCacheDType::BF16;
   return c;
@@ -299,7 +300,8 @@ std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, Exe
 }
 
 std::unique_ptr<Executor> make_cuda_executor(const io::ModelConfig& mc, const model::TensorSource& weights,
-                                             double weight_bytes, ExecutorConfig cfg, CudaExecutorOptions opt) {
+                                             double weight_bytes, ExecutorConfig cfg,
+                                             CudaExecutorOptions opt) {
   return std::make_unique<CudaExecutor>(mc, weights, weight_bytes, cfg, opt);
 }
 

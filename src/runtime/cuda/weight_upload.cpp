@@ -120,8 +120,8 @@ class DeviceStagingSource final : public model::TensorSource {
   Tensor tensor(const std::string& name) const override {
     Tensor t = inner_.tensor(name);
     if (t.shape().size() < 2) return t;
-    MS_CHECK(t.device() == Device::CPU && t.is_contiguous(), "upload: {} tensor '{}' is {}", inner_.describe(),
-             name, t.desc());
+    MS_CHECK(t.device() == Device::CPU && t.is_contiguous(), "upload: {} tensor '{}' is {}",
+             inner_.describe(), name, t.desc());
     Tensor d = arena_.tensor(t.shape(), t.dtype());
     CUDA_CHECK(cudaMemcpy(d.raw(), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
     done += static_cast<double>(t.nbytes());
@@ -147,7 +147,8 @@ model::ModelWeights upload_weights_from_source(const io::ModelConfig& cfg, const
   DeviceStagingSource staging(src, arena, bar);
   model::ModelWeights w = model::load_weights(cfg, staging);
   double done = staging.done;
-  // What load_weights kept on the host (norm vectors, biases; a tied lm_head is the embedding's device tensor).
+  // What load_weights kept on the host (norm vectors, biases; a tied lm_head is the embedding's device
+  // tensor).
   const void* embed_dev = w.embed.weight.raw();
   for_each_tensor(w, [&](Tensor& t) {
     if (!has_data(t) || t.device() != Device::CPU) return;

@@ -18,9 +18,9 @@ struct UploadStats {
 model::ModelWeights upload_weights(const model::ModelWeights& host, DeviceArena& arena,
                                    UploadStats* stats = nullptr);
 
-// The weights of `cfg` built tensor by tensor from `src` straight into `arena`: each matrix (weights and their
-// scales) is made on the host by the source (a RandomSource generates it with OpenMP), copied to the device
-// and dropped, so host memory peaks at what the source holds (one tensor group), not the model; norms,
+// The weights of `cfg` built tensor by tensor from `src` straight into `arena`: each matrix (weights and
+// their scales) is made on the host by the source (a RandomSource generates it with OpenMP), copied to the
+// device and dropped, so host memory peaks at what the source holds (one tensor group), not the model; norms,
 // biases and scalars stay on the host through load_weights and are copied last. `reserve_bytes`: the
 // device bytes to reserve up front (the specs' stored bytes). Same progress bar and GB/s line as
 // upload_weights. `--load-format dummy` on the GPU: a full-size model never fits in host memory first.

@@ -108,14 +108,18 @@ TEST(EngineFlags, LoadFormatDummyRuns) {
     if (e.path().filename() != "config.json") fs::remove(e.path());
   const std::string m = " --device cpu --model '" + dir.string() + "'";
 
-  CmdResult r = run("generate --load-format dummy --quantization nvfp4 --prompt-ids 1,2,3 --max-tokens 3 "
-                    "--print-ids" + m);
+  CmdResult r =
+      run("generate --load-format dummy --quantization nvfp4 --prompt-ids 1,2,3 --max-tokens 3 "
+          "--print-ids" +
+          m);
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("dummy weights (glm_moe_dsa nvfp4, seed 0)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("params"), std::string::npos) << r.out;
 
-  r = run("bench-one-batch --load-format dummy --quantization fp8 --batch-size 1 --input-len 8 --output-len 2"
-          " --json" + m);
+  r =
+      run("bench-one-batch --load-format dummy --quantization fp8 --batch-size 1 --input-len 8 --output-len 2"
+          " --json" +
+          m);
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("glm_moe_dsa fp8"), std::string::npos) << r.out;
 
