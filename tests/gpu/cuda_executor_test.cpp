@@ -22,6 +22,7 @@
 #include "kv/page_allocator.h"
 #include "model/checkpoint_source.h"
 #include "model/load_model.h"
+#include "model/random_weights.h"
 #include "model/weight_loader.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/cuda/cuda_executor.h"
@@ -188,6 +189,44 @@ TEST_P(CudaGolden, GreedyTokensIdenticalWithAndWithoutGraphs) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
                          ::testing::Values("deepseek_v3_tiny", "deepseek_v3_tiny_qproj", "glm5_tiny"));
+
+class CudaDummy : public ::testing::TestWithParam<std::string> {};
+
+// --load-format dummy on the GPU: weights built on the device tensor by tensor from a RandomSource give the
+// logits (bit for bit) of the same dummy model built in host memory and uploaded whole; the host-memory model
+// on the CPU executor is within the exact mode's tolerance of both.
+TEST_P(CudaDummy, SourceBuiltWeightsEqualTheUploadedDummyModel) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto f = load_fixture("glm5_tiny");
+  if (!f) GTEST_SKIP() << "fixture glm5_tiny is absent";
+  const io::QuantConfig q = model::quant_config_for(f->cfg, GetParam(), "--quantization");
+  model::RandomSource src(f->cfg, q, 11);
+  model::Model host(f->cfg, model::load_weights(f->cfg, src));
+  uint64_t spec_bytes = 0;
+  for (const auto& [dt, b] : model::bytes_by_dtype(src.specs(), false)) spec_bytes += b;
+  runtime::cuda::CudaExecutorOptions opt;
+  opt.quiet = true;
+  opt.exact_linear = true;
+  const runtime::ExecutorConfig ec = exec_config(host, kv::KvCacheDType::F32);
+  runtime::cuda::CudaExecutor uploaded(host, ec, opt);
+  runtime::cuda::CudaExecutor built(f->cfg, src, static_cast<double>(spec_bytes), ec, opt);
+  runtime::CpuExecutor cpu(std::shared_ptr<const model::Model>(&host, [](const model::Model*) {}), ec);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back((i * 97 + 13) % static_cast<int32_t>(f->cfg.vocab_size));
+  for (bool decode : {false, true}) {
+    const auto a = run(built, ids, decode ? 4 : ids.size(), decode);
+    const auto b = run(uploaded, ids, decode ? 4 : ids.size(), decode);
+    const auto c = run(cpu, ids, decode ? 4 : ids.size(), decode);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << GetParam() << " logit " << i;
+    const double e = rel_err(a.data(), c.data(), a.size());
+    std::printf("[ measured ] dummy %s %s: gpu vs cpu %.2e\n", GetParam().c_str(), decode ? "decode" : "full",
+                e);
+    EXPECT_LT(e, kExactTol) << GetParam();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LoadFormat, CudaDummy, ::testing::Values("bf16", "fp8", "nvfp4"));
 
 // A batch of two sequences (prefill, then decode steps) on a full-width checkpoint: GPU vs CPU executor.
 TEST(CudaExecutorSlice, MatchesTheCpuExecutor) {
