@@ -8,20 +8,6 @@ namespace ms::runtime {
 
 namespace {
 
-ExecutorConfig resolved(const model::Model& m, ExecutorConfig c) {
-  MS_CHECK(c.page_size > 0, "--page-size must be positive, got {}", c.page_size);
-  MS_CHECK(c.num_pages > 0, "the KV cache needs at least one page");
-  MS_CHECK(c.max_tokens > 0 && c.max_seqs > 0,
-           "executor: max tokens ({}) and sequences ({}) per step must be "
-           "positive",
-           c.max_tokens, c.max_seqs);
-  if (c.max_context <= 0 || c.max_context > m.config().max_position_embeddings)
-    c.max_context = m.config().max_position_embeddings;
-  if (c.max_logit_rows <= 0) c.max_logit_rows = c.max_seqs;
-  if (c.kv_cache_dtype == kv::KvCacheDType::Auto) c.kv_cache_dtype = kv::KvCacheDType::BF16;
-  return c;
-}
-
 model::WorkspaceLimits workspace_limits(const model::Model& m, const ExecutorConfig& c) {
   model::WorkspaceLimits l;
   l.max_tokens = c.max_tokens;
@@ -47,7 +33,7 @@ model::StepLimits step_limits(const ExecutorConfig& c) {
 
 CpuExecutor::CpuExecutor(std::shared_ptr<const model::Model> model, ExecutorConfig cfg)
     : model_(std::move(model)),
-      cfg_(resolved(*model_, cfg)),
+      cfg_(resolve_executor_config(model_->config(), cfg, false)),
       ctx_(ops::Ctx::cpu()),
       pool_(model_->kv_pool_config(cfg_.num_pages, cfg_.page_size, cfg_.kv_cache_dtype)),
       steps_(step_limits(cfg_), ops::cpu_alloc()),

@@ -37,6 +37,11 @@ struct ExecutorConfig {
   int64_t max_context = 0;  // tokens per sequence; 0: the model's max_position_embeddings
 };
 
+// cfg with its defaults filled in for `mc` (context: the model's, logit rows: one per sequence, KV dtype
+// Auto: bf16); throws naming the field that cannot work. num_pages 0 is accepted only where the executor
+// sizes the pages itself (the CUDA executor, from --mem-fraction-static).
+ExecutorConfig resolve_executor_config(const io::ModelConfig& mc, ExecutorConfig cfg, bool pages_from_memory);
+
 class Executor {
  public:
   virtual ~Executor() = default;

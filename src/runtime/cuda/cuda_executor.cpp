@@ -52,17 +52,6 @@ struct CudaExecutor::Impl {
 
 namespace {
 
-ExecutorConfig resolved(const io::ModelConfig& mc, ExecutorConfig c) {
-  MS_CHECK(c.page_size > 0, "--page-size must be positive, got {}", c.page_size);
-  MS_CHECK(c.max_tokens > 0 && c.max_seqs > 0,
-           "executor: max tokens ({}) and sequences ({}) must be positive", c.max_tokens, c.max_seqs);
-  if (c.max_context <= 0 || c.max_context > mc.max_position_embeddings)
-    c.max_context = mc.max_position_embeddings;
-  if (c.max_logit_rows <= 0) c.max_logit_rows = c.max_seqs;
-  if (c.kv_cache_dtype == kv::KvCacheDType::Auto) c.kv_cache_dtype = kv::KvCacheDType::BF16;
-  return c;
-}
-
 TensorAlloc arena_alloc(DeviceArena& a) {
   return [&a](const Shape& shape, DType dtype) { return a.tensor(shape, dtype); };
 }
@@ -91,7 +80,7 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::TensorSource&
 CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions& mopt,
                            const std::function<model::ModelWeights(Impl&)>& make_weights, ExecutorConfig cfg,
                            CudaExecutorOptions opt)
-    : cfg_(resolved(mc, cfg)), opt_(opt), impl_(std::make_unique<Impl>()) {
+    : cfg_(resolve_executor_config(mc, cfg, true)), opt_(opt), impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   CUDA_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
   I.ctx = I.backend.ctx(I.stream);
