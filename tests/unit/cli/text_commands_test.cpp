@@ -58,7 +58,8 @@ TEST(Generate, TextPromptStreamsTextAndPrintsSpeeds) {
 // Vocabulary of the model the commands use without --model: the trained one of models/builtin when present,
 // else the random built-in model generated in code (512 ids).
 int builtin_vocab() {
-  const fs::path cfg = fs::path(MS_TEST_DATA).parent_path().parent_path() / "models" / "builtin" / "config.json";
+  const fs::path cfg =
+      fs::path(MS_TEST_DATA).parent_path().parent_path() / "models" / "builtin" / "config.json";
   if (const char* env = std::getenv("MOESERVE_BUILTIN_MODEL"); env && *env) {
     if (std::string(env) == "random") return 512;
     return nlohmann::json::parse(std::ifstream(fs::path(env) / "config.json"))["vocab_size"].get<int>();
