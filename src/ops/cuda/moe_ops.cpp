@@ -68,7 +68,9 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
   const auto format = static_cast<cuda::MoeWeightFormat>(static_cast<int32_t>(e0.gate.format));
   const int64_t mma_chunk = std::min(m, kMoeMmaChunkTokens);
   bool use_mma = false;
-  if (cuda::moe_experts_prefill_regime(static_cast<int>(std::min(m, kMoeMmaChunkTokens)), top_k, n_experts)) {
+  // Exact mode (f32 math everywhere) keeps the CUDA-core kernels.
+  if (!be.exact_linear &&
+      cuda::moe_experts_prefill_regime(static_cast<int>(std::min(m, kMoeMmaChunkTokens)), top_k, n_experts)) {
     cuda::MoeMmaShape shape{
         format == cuda::MoeWeightFormat::BF16 ? cuda::MoeMmaFormat::BF16 : cuda::MoeMmaFormat::NVFP4,
         static_cast<int>(mma_chunk),
