@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/common/kernel_fit.h"
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
+#include "kernels/cuda/moe/moe_experts_mma_config.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 
 namespace {
@@ -158,6 +159,52 @@ TEST(Backends, JudgedAgainstEachTargetPart) {
     if (!b.usable) {
       EXPECT_FALSE(b.why.empty()) << b.name;
     }
+}
+
+}  // namespace
+
+namespace {
+
+using namespace ms::cuda;
+
+// The tensor-core MoE experts: every preset gets a configuration for GLM-5 shapes, within its shared memory;
+// the sm_120 part (99 KiB) gets a shallower pipeline than the 227 KiB parts when the deep one does not fit.
+TEST(KernelFit, MoeMmaConfigFitsEveryTarget) {
+  for (MoeMmaFormat f : {MoeMmaFormat::NVFP4, MoeMmaFormat::BF16}) {
+    for (int m : {256, 512, 2048, 8192}) {
+      const MoeMmaShape s{f, m, 8, 256, 6144, 2048};
+      for (const DeviceLimits& dev : target_device_presets()) {
+        std::string why;
+        const auto cfg = choose_moe_mma_config(s, dev, &why);
+        ASSERT_TRUE(cfg.has_value()) << dev.name << ": " << why;
+        EXPECT_LE(cfg->smem, dev.smem_per_block_optin) << dev.name;
+        EXPECT_EQ(cfg->smem, moe_mma_smem_bytes(f, cfg->bm, cfg->stages, 256));
+        EXPECT_FALSE(why_cannot_run({"moe_experts_mma", cfg->smem, 80, false}, dev).has_value());
+        EXPECT_EQ(cfg->bm, m * 8 / 256 >= 96 ? 128 : 64);
+      }
+    }
+  }
+  const MoeMmaShape big{MoeMmaFormat::BF16, 8192, 8, 256, 6144, 2048};
+  EXPECT_EQ(choose_moe_mma_config(big, limits_h200())->stages, 4);
+  EXPECT_LT(choose_moe_mma_config(big, limits_rtx_pro_6000())->stages, 4);
+}
+
+TEST(KernelFit, MoeMmaConfigRefusesWithKernelNeedAndLimit) {
+  const MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
+  DeviceLimits tiny{"tiny part (sm_90)", 90, 20000, 10};
+  std::string why;
+  EXPECT_FALSE(choose_moe_mma_config(s, tiny, &why).has_value());
+  EXPECT_NE(why.find("moe_experts_mma"), std::string::npos) << why;
+  EXPECT_NE(why.find("20000"), std::string::npos) << why;
+  DeviceLimits old{"old part (sm_75)", 75, 65536, 40};
+  EXPECT_FALSE(choose_moe_mma_config(s, old, &why).has_value());
+  EXPECT_NE(why.find("sm_80"), std::string::npos) << why;
+  MoeMmaShape odd = s;
+  odd.hidden = 7000;
+  EXPECT_FALSE(choose_moe_mma_config(odd, limits_h200(), &why).has_value());
+  EXPECT_NE(why.find("hidden 7000"), std::string::npos) << why;
+  EXPECT_TRUE(moe_experts_prefill_regime(256, 8, 256));
+  EXPECT_FALSE(moe_experts_prefill_regime(255, 8, 256));
 }
 
 }  // namespace
