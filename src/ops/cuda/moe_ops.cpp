@@ -1,5 +1,6 @@
 #if MOESERVE_HAVE_CUDA
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -59,6 +60,14 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
   const int64_t m = x.size(0), hidden = x.size(1), inter = e0.gate.out;
   const int top_k = static_cast<int>(topk_ids.size(1)), n_experts = static_cast<int>(experts.size());
   const cuda::MoeExpertWeights* table = expert_table(be, experts, stream);
+  // The streamed NVFP4 decode path reads weights in 16-byte pieces: allowed when every pointer is aligned.
+  bool aligned16 = true;
+  for (const ExpertWeights& w : experts)
+    for (const LinearWeight* l : {&w.gate, &w.up, &w.down}) {
+      aligned16 = aligned16 && reinterpret_cast<uintptr_t>(l->weight.raw()) % 16 == 0;
+      if (l->scale.defined() && l->scale.numel() > 0)
+        aligned16 = aligned16 && reinterpret_cast<uintptr_t>(l->scale.raw()) % 16 == 0;
+    }
   const int64_t chunk = std::min(m, kMoeChunkTokens);
   // Plan buffers: counts [E], offsets [E + 1], sorted slots [chunk * K], each 256-byte aligned.
   const size_t a256 = 256;
@@ -102,6 +111,7 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
     p.n_experts = n_experts;
     p.hidden = static_cast<int>(hidden);
     p.inter = static_cast<int>(inter);
+    p.experts_aligned16 = aligned16;
     cuda::moe_experts(p, stream);
   }
 }
