@@ -61,8 +61,8 @@ double measure_copy_gbs() {
   CUDA_CHECK(cudaMalloc(&src, bytes));
   CUDA_CHECK(cudaMalloc(&dst, bytes));
   CUDA_CHECK(cudaMemset(src, 1, bytes));
-  const float ms =
-      time_graph_ms([&](cudaStream_t s) { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); }, 5);
+  const float ms = time_graph_ms(
+      [&](cudaStream_t s) { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); }, 5);
   cudaFree(src);
   cudaFree(dst);
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
@@ -95,8 +95,9 @@ int main() {
   const double bw = measure_copy_gbs();
   std::printf("device: %s (sm_%d, %d SMs)\nceiling: device-to-device copy %.0f GB/s (read + write)\n",
               caps.name.c_str(), caps.arch(), caps.multiprocessors, bw);
-  std::printf("GLM-5 routed experts: %d experts, top-%d, hidden %d, intermediate %d, NVFP4; times per step\n\n", kE,
-              kK, kH, kI);
+  std::printf(
+      "GLM-5 routed experts: %d experts, top-%d, hidden %d, intermediate %d, NVFP4; times per step\n\n", kE,
+      kK, kH, kI);
 
   // NVFP4 experts: random codes, small positive e4m3 scales. Two copies of every expert, alternated per step,
   // so a step does not find the previous step's experts in L2.
@@ -125,11 +126,20 @@ int main() {
     std::vector<ms::cuda::MoeExpertWeights> t(kE);
     for (int e = 0; e < kE; ++e) {
       const uint8_t* b = pool + per_expert * (static_cast<size_t>(c) * kE + e);
-      t[e] = {b,        b + gu_bytes, b + gu_bytes + gu_sbytes, b + 2 * gu_bytes + gu_sbytes,
-              b + 2 * (gu_bytes + gu_sbytes), b + 2 * (gu_bytes + gu_sbytes) + dn_bytes, 1e-3f, 1e-3f, 1e-3f, 0.f};
+      t[e] = {b,
+              b + gu_bytes,
+              b + gu_bytes + gu_sbytes,
+              b + 2 * gu_bytes + gu_sbytes,
+              b + 2 * (gu_bytes + gu_sbytes),
+              b + 2 * (gu_bytes + gu_sbytes) + dn_bytes,
+              1e-3f,
+              1e-3f,
+              1e-3f,
+              0.f};
     }
     CUDA_CHECK(cudaMalloc(&tables[c], kE * sizeof(ms::cuda::MoeExpertWeights)));
-    CUDA_CHECK(cudaMemcpy(tables[c], t.data(), kE * sizeof(ms::cuda::MoeExpertWeights), cudaMemcpyHostToDevice));
+    CUDA_CHECK(
+        cudaMemcpy(tables[c], t.data(), kE * sizeof(ms::cuda::MoeExpertWeights), cudaMemcpyHostToDevice));
   }
   // BF16 copies for cuBLAS: one gate_up [2I, H] and one down [H, I] per touched expert (up to 64 distinct).
   constexpr int kBf16Experts = 64;
@@ -202,7 +212,8 @@ int main() {
       };
       const float t_new = time_graph_ms([&](cudaStream_t s) { run(s, false); }, iters);
       const float t_old = time_graph_ms([&](cudaStream_t s) { run(s, true); }, iters);
-      // cuBLAS BF16: per touched expert, gate_up [cnt, 2I] = x_e [cnt, H] @ W^T and down [cnt, H] = a [cnt, I] @ D^T.
+      // cuBLAS BF16: per touched expert, gate_up [cnt, 2I] = x_e [cnt, H] @ W^T and down [cnt, H] = a [cnt,
+      // I] @ D^T.
       __nv_bfloat16 *xb, *gub, *ab, *yb;
       const size_t rows = ids.size();
       CUDA_CHECK(cudaMalloc(&xb, rows * kH * 2));
@@ -224,23 +235,25 @@ int main() {
                                      bw_gu + eb * 2 * kI * kH, CUDA_R_16BF, kH, xb + r0 * kH, CUDA_R_16BF, kH,
                                      &zero, gub + r0 * 2 * kI, CUDA_R_16BF, 2 * kI, CUBLAS_COMPUTE_32F,
                                      CUBLAS_GEMM_DEFAULT));
-              CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, kH, cnt[e], kI, &one, bw_dn + eb * kH * kI,
-                                     CUDA_R_16BF, kI, ab + r0 * kI, CUDA_R_16BF, kI, &zero, yb + r0 * kH,
-                                     CUDA_R_16BF, kH, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+              CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, kH, cnt[e], kI, &one,
+                                     bw_dn + eb * kH * kI, CUDA_R_16BF, kI, ab + r0 * kI, CUDA_R_16BF, kI,
+                                     &zero, yb + r0 * kH, CUDA_R_16BF, kH, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
               r0 += static_cast<size_t>(cnt[e]);
             }
           },
           m <= 128 ? 5 : 1);
       std::printf("%-8d %-8s %7d %9.1f %10.2f %8s %8.2f %10.0f %9.0f%% %9.2f %10.2f %7.2fx\n", m,
-                  skewed ? "skewed" : "uniform", touched, bytes / 1e6, floor_us, stream ? "stream" : "grouped",
-                  t_new * 1e3, bytes / (t_new * 1e-3) / 1e9, 100.0 * floor_us / (t_new * 1e3), t_old * 1e3,
-                  t_blas * 1e3, t_blas / t_new);
-      for (void* ptr : std::initializer_list<void*>{x, w, out, act, slot, d_ids, counts, offsets, sorted, xb, gub,
-                                                    ab, yb})
+                  skewed ? "skewed" : "uniform", touched, bytes / 1e6, floor_us,
+                  stream ? "stream" : "grouped", t_new * 1e3, bytes / (t_new * 1e-3) / 1e9,
+                  100.0 * floor_us / (t_new * 1e3), t_old * 1e3, t_blas * 1e3, t_blas / t_new);
+      for (void* ptr : std::initializer_list<void*>{x, w, out, act, slot, d_ids, counts, offsets, sorted, xb,
+                                                    gub, ab, yb})
         cudaFree(ptr);
     }
-  std::printf("\nfloor: touched-expert bytes / copy ceiling; cuBLAS BF16 reads 3.56x the bytes (with 64 BF16 experts "
-              "cycled, so above 64 touched experts its weights partly hit L2)\n");
+  std::printf(
+      "\nfloor: touched-expert bytes / copy ceiling; cuBLAS BF16 reads 3.56x the bytes (with 64 BF16 experts "
+      "cycled, so above 64 touched experts its weights partly hit L2)\n");
   cublasDestroy(blas);
   return 0;
 }

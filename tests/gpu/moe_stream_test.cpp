@@ -1,6 +1,6 @@
 // The streamed NVFP4 decode path of the routed experts (moe_experts_stream.h) against ops::moe_experts on the
-// CPU: GLM-5-like shapes scaled down and the full GLM-5 width (hidden 6144, inter 2048, 256 experts, top-8) at
-// 1, 8, 32 and 256 tokens, uniform and skewed routing. Outputs and the act workspace are poisoned with NaN
+// CPU: GLM-5-like shapes scaled down and the full GLM-5 width (hidden 6144, inter 2048, 256 experts, top-8)
+// at 1, 8, 32 and 256 tokens, uniform and skewed routing. Outputs and the act workspace are poisoned with NaN
 // first. Untouched experts point at NaN-filled weights: any read of them would show in the output.
 //
 // Tolerance: both sides use the same dequantised NVFP4 weights; the GPU multiplies bf16 weights (exact) by
@@ -181,8 +181,9 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
 }
 
 void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, bool poison_untouched) {
-  SCOPED_TRACE("stream E=" + std::to_string(xs.E) + " H=" + std::to_string(xs.H) + " I=" + std::to_string(xs.I) +
-               " m=" + std::to_string(m) + " K=" + std::to_string(K) + (skewed ? " skewed" : " uniform"));
+  SCOPED_TRACE("stream E=" + std::to_string(xs.E) + " H=" + std::to_string(xs.H) +
+               " I=" + std::to_string(xs.I) + " m=" + std::to_string(m) + " K=" + std::to_string(K) +
+               (skewed ? " skewed" : " uniform"));
   const int H = xs.H;
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -276,6 +277,7 @@ TEST(CudaMoeStream, EqualsOldKernelsWithinTolerance) {
 }
 
 TEST(CudaMoeStream, NotTakenWhereItDoesNotApply) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";  // the check reads the device's limits
   ms::cuda::MoeExpertsParams p;
   alignas(16) static float buf[16];
   p.x = p.act = p.out = p.slot_out = buf;
@@ -286,12 +288,10 @@ TEST(CudaMoeStream, NotTakenWhereItDoesNotApply) {
   p.m = 8;
   p.top_k = 8;
   p.n_experts = 256;
-  if (have_gpu()) {
-    p.experts_aligned16 = true;
-    EXPECT_EQ(ms::cuda::moe_experts_stream_applies(p),
-              ms::cuda::limits_of(ms::cuda::current_device_caps()).smem_per_block_optin >=
-                  ms::cuda::moe_stream_config::gate_up_smem());
-  }
+  p.experts_aligned16 = true;
+  EXPECT_EQ(ms::cuda::moe_experts_stream_applies(p),
+            ms::cuda::limits_of(ms::cuda::current_device_caps()).smem_per_block_optin >=
+                ms::cuda::moe_stream_config::gate_up_smem());
   p.experts_aligned16 = false;  // unchecked weight pointers
   EXPECT_FALSE(ms::cuda::moe_experts_stream_applies(p));
   p.experts_aligned16 = true;

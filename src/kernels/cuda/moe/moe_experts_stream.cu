@@ -35,7 +35,11 @@ constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float e2m1_value(uint32_t code) {
   const uint32_t m = code & 7u;
-  const float mag = m < 4u ? 0.5f * static_cast<float>(m) : (m == 4u ? 2.f : m == 5u ? 3.f : m == 6u ? 4.f : 6.f);
+  const float mag = m < 4u ? 0.5f * static_cast<float>(m)
+                           : (m == 4u   ? 2.f
+                              : m == 5u ? 3.f
+                              : m == 6u ? 4.f
+                                        : 6.f);
   return (code & 8u) ? -mag : mag;
 }
 
@@ -44,8 +48,7 @@ __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
 }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  return bf16x2_bits(
-      __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b)));
+  return bf16x2_bits(__hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b)));
 }
 
 // e4m3 scale byte -> (s, s) in bf16 (exact).
@@ -94,16 +97,17 @@ __device__ __forceinline__ void build_lut(uint32_t* lut) {
   }
 }
 
-// ec [kMaxEc]: (expert * 8 + chunk) for every touched expert in ascending id, chunks of kTokChunk positions.
+// ec [kMaxEc]: (expert | chunk << 10) for every touched expert in ascending id, chunks of `chunk` positions
+// (8 x the kernel's n-tiles, so an expert with more positions than a pass holds takes several passes).
 // Returns the count through *n (warp 0 writes it; the caller syncs).
-__device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int32_t* ec, int* n) {
+__device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, int32_t* ec, int* n) {
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
   int base = 0;
   for (int e0 = 0; e0 < p.n_experts; e0 += 32) {
     const int e = e0 + lane;
     const int cnt = e < p.n_experts ? p.expert_counts[e] : 0;
-    const int ch = cnt > 0 ? (cnt + kTokChunk - 1) / kTokChunk : 0;
+    const int ch = cnt > 0 ? (cnt + chunk - 1) / chunk : 0;
     int incl = ch;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -112,7 +116,7 @@ __device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int32_t* ec,
     }
     const int start = base + incl - ch;
     for (int i = 0; i < ch; ++i)
-      if (start + i < kMaxEc) ec[start + i] = e * 8 + i;
+      if (start + i < kMaxEc) ec[start + i] = e | (i << 10);
     base += __shfl_sync(kFull, incl, 31);
   }
   if (lane == 0) *n = min(base, kMaxEc);
@@ -142,6 +146,7 @@ __device__ __forceinline__ AFrag load_a(const uint8_t* data, size_t ld, const ui
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const MoeExpertsParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kChunk = 8 * NT;  // positions per pass
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
   uint8_t* ring = smem + kLutBytes;
   constexpr size_t kStage = stage_bytes(kGuRows, kGuKc);
@@ -151,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
   __shared__ int s_nec;
 
   build_lut(lut);
-  build_ec(p, ec, &s_nec);
+  build_ec(p, kChunk, ec, &s_nec);
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int row_tiles = p.inter / kGuIdx;
@@ -164,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
 
   auto issue = [&](int s) {
     const int item = blockIdx.x + (s / nk) * gridDim.x, kc = s % nk;
-    const int e = ec[item / row_tiles] >> 3, rt = item % row_tiles;
+    const int e = ec[item / row_tiles] & 1023, rt = item % row_tiles;
     const MoeExpertWeights& ew = p.experts[e];
     uint8_t* dst = ring + (s % kStages) * kStage;
 #pragma unroll
@@ -200,19 +205,19 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
     if (kc == 0) {
       const int item = blockIdx.x + (s / nk) * gridDim.x;
       const int code = ec[item / row_tiles];
-      e = code >> 3;
-      chunk = code & 7;
+      e = code & 1023;
+      chunk = code >> 10;
       rt = item % row_tiles;
       count = p.expert_counts[e];
       off = p.expert_offsets[e];
-      rows = min(kTokChunk, count - chunk * kTokChunk);
+      rows = min(kChunk, count - chunk * kChunk);
       nta = (rows + 7) / 8;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int tok = nt * 8 + g;
         xrow[nt] = nullptr;
         if (tok < rows) {
-          const int64_t token = p.sorted_slots[off + chunk * kTokChunk + tok] / p.top_k;
+          const int64_t token = p.sorted_slots[off + chunk * kChunk + tok] / p.top_k;
           xrow[nt] = p.x + token * p.ldx;
         }
 #pragma unroll
@@ -268,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
     {
       const int tok = tid >> 3, quad = tid & 7;  // 32 positions x 8 groups of 4 indices
       if (tok < rows) {
-        const int64_t pos = off + chunk * kTokChunk + tok;
+        const int64_t pos = off + chunk * kChunk + tok;
         const float wt = p.topk_weights[p.sorted_slots[pos]];
         const MoeExpertWeights& ew = p.experts[e];
         float v[4];
@@ -295,6 +300,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeExpertsParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kChunk = 8 * NT;  // positions per pass
   const int kc_len = down_kc(p.inter);
   const size_t ld = data_ld(kc_len), lds = scale_ld(kc_len), stage = stage_bytes(kDownRows, kc_len);
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
@@ -306,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeE
   __shared__ int s_tok[kTokChunk];
 
   build_lut(lut);
-  build_ec(p, ec, &s_nec);
+  build_ec(p, kChunk, ec, &s_nec);
   for (int i = threadIdx.x; i < p.m * kDownRows; i += kThreads) out_tile[i] = 0.f;
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -317,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeE
   const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
 
   auto issue = [&](int s) {
-    const int e = ec[s / nk] >> 3, kc = s % nk;
+    const int e = ec[s / nk] & 1023, kc = s % nk;
     const MoeExpertWeights& ew = p.experts[e];
     uint8_t* dst = ring + (s % kStages) * stage;
     const uint8_t* data = static_cast<const uint8_t*>(ew.down);
@@ -351,16 +357,16 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeE
     const int kc = s % nk;
     if (kc == 0) {
       const int code = ec[s / nk];
-      e = code >> 3;
-      chunk = code & 7;
+      e = code & 1023;
+      chunk = code >> 10;
       count = p.expert_counts[e];
       off = p.expert_offsets[e];
-      rows = min(kTokChunk, count - chunk * kTokChunk);
+      rows = min(kChunk, count - chunk * kChunk);
       nta = (rows + 7) / 8;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int tok = nt * 8 + g;
-        arow[nt] = tok < rows ? (static_cast<int64_t>(off) + chunk * kTokChunk + tok) * (p.inter / 4) : -1;
+        arow[nt] = tok < rows ? (static_cast<int64_t>(off) + chunk * kChunk + tok) * (p.inter / 4) : -1;
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
       }
@@ -376,7 +382,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeE
         for (int nt = 0; nt < NT; ++nt) {
           if (nt >= nta) break;
           uint4 b = make_uint4(0, 0, 0, 0);
-          if (arow[nt] >= 0) b = __ldg(act + arow[nt] + (static_cast<int64_t>(kc) * kc_len + blk * 16) / 4 + t);
+          if (arow[nt] >= 0)
+            b = __ldg(act + arow[nt] + (static_cast<int64_t>(kc) * kc_len + blk * 16) / 4 + t);
           mma_bf16(acc[nt], a.a0, a.a1, a.a2, a.a3, b.x, b.y);
           mma_bf16(acc[nt], a.a0, a.a1, a.a2, a.a3, b.z, b.w);
         }
@@ -396,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeE
           }
         }
       }
-      if (w == 0 && tid < rows) s_tok[tid] = p.sorted_slots[off + chunk * kTokChunk + tid] / p.top_k;
+      if (w == 0 && tid < rows) s_tok[tid] = p.sorted_slots[off + chunk * kChunk + tid] / p.top_k;
       __syncthreads();
     }
     if (tid < kDownRows) {
@@ -449,7 +456,8 @@ void moe_experts_stream(const MoeExpertsParams& p, cudaStream_t stream) {
   moe_experts_check(p);
   if (p.m == 0) return;
   MS_CHECK(p.format == MoeWeightFormat::NVFP4, "moe_experts_stream: weights must be NVFP4");
-  MS_CHECK(p.experts_aligned16, "moe_experts_stream: experts_aligned16 is not set (weight pointers unchecked)");
+  MS_CHECK(p.experts_aligned16,
+           "moe_experts_stream: experts_aligned16 is not set (weight pointers unchecked)");
   MS_CHECK(aligned(p.x, 16) && p.ldx % 4 == 0, "moe_experts_stream: x must be 16-byte aligned, ldx % 4 == 0");
   MS_CHECK(aligned(p.act, 16), "moe_experts_stream: act workspace must be 16-byte aligned");
   const DeviceCaps caps = current_device_caps();

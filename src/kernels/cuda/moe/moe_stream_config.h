@@ -1,7 +1,7 @@
-// Launch configuration of the streamed decode path of the routed experts (moe_experts_stream.h), chosen on the
-// host from the shape and the device's limits alone (no CUDA types: tests/unit/kernels/kernel_fit_test.cpp runs
-// it against the sm_90, sm_100 and sm_120 presets). The kernels carve their shared memory with the same
-// functions, so what is checked here is what is launched.
+// Launch configuration of the streamed decode path of the routed experts (moe_experts_stream.h), chosen on
+// the host from the shape and the device's limits alone (no CUDA types:
+// tests/unit/kernels/kernel_fit_test.cpp runs it against the sm_90, sm_100 and sm_120 presets). The kernels
+// carve their shared memory with the same functions, so what is checked here is what is launched.
 #pragma once
 
 #include <algorithm>
@@ -15,17 +15,17 @@ namespace ms::cuda::moe_stream_config {
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = 8;
-constexpr int kStages = 3;          // cp.async ring depth
-constexpr int kTokChunk = 32;       // positions of one expert per pass (4 mma n-tiles of 8)
-constexpr int kGuKc = 512;          // gate_up: k per stage (8 warps x 64)
-constexpr int kGuIdx = 32;          // gate_up: intermediate indices per work item (64 weight rows)
+constexpr int kStages = 3;     // cp.async ring depth
+constexpr int kTokChunk = 32;  // most positions of one expert per pass (4 mma n-tiles of 8)
+constexpr int kGuKc = 512;     // gate_up: k per stage (8 warps x 64)
+constexpr int kGuIdx = 32;     // gate_up: intermediate indices per work item (64 weight rows)
 constexpr int kGuRows = 2 * kGuIdx;
-constexpr int kDownRows = 16;       // down: output rows per block
-constexpr int kDownKcMax = 2048;    // down: k per stage
-constexpr int kMaxM = 256;          // decode regime: tokens per step
-constexpr int kMaxSlots = 4096;     // m * top_k
+constexpr int kDownRows = 16;     // down: output rows per block
+constexpr int kDownKcMax = 2048;  // down: k per stage
+constexpr int kMaxM = 256;        // decode regime: tokens per step
+constexpr int kMaxSlots = 4096;   // m * top_k
 constexpr int kMaxExperts = 1024;
-constexpr int kMaxEc = 1536;        // (expert, 32-token chunk) pairs: <= min(E, slots) + slots / 32
+constexpr int kMaxEc = 1536;  // (expert, chunk of >= 8 positions) pairs: <= min(E, slots) + slots / 8
 constexpr size_t kLutBytes = 256 * 32 * sizeof(uint32_t);  // byte -> bf16x2, replicated per lane
 
 constexpr int down_kc(int inter) {
@@ -87,7 +87,8 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
     return c;
   };
   if (!s.nvfp4) return no("the streamed path reads NVFP4 experts only");
-  if (s.m < 1 || s.m > kMaxM) return no(fmt::format("m = {} is outside the decode regime [1, {}]", s.m, kMaxM));
+  if (s.m < 1 || s.m > kMaxM)
+    return no(fmt::format("m = {} is outside the decode regime [1, {}]", s.m, kMaxM));
   if (s.top_k < 1 || static_cast<int64_t>(s.m) * s.top_k > kMaxSlots)
     return no(fmt::format("m * top_k = {} exceeds {}", static_cast<int64_t>(s.m) * s.top_k, kMaxSlots));
   if (s.n_experts < 1 || s.n_experts > kMaxExperts)
@@ -95,8 +96,8 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   if (s.hidden <= 0 || s.hidden % kGuKc != 0)
     return no(fmt::format("hidden = {} is not a multiple of {}", s.hidden, kGuKc));
   if (s.inter <= 0 || s.inter % kGuKc != 0 || s.inter % down_kc(s.inter) != 0)
-    return no(fmt::format("inter = {} is not a multiple of {} (or of {} above it)", s.inter, kGuKc,
-                          kDownKcMax));
+    return no(
+        fmt::format("inter = {} is not a multiple of {} (or of {} above it)", s.inter, kGuKc, kDownKcMax));
   for (const KernelNeed& n : {need_gate_up(), need_down(s.inter, s.m)})
     if (auto why = why_cannot_run(n, dev)) return no(*why);
   c.use = true;
