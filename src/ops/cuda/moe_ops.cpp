@@ -1,5 +1,6 @@
 #if MOESERVE_HAVE_CUDA
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -81,6 +82,14 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
     use_mma = (format == cuda::MoeWeightFormat::BF16 || format == cuda::MoeWeightFormat::NVFP4) &&
               cuda::choose_moe_mma_config(shape, cuda::limits_of(be.caps)).has_value();
   }
+  // The streamed NVFP4 decode path reads weights in 16-byte pieces: allowed when every pointer is aligned.
+  bool aligned16 = true;
+  for (const ExpertWeights& w : experts)
+    for (const LinearWeight* l : {&w.gate, &w.up, &w.down}) {
+      aligned16 = aligned16 && reinterpret_cast<uintptr_t>(l->weight.raw()) % 16 == 0;
+      if (l->scale.defined() && l->scale.numel() > 0)
+        aligned16 = aligned16 && reinterpret_cast<uintptr_t>(l->scale.raw()) % 16 == 0;
+    }
   const int64_t chunk = use_mma ? mma_chunk : std::min(m, kMoeChunkTokens);
   // Plan buffers: counts [E], offsets [E + 1], sorted slots [chunk * K], each 256-byte aligned.
   const size_t a256 = 256;
@@ -133,6 +142,7 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
     p.n_experts = n_experts;
     p.hidden = static_cast<int>(hidden);
     p.inter = static_cast<int>(inter);
+    p.experts_aligned16 = aligned16;
     // The last pass of a long prefill may be short: the regime is decided per pass, the workspace was sized
     // for the largest.
     if (use_mma && cuda::moe_experts_prefill_regime(n, top_k, n_experts)) {
