@@ -350,8 +350,8 @@ TEST(CudaBlasLt, Fp8GemmMatchesReference) {
   struct Case {
     int64_t m, n, k;
   };
-  for (const Case c : {Case{1, 64, 128}, Case{16, 96, 256}, Case{64, 128, 1024}}) {
-    const int64_t xs = c.k + 16, ws = c.k, ys = c.n + 3;
+  for (const Case c : {Case{16, 64, 128}, Case{32, 96, 256}, Case{64, 128, 1024}}) {
+    const int64_t xs = c.k + 16, ws = c.k, ys = c.n + 4;
     auto codes = [](size_t count, uint32_t seed) {
       const auto f = random_floats(count, seed, 0.0f, 2.0f);
       std::vector<uint8_t> b(count);

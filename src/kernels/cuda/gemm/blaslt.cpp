@@ -184,7 +184,9 @@ void gemm_fp8(const GemmFp8Params& p, BlasLtHandle& lt, cudaStream_t stream) {
            "gemm_fp8: m = {}, n = {}, k = {} (k must be a positive multiple of 16)", p.m, p.n, p.k);
   MS_CHECK(p.x_stride % 16 == 0 && p.w_stride % 16 == 0,
            "gemm_fp8: x_stride {} and w_stride {} must be multiples of 16 bytes", p.x_stride, p.w_stride);
-  MS_CHECK(alignment_of(p.x) >= 16 && alignment_of(p.w) >= 16, "gemm_fp8: x and w must be 16-byte aligned");
+  MS_CHECK(alignment_of(p.x) >= 16 && alignment_of(p.w) >= 16 && alignment_of(p.y) >= 16,
+           "gemm_fp8: x, w and y must be 16-byte aligned");
+  MS_CHECK(p.y_stride % 4 == 0, "gemm_fp8: y_stride {} must be a multiple of 4 floats", p.y_stride);
   check_matrix(p.x, p.m, p.k, p.x_stride, "gemm_fp8", "x");
   check_matrix(p.w, p.n, p.k, p.w_stride, "gemm_fp8", "w");
   check_matrix(p.y, p.m, p.n, p.y_stride, "gemm_fp8", "y");

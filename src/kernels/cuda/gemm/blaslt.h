@@ -60,7 +60,8 @@ struct GemmF32Params {
 void gemm_f32(const GemmF32Params& p, BlasLtHandle& lt, cudaStream_t stream);
 
 // FP8 e4m3 x e4m3 on the tensor cores (sm_89+), f32 accumulation and output, one scale for the product
-// (the two per-tensor scales multiplied). k, both strides and both pointers 16-byte multiples/aligned.
+// (the two per-tensor scales multiplied). k, every stride and pointer 16-byte multiples/aligned (cuBLASLt
+// refuses FP8 products on narrower rows).
 struct GemmFp8Params {
   const uint8_t* __restrict__ x = nullptr;  // [m, k] e4m3 rows x_stride bytes apart
   int64_t x_stride = 0;
