@@ -137,6 +137,10 @@ void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& c
   // The batch builder puts one token per sequence in sequence order when every sequence decodes.
   s.decode_only = meta.m == meta.n_seqs && be.attention_kernel != "mla_general";
   s.n_seqs = static_cast<int>(meta.n_seqs);
+  s.prefer = be.attention_kernel == "mla_general"       ? cuda::MlaAttentionPrefer::General
+             : be.attention_kernel == "mla_fp8_decode"  ? cuda::MlaAttentionPrefer::Fp8Decode
+             : be.attention_kernel == "mla_decode_sm90" ? cuda::MlaAttentionPrefer::Sm90Decode
+                                                        : cuda::MlaAttentionPrefer::Auto;
   const cuda::MlaAttentionConfig c = cuda::mla_attention_choose(s, be.caps);
   cuda::MlaAttentionParams p;
   p.q_cat = q_cat.data<float>();

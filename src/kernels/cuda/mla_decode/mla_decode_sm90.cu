@@ -51,11 +51,21 @@ __device__ __forceinline__ void cp_async_commit() {
 // Waits until at most n groups are pending (n < kMaxStages).
 __device__ __forceinline__ void cp_async_wait(int n) {
   switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 0:
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      break;
+    case 1:
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      break;
+    case 2:
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+      break;
+    case 3:
+      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+      break;
+    default:
+      asm volatile("cp.async.wait_group 4;\n" ::: "memory");
+      break;
   }
 }
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
@@ -83,7 +93,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 // Two fp8 e4m3 values (low byte first) -> bf16x2, exact.
 __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return pack_bf16(f.x, f.y);
 }
@@ -116,10 +127,10 @@ __device__ __forceinline__ int unit_splits(int keys, int tps) {
 
 template <int RG, bool FP8>
 __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
-    mla_sm90_split(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits, float* __restrict__ part,
-                   float* __restrict__ lse) {
-  constexpr int M = 16 * RG;     // rows of the block
-  constexpr int KS = 4 / RG;     // k-range shares of the score product (8 warps / (2 RG) work items)
+    mla_sm90_split(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits,
+                   float* __restrict__ part, float* __restrict__ lse) {
+  constexpr int M = 16 * RG;  // rows of the block
+  constexpr int KS = 4 / RG;  // k-range shares of the score product (8 warps / (2 RG) work items)
   constexpr int CPR = FP8 ? kDim / 16 : kDim / 8;  // 16-byte chunks per cache row
   constexpr size_t kStageBytes = FP8 ? size_t{kTileKeys} * kDim : size_t{2} * kTileKeys * kRowStride;
   const int split = blockIdx.x, hg = blockIdx.y, u = blockIdx.z;
@@ -242,8 +253,8 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
       for (int c = tid; c < kTileKeys * CPR; c += kThreads) {
         const int key = c / CPR, col = c % CPR;
         const int2 mk = m[key];
-        cp_async16_zfill(dst + key * kDstRow + col * 16, kv + static_cast<int64_t>(mk.x) * kRowBytes + col * 16,
-                         mk.y != kNoKey ? 16 : 0);
+        cp_async16_zfill(dst + key * kDstRow + col * 16,
+                         kv + static_cast<int64_t>(mk.x) * kRowBytes + col * 16, mk.y != kNoKey ? 16 : 0);
       }
     }
     cp_async_commit();
@@ -292,7 +303,8 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
       const int rg = item >> 1, nh = item & 1;
       float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
       const bf16* qa = q_s + (16 * rg + (lane & 15)) * kRowStride + (lane >> 4) * 8;
-      const bf16* kb = tile + (16 * nh + (lane & 7) + ((lane >> 4) << 3)) * kRowStride + ((lane >> 3) & 1) * 8;
+      const bf16* kb =
+          tile + (16 * nh + (lane & 7) + ((lane >> 4) << 3)) * kRowStride + ((lane >> 3) & 1) * 8;
       constexpr int kSteps = kDim / 16 / KS;  // 36 / KS
 #pragma unroll 6
       for (int s = 0; s < kSteps; ++s) {
@@ -307,7 +319,8 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int col = 16 * nh + 8 * nt + 2 * t;
-        *reinterpret_cast<float2*>(dst + (16 * rg + g) * kSStride + col) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2*>(dst + (16 * rg + g) * kSStride + col) =
+            make_float2(acc[nt][0], acc[nt][1]);
         *reinterpret_cast<float2*>(dst + (16 * rg + g + 8) * kSStride + col) =
             make_float2(acc[nt][2], acc[nt][3]);
       }
@@ -343,8 +356,8 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       l_run = l_run * corr + sum;
       m_run = m_new;
-      *reinterpret_cast<uint4*>(p_s + srow * kPStride + 8 * sq) =
-          make_uint4(pack_bf16(s[0], s[1]), pack_bf16(s[2], s[3]), pack_bf16(s[4], s[5]), pack_bf16(s[6], s[7]));
+      *reinterpret_cast<uint4*>(p_s + srow * kPStride + 8 * sq) = make_uint4(
+          pack_bf16(s[0], s[1]), pack_bf16(s[2], s[3]), pack_bf16(s[4], s[5]), pack_bf16(s[6], s[7]));
       if (sq == 0) corr_s[srow] = corr;
     }
     __syncthreads();
@@ -402,7 +415,8 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
       const float l = l_s[r];
       const float inv = l > 0.f ? 1.f / l : 0.f;
       if (nsplit == 1) {
-        const int64_t base = token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + 64 * warp + 2 * t;
+        const int64_t base =
+            token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + 64 * warp + 2 * t;
         const float f = inv * out_scale;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
@@ -418,7 +432,8 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
         float* dst = part + slot * kLatent + 64 * warp + 2 * t;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(dst + 8 * nt) = make_float2(o[rg][nt][2 * hf] * inv, o[rg][nt][2 * hf + 1] * inv);
+          *reinterpret_cast<float2*>(dst + 8 * nt) =
+              make_float2(o[rg][nt][2 * hf] * inv, o[rg][nt][2 * hf + 1] * inv);
         if (warp == 0 && t == 0) lse[slot] = l > 0.f ? m_s[r] + log2f(l) : -INFINITY;
       }
     }
@@ -463,22 +478,23 @@ __global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, 
 }
 
 void check_params(const mla_sm90::Config& c, const MlaDecodeSm90Params& p) {
-  MS_CHECK(p.n_seqs > 0 && p.heads > 0, "mla_decode_sm90: n_seqs = {} and heads = {} must be positive", p.n_seqs,
-           p.heads);
+  MS_CHECK(p.n_seqs > 0 && p.heads > 0, "mla_decode_sm90: n_seqs = {} and heads = {} must be positive",
+           p.n_seqs, p.heads);
   MS_CHECK(p.q_per_seq >= 1 && p.q_per_seq <= 4, "mla_decode_sm90: q_per_seq = {} must be 1..4", p.q_per_seq);
   MS_CHECK(p.page_size > 0 && p.num_pages > 0 && p.block_table_stride > 0,
-           "mla_decode_sm90: page_size {}, num_pages {} and block_table_stride {} must be positive", p.page_size,
-           p.num_pages, p.block_table_stride);
+           "mla_decode_sm90: page_size {}, num_pages {} and block_table_stride {} must be positive",
+           p.page_size, p.num_pages, p.block_table_stride);
   MS_CHECK(p.q && p.kv && p.block_table && p.positions && p.out,
            "mla_decode_sm90: q, kv, block_table, positions and out must all be set");
   MS_CHECK(p.topk != nullptr || p.seq_lens != nullptr, "mla_decode_sm90: a dense launch needs seq_lens");
   MS_CHECK((p.topk == nullptr) == (p.topk_width == 0) && p.topk_width >= 0,
            "mla_decode_sm90: topk pointer and topk_width {} disagree", p.topk_width);
-  MS_CHECK(reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_token_stride % 8 == 0 &&
-               p.q_token_stride >= static_cast<int64_t>(p.heads) * kDim,
-           "mla_decode_sm90: q must be 16-byte aligned with q_token_stride (= {}) a multiple of 8 and >= heads * "
-           "576",
-           p.q_token_stride);
+  MS_CHECK(
+      reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_token_stride % 8 == 0 &&
+          p.q_token_stride >= static_cast<int64_t>(p.heads) * kDim,
+      "mla_decode_sm90: q must be 16-byte aligned with q_token_stride (= {}) a multiple of 8 and >= heads * "
+      "576",
+      p.q_token_stride);
   MS_CHECK(reinterpret_cast<uintptr_t>(p.kv) % 16 == 0, "mla_decode_sm90: kv pool must be 16-byte aligned");
   MS_CHECK(reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_token_stride % 4 == 0 &&
                p.out_token_stride >= static_cast<int64_t>(p.heads) * kLatent,
@@ -486,22 +502,25 @@ void check_params(const mla_sm90::Config& c, const MlaDecodeSm90Params& p) {
            "heads * 512",
            p.out_token_stride);
   MS_CHECK(c.heads_per_block > 0 && c.stages >= 2 && c.stages <= kMaxStages && c.max_splits >= 1,
-           "mla_decode_sm90: no configuration (heads_per_block {}, stages {}): shared memory of {} bytes does not fit",
+           "mla_decode_sm90: no configuration (heads_per_block {}, stages {}): shared memory of {} bytes "
+           "does not fit",
            c.heads_per_block, c.stages, c.smem);
   const int units = p.topk ? p.n_seqs * p.q_per_seq : p.n_seqs;
   MS_CHECK(c.units == units && c.q_per_unit == (p.topk ? 1 : p.q_per_seq),
-           "mla_decode_sm90: config made for {} units of {} tokens, params have {} of {}", c.units, c.q_per_unit,
-           units, p.topk ? 1 : p.q_per_seq);
+           "mla_decode_sm90: config made for {} units of {} tokens, params have {} of {}", c.units,
+           c.q_per_unit, units, p.topk ? 1 : p.q_per_seq);
   MS_CHECK(c.max_splits == 1 || (p.workspace && reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0),
            "mla_decode_sm90: workspace of {} bytes must be set and 256-byte aligned", c.workspace);
 }
 
 template <int RG, bool FP8>
-void launch(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part, float* lse, cudaStream_t stream) {
+void launch(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part, float* lse,
+            cudaStream_t stream) {
   auto* k = mla_sm90_split<RG, FP8>;
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem)));
   const dim3 grid(c.max_splits, c.head_groups, c.units);
-  k<<<grid, kThreads, c.smem, stream>>>(p, c.heads_per_block, c.q_per_unit, c.stages, c.max_splits, part, lse);
+  k<<<grid, kThreads, c.smem, stream>>>(p, c.heads_per_block, c.q_per_unit, c.stages, c.max_splits, part,
+                                        lse);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -509,7 +528,8 @@ void launch(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part
 
 mla_sm90::Config mla_decode_sm90_choose(const MlaDecodeSm90Params& p, const DeviceLimits& dev) {
   const bool dsa = p.topk != nullptr;
-  return mla_sm90::choose(dsa ? p.n_seqs * p.q_per_seq : p.n_seqs, dsa ? 1 : p.q_per_seq, p.heads, p.kv_fp8, dev);
+  return mla_sm90::choose(dsa ? p.n_seqs * p.q_per_seq : p.n_seqs, dsa ? 1 : p.q_per_seq, p.heads, p.kv_fp8,
+                          dev);
 }
 
 void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cudaStream_t stream) {
@@ -520,17 +540,30 @@ void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cu
   float* part = static_cast<float*>(p.workspace);
   float* lse = part ? part + (n * kLatent * 4 + 255) / 256 * 64 : nullptr;
   switch (c.row_groups * 2 + (p.kv_fp8 ? 1 : 0)) {
-    case 2: launch<1, false>(c, p, part, lse, stream); break;
-    case 3: launch<1, true>(c, p, part, lse, stream); break;
-    case 4: launch<2, false>(c, p, part, lse, stream); break;
-    case 5: launch<2, true>(c, p, part, lse, stream); break;
-    case 8: launch<4, false>(c, p, part, lse, stream); break;
-    case 9: launch<4, true>(c, p, part, lse, stream); break;
-    default: MS_THROW("mla_decode_sm90: row_groups {} must be 1, 2 or 4", c.row_groups);
+    case 2:
+      launch<1, false>(c, p, part, lse, stream);
+      break;
+    case 3:
+      launch<1, true>(c, p, part, lse, stream);
+      break;
+    case 4:
+      launch<2, false>(c, p, part, lse, stream);
+      break;
+    case 5:
+      launch<2, true>(c, p, part, lse, stream);
+      break;
+    case 8:
+      launch<4, false>(c, p, part, lse, stream);
+      break;
+    case 9:
+      launch<4, true>(c, p, part, lse, stream);
+      break;
+    default:
+      MS_THROW("mla_decode_sm90: row_groups {} must be 1, 2 or 4", c.row_groups);
   }
   if (c.max_splits > 1) {
-    mla_sm90_combine<<<dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0, stream>>>(p, c.q_per_unit,
-                                                                                        c.max_splits, lse, part);
+    mla_sm90_combine<<<dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0, stream>>>(
+        p, c.q_per_unit, c.max_splits, lse, part);
     CUDA_CHECK(cudaGetLastError());
   }
 }

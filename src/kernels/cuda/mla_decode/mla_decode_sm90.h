@@ -28,7 +28,7 @@ struct MlaDecodeSm90Params {
   bool q_bf16 = false;
   int64_t q_token_stride = 0;  // elements between tokens of q (>= heads * 576, a multiple of 8)
   const void* __restrict__ kv =
-      nullptr;           // [num_pages, page_size, 576] fp8 e4m3 or bf16 (kv_fp8), 16-byte aligned
+      nullptr;  // [num_pages, page_size, 576] fp8 e4m3 or bf16 (kv_fp8), 16-byte aligned
   bool kv_fp8 = true;
   float kv_scale = 1.f;  // fp8: value = e4m3 * kv_scale (ignored for bf16)
   int num_pages = 0, page_size = 0;
@@ -36,14 +36,15 @@ struct MlaDecodeSm90Params {
   int block_table_stride = 0;
   const int32_t* __restrict__ seq_lens = nullptr;   // [n_seqs] keys of each sequence (dense only)
   const int32_t* __restrict__ positions = nullptr;  // [tokens] position of each query token
-  const int32_t* __restrict__ topk = nullptr;       // [tokens, topk_width] selected positions, or null (dense)
+  const int32_t* __restrict__ topk = nullptr;  // [tokens, topk_width] selected positions, or null (dense)
   int topk_width = 0;
-  const int32_t* __restrict__ token_seq = nullptr;  // DSA: [tokens] sequence of each token (null: i / q_per_seq)
+  const int32_t* __restrict__ token_seq =
+      nullptr;                       // DSA: [tokens] sequence of each token (null: i / q_per_seq)
   void* __restrict__ out = nullptr;  // [tokens, heads, 512] f32 or bf16 (out_bf16), 16-byte aligned
   bool out_bf16 = false;
   int64_t out_token_stride = 0;  // elements between tokens of out (>= heads * 512, a multiple of 4)
-  int n_seqs = 0;     // sequences; tokens = n_seqs * q_per_seq
-  int q_per_seq = 1;  // 1..4 query tokens per sequence (token u * q_per_seq + j of sequence u)
+  int n_seqs = 0;                // sequences; tokens = n_seqs * q_per_seq
+  int q_per_seq = 1;             // 1..4 query tokens per sequence (token u * q_per_seq + j of sequence u)
   int heads = 0;
   float softmax_scale = 1.f;
   void* __restrict__ workspace = nullptr;  // config.workspace bytes, 256-byte aligned (null when 0)

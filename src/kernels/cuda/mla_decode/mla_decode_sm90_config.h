@@ -16,10 +16,10 @@ namespace ms::cuda {
 
 namespace mla_sm90 {
 
-constexpr int kDim = 576;       // latent 512 + rope 64: what a KV row holds and q is dotted with
-constexpr int kLatent = 512;    // the value part and the output width
-constexpr int kTileKeys = 32;   // keys per pipeline tile
-constexpr int kThreads = 256;   // 8 warps
+constexpr int kDim = 576;             // latent 512 + rope 64: what a KV row holds and q is dotted with
+constexpr int kLatent = 512;          // the value part and the output width
+constexpr int kTileKeys = 32;         // keys per pipeline tile
+constexpr int kThreads = 256;         // 8 warps
 constexpr int kRowStride = kDim + 8;  // bf16 elements per shared row (1168 bytes: ldmatrix conflict-free)
 constexpr int kMaxRows = 64;          // rows of one block: O of 64 rows x 512 f32 is half the register file
 constexpr int kMinTilesPerSplit = 2;  // a split below 64 keys costs more in partials than it saves
@@ -102,9 +102,11 @@ inline Config choose(int units, int q_per_unit, int heads, bool fp8, const Devic
   return c;
 }
 
-inline KernelNeed need(int rows, bool fp8) {
-  return {"mla_decode_sm90 (tensor cores, 576-wide)", smem_bytes(std::min(rows, kMaxRows), fp8, 2), 80,
-          false};
+// The smallest configuration (16 rows, two stages, the larger of fp8 and bf16): what `moeserve backends`
+// judges a device by; mla_attention_choose checks each shape's own configuration.
+inline KernelNeed need() {
+  return {"mla_decode_sm90 (tensor cores, 512 + 64 wide)",
+          std::max(smem_bytes(16, true, 2), smem_bytes(16, false, 2)), 80, false};
 }
 
 }  // namespace mla_sm90
