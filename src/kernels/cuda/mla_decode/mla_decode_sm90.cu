@@ -105,8 +105,8 @@ __device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
 }
 
 // Tiles per split: the same in every block of both passes (the longest unit's tiles over max_splits, at
-// least kMinTilesPerSplit). `red` is 32 ints of shared memory; contains a __syncthreads.
-__device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int* red) {
+// least min_tiles). `red` is 32 ints of shared memory; contains a __syncthreads.
+__device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int min_tiles, int* red) {
   int mk = 0;
   if (p.topk) {
     mk = p.topk_width;
@@ -118,7 +118,7 @@ __device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int
     for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) mk = max(mk, red[w]);
   }
   const int tiles = (mk + kTileKeys - 1) / kTileKeys;
-  return max(kMinTilesPerSplit, (tiles + max_splits - 1) / max_splits);
+  return max(min_tiles, (tiles + max_splits - 1) / max_splits);
 }
 
 __device__ __forceinline__ int unit_splits(int keys, int tps) {
@@ -127,7 +127,7 @@ __device__ __forceinline__ int unit_splits(int keys, int tps) {
 
 template <int RG, bool FP8>
 __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
-    mla_sm90_split(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits,
+    mla_sm90_split(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits, int min_tiles,
                    float* __restrict__ part, float* __restrict__ lse) {
   constexpr int M = 16 * RG;  // rows of the block
   constexpr int KS = 4 / RG;  // k-range shares of the score product (8 warps / (2 RG) work items)
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
   int* red = reinterpret_cast<int*>(sp);  // [16]
 
   // The plan: this unit's splits and this split's tiles.
-  const int tps = tiles_per_split(p, max_splits, red);
+  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
   const int keys = unit_keys(p, u);
   const int nsplit = unit_splits(keys, tps);
   if (split >= nsplit) return;
@@ -440,11 +440,11 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
 }
 
 // One block per (unit, row of the unit): weights 2^(lse_s - max) over the unit's splits, in split order.
-__global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, const float* __restrict__ lse,
-                                 const float* __restrict__ part) {
+__global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, int min_tiles,
+                                 const float* __restrict__ lse, const float* __restrict__ part) {
   __shared__ int red[32];
   const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
-  const int tps = tiles_per_split(p, max_splits, red);
+  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
   const int nsplit = unit_splits(unit_keys(p, u), tps);
   if (nsplit <= 1) return;  // the split pass wrote this unit's output
   const int j = row_id / p.heads, head = row_id % p.heads;
@@ -501,7 +501,8 @@ void check_params(const mla_sm90::Config& c, const MlaDecodeSm90Params& p) {
            "mla_decode_sm90: out must be 16-byte aligned with out_token_stride (= {}) a multiple of 4 and >= "
            "heads * 512",
            p.out_token_stride);
-  MS_CHECK(c.heads_per_block > 0 && c.stages >= 2 && c.stages <= kMaxStages && c.max_splits >= 1,
+  MS_CHECK(c.heads_per_block > 0 && c.stages >= 2 && c.stages <= kMaxStages && c.max_splits >= 1 &&
+               c.max_splits <= kMaxSplits && c.min_tiles_per_split >= 1,
            "mla_decode_sm90: no configuration (heads_per_block {}, stages {}): shared memory of {} bytes "
            "does not fit",
            c.heads_per_block, c.stages, c.smem);
@@ -519,8 +520,8 @@ void launch(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part
   auto* k = mla_sm90_split<RG, FP8>;
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem)));
   const dim3 grid(c.max_splits, c.head_groups, c.units);
-  k<<<grid, kThreads, c.smem, stream>>>(p, c.heads_per_block, c.q_per_unit, c.stages, c.max_splits, part,
-                                        lse);
+  k<<<grid, kThreads, c.smem, stream>>>(p, c.heads_per_block, c.q_per_unit, c.stages, c.max_splits,
+                                        c.min_tiles_per_split, part, lse);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -563,7 +564,7 @@ void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cu
   }
   if (c.max_splits > 1) {
     mla_sm90_combine<<<dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0, stream>>>(
-        p, c.q_per_unit, c.max_splits, lse, part);
+        p, c.q_per_unit, c.max_splits, c.min_tiles_per_split, lse, part);
     CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -22,8 +22,7 @@ constexpr int kTileKeys = 32;         // keys per pipeline tile
 constexpr int kThreads = 256;         // 8 warps
 constexpr int kRowStride = kDim + 8;  // bf16 elements per shared row (1168 bytes: ldmatrix conflict-free)
 constexpr int kMaxRows = 64;          // rows of one block: O of 64 rows x 512 f32 is half the register file
-constexpr int kMinTilesPerSplit = 2;  // a split below 64 keys costs more in partials than it saves
-constexpr int kMaxSplits = 64;
+constexpr int kMaxSplits = 128;
 constexpr int kMaxStages = 6;
 
 // Shared memory of one block: q [rows][584] bf16, the bf16 tile an fp8 tile is widened into, the ring of raw
@@ -48,6 +47,9 @@ struct Config {
   int blocks_per_sm = 0;  // what the shared memory and registers allow
   int units = 0;
   int max_splits = 0;  // grid = (max_splits, head_groups, units); the device plan uses up to this many
+  // Fewest 32-key tiles in a split: a split writes rows x 512 f32 of partial output, so it must read several
+  // times that in keys (rows / 8 tiles of fp8 keys = 2.25x) to be worth its partials.
+  int min_tiles_per_split = 2;
   size_t smem = 0;
   size_t workspace = 0;  // partial outputs and log-sum-exps, bytes
 };
@@ -95,9 +97,12 @@ inline Config choose(int units, int q_per_unit, int heads, bool fp8, const Devic
     return c;
   }
   c.smem = smem_bytes(padded, fp8, c.stages);
+  // One wave: at most as many blocks as the multiprocessors hold at once (a second, partial wave of splits
+  // would cost a whole split's time for a few blocks).
   const int slots = std::max(1, dev.multiprocessors) * c.blocks_per_sm;
   const int base = units * c.head_groups;
-  c.max_splits = std::clamp((slots + base - 1) / base, 1, kMaxSplits);
+  c.max_splits = std::clamp(slots / base, 1, kMaxSplits);
+  c.min_tiles_per_split = std::max(2, padded / 8);
   c.workspace = c.max_splits > 1 ? workspace_bytes(units, c.max_splits, q_per_unit * heads) : 0;
   return c;
 }
