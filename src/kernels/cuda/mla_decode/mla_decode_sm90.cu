@@ -5,8 +5,8 @@
 //   copied raw with cp.async into a ring of `stages` tiles; rows a token may not see are zero-filled by the
 //   copy (src-size 0), so NaN bytes of page tails never reach shared memory;
 //   fp8: the tile is widened once to bf16 (exact: e4m3 is a subset of bf16) into a padded tile;
-//   S[rows, 32] = Q K^T    warp w: row group (w % 2RG) / 2, keys 16 ((w % 2RG) & 1).., a 1/KS share of the
-//                          576-long k range (KS = 4 / RG), partials summed by the softmax;
+//   S[rows, 32] = Q K^T    warp w: row group w % RG, all 32 keys, a 1/KS share of the 576-long k range
+//                          (KS = 8 / RG), the KS partials summed by the softmax;
 //   softmax: 4 threads per row, 8 keys each, online in f32 with exp2 (scores pre-scaled by log2 e);
 //   O[rows, 512] += P V    warp w owns output columns 64w..64w+63 of every row (V read once per block),
 //                          O = 2 * rows f32 registers per lane.
@@ -126,11 +126,11 @@ __device__ __forceinline__ int unit_splits(int keys, int tps) {
 }
 
 template <int RG, bool FP8>
-__global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
+__global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
     mla_sm90_split(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits, int min_tiles,
                    float* __restrict__ part, float* __restrict__ lse) {
   constexpr int M = 16 * RG;  // rows of the block
-  constexpr int KS = 4 / RG;  // k-range shares of the score product (8 warps / (2 RG) work items)
+  constexpr int KS = 8 / RG;  // k-range shares of the score product (8 warps / RG row groups)
   constexpr int CPR = FP8 ? kDim / 16 : kDim / 8;  // 16-byte chunks per cache row
   constexpr size_t kStageBytes = FP8 ? size_t{kTileKeys} * kDim : size_t{2} * kTileKeys * kRowStride;
   const int split = blockIdx.x, hg = blockIdx.y, u = blockIdx.z;
@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
   if (FP8) sp += size_t{2} * kTileKeys * kRowStride;
   unsigned char* ring = sp;  // [stages][kStageBytes]
   sp += stages * kStageBytes;
-  float* s_part = reinterpret_cast<float*>(sp);  // [KS][M][kSStride]
-  sp += size_t{4} * kMaxRows * kSStride;
+  float* s_part = reinterpret_cast<float*>(sp);  // [KS][M][kSStride] (KS * M = 128 rows)
+  sp += size_t{4} * kScoreRows * kSStride;
   bf16* p_s = reinterpret_cast<bf16*>(sp);  // [M][kPStride]
   sp += size_t{2} * M * kPStride;
   float* corr_s = reinterpret_cast<float*>(sp);  // [64]
@@ -297,28 +297,30 @@ __global__ void __launch_bounds__(kThreads, RG == 4 ? 1 : 2)
       if (dsa) pre_e = topk_entry(i + stages + 2);
     }
 
-    // Partial scores: work item (row group, 16 keys), k share ks.
+    // Partial scores: row group rg x all 32 keys over k share ks (36 / KS k-steps, rounded per share).
     {
-      const int item = warp % (2 * RG), ks = warp / (2 * RG);
-      const int rg = item >> 1, nh = item & 1;
-      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      const int rg = warp % RG, ks = warp / RG;
+      float acc[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
       const bf16* qa = q_s + (16 * rg + (lane & 15)) * kRowStride + (lane >> 4) * 8;
-      const bf16* kb =
-          tile + (16 * nh + (lane & 7) + ((lane >> 4) << 3)) * kRowStride + ((lane >> 3) & 1) * 8;
-      constexpr int kSteps = kDim / 16 / KS;  // 36 / KS
-#pragma unroll 6
-      for (int s = 0; s < kSteps; ++s) {
-        const int kk = ks * kSteps + s;
-        uint32_t a[4], r[4];
+      const bf16* kb = tile + ((lane & 7) + ((lane >> 4) << 3)) * kRowStride + ((lane >> 3) & 1) * 8;
+      const int k_begin = ks * (kDim / 16) / KS, k_end = (ks + 1) * (kDim / 16) / KS;
+#pragma unroll 3
+      for (int kk = k_begin; kk < k_end; ++kk) {
+        uint32_t a[4], r0[4], r1[4];
         ldsm_x4(a, qa + 16 * kk);
-        ldsm_x4(r, kb + 16 * kk);
-        mma_bf16(acc[0], a, r[0], r[1]);
-        mma_bf16(acc[1], a, r[2], r[3]);
+        ldsm_x4(r0, kb + 16 * kk);                    // keys 0-15
+        ldsm_x4(r1, kb + 16 * kRowStride + 16 * kk);  // keys 16-31
+        mma_bf16(acc[0], a, r0[0], r0[1]);
+        mma_bf16(acc[1], a, r0[2], r0[3]);
+        mma_bf16(acc[2], a, r1[0], r1[1]);
+        mma_bf16(acc[3], a, r1[2], r1[3]);
       }
       float* dst = s_part + ks * M * kSStride;
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int col = 16 * nh + 8 * nt + 2 * t;
+      for (int nt = 0; nt < 4; ++nt) {
+        const int col = 8 * nt + 2 * t;
         *reinterpret_cast<float2*>(dst + (16 * rg + g) * kSStride + col) =
             make_float2(acc[nt][0], acc[nt][1]);
         *reinterpret_cast<float2*>(dst + (16 * rg + g + 8) * kSStride + col) =

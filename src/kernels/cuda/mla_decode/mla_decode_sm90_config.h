@@ -24,14 +24,15 @@ constexpr int kRowStride = kDim + 8;  // bf16 elements per shared row (1168 byte
 constexpr int kMaxRows = 64;          // rows of one block: O of 64 rows x 512 f32 is half the register file
 constexpr int kMaxSplits = 128;
 constexpr int kMaxStages = 6;
+constexpr int kScoreRows = 128;  // partial score rows: 8 warps / row groups k-shares x 16 rows each
 
 // Shared memory of one block: q [rows][584] bf16, the bf16 tile an fp8 tile is widened into, the ring of raw
-// tiles, partial scores [64][36] f32, P [rows][40] bf16, per-row state and the key metadata ring.
+// tiles, partial scores [128][36] f32, P [rows][40] bf16, per-row state and the key metadata ring.
 constexpr size_t smem_bytes(int rows, bool fp8, int stages) {
   const size_t q = size_t{2} * rows * kRowStride;
   const size_t conv = fp8 ? size_t{2} * kTileKeys * kRowStride : 0;
   const size_t stage = fp8 ? size_t{kTileKeys} * kDim : size_t{2} * kTileKeys * kRowStride;
-  const size_t scores = size_t{4} * kMaxRows * (kTileKeys + 4);
+  const size_t scores = size_t{4} * kScoreRows * (kTileKeys + 4);
   const size_t p = size_t{2} * rows * (kTileKeys + 8);
   const size_t rowstate = size_t{4} * 4 * kMaxRows;
   const size_t meta = size_t{8} * (stages + 1) * kTileKeys;
@@ -73,10 +74,10 @@ inline Config choose(int units, int q_per_unit, int heads, bool fp8, const Devic
   c.row_groups = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
   c.head_groups = (heads + hb - 1) / hb;
   const int padded = 16 * c.row_groups;
-  // Two blocks per multiprocessor where O fits half the registers (rows <= 32) and two rings of two stages
-  // fit; else one block with the deepest ring that fits.
+  // Two blocks per multiprocessor for 16 rows (the kernel is built for two within the register file there)
+  // when two rings of two stages fit; else one block with the deepest ring that fits.
   c.stages = 0;
-  if (c.row_groups < 4) {
+  if (c.row_groups == 1) {
     for (int s = kMaxStages; s >= 2; --s)
       if (smem_bytes(padded, fp8, s) + 1024 <= dev.smem_per_block_optin / 2) {
         c.stages = s;
