@@ -23,17 +23,23 @@ struct Fixture {
   std::unique_ptr<model::CheckpointSource> src;
 };
 
-// nullopt when the fixture is absent.
+// nullopt when the fixture is absent. The checkpoint sits beside expected.json, or in the directory its
+// "checkpoint_dir" names relative to the source tree (the trained built-in model's is models/builtin).
 inline std::optional<Fixture> load_fixture(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(MS_TEST_DATA) / "golden" / name;
   if (!std::filesystem::exists(dir / "expected.json")) return std::nullopt;
   Fixture f;
-  f.cfg = io::load_model_config(dir);
   std::ifstream in(dir / "expected.json");
   auto j = nlohmann::json::parse(in);
+  std::filesystem::path ckpt = dir;
+  if (j.contains("checkpoint_dir"))
+    ckpt = std::filesystem::path(MS_TEST_DATA).parent_path().parent_path() /
+           j["checkpoint_dir"].get<std::string>();
+  if (!std::filesystem::exists(ckpt / "config.json")) return std::nullopt;
+  f.cfg = io::load_model_config(ckpt);
   f.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
   f.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
-  f.src = std::make_unique<model::CheckpointSource>(dir);
+  f.src = std::make_unique<model::CheckpointSource>(ckpt);
   return f;
 }
 

@@ -12,6 +12,7 @@
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/generation_config.h"
 #include "runtime/cuda/cuda_executor.h"
 #include "runtime/cuda/device_ceilings.h"
 #include "runtime/kv_budget.h"
@@ -28,6 +29,7 @@ struct ServeOptions {
   bool expert_stats = false;
   std::string chat_template;
   bool disable_prefix_cache = false;
+  std::string generation_config = "auto";
 };
 
 std::string curl_example(const server::ServerConfig& sc, int port, const std::string& model) {
@@ -59,6 +61,12 @@ int run_serve(ServeOptions o) {
   } catch (const ms::Error& e) {
     if (!o.chat_template.empty()) throw;
     MS_LOG_WARN("no chat template ({}); /v1/chat/completions will answer 400", e.message());
+  }
+  if (o.generation_config == "auto" && !o.eng.model_dir.empty()) {
+    if (auto g = io::load_generation_config(o.eng.model_dir)) {
+      o.http.server.limits.sampling_defaults = *g;
+      MS_LOG_INFO("sampling defaults from {}/generation_config.json: {}", o.eng.model_dir, g->describe());
+    }
   }
   model::LoadedModel lm = load_engine_model(o.eng);
   const io::ModelConfig& cfg = lm.model->config();
@@ -130,6 +138,12 @@ Registration reg("serve", "OpenAI-compatible HTTP server on a model (the built-i
                                 "layer and runs decode without CUDA graphs; always on for the CPU)");
                    sub.add_option("--chat-template", o->chat_template,
                                   "Jinja chat template file (default: the model's)");
+                   sub.add_option("--generation-config", o->generation_config,
+                                  "auto: the model's generation_config.json sets the sampling defaults "
+                                  "(temperature, top_p, top_k, min_p, repetition_penalty) of requests that "
+                                  "leave them out; none: the OpenAI API's defaults")
+                       ->check(CLI::IsMember({"auto", "none"}))
+                       ->capture_default_str();
                    return [o]() { return run_serve(*o); };
                  });
 

@@ -1,9 +1,11 @@
 #include "ops/backends.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90_config.h"
+#include "kernels/cuda/moe/moe_stream_config.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 #include "ops/cuda_backend.h"
 
@@ -142,6 +144,25 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
 #else
     b.why = why_none;
 #endif
+    out.push_back(b);
+  }
+  {
+    BackendInfo b{
+        "moe",
+        "grouped_stream",
+        "cuda",
+        "nvfp4",
+        "decode steps of 1 to 256 tokens (m * top_k <= 4096, up to 1024 experts); hidden and intermediate "
+        "multiples of 512; weights streamed through a cp.async ring, tensor cores, down fused with the "
+        "combine; used by `grouped` automatically where it applies",
+        "sm_80 or newer",
+        0,
+        false,
+        ""};
+    fit(b, dev, why_none, cuda::moe_stream_config::need_down(2048, cuda::moe_stream_config::kMaxM));
+    if (b.usable) fit(b, dev, why_none, cuda::moe_stream_config::need_gate_up());
+    b.smem_bytes = std::max(cuda::moe_stream_config::gate_up_smem(),
+                            cuda::moe_stream_config::down_smem(2048, cuda::moe_stream_config::kMaxM));
     out.push_back(b);
   }
   {

@@ -246,6 +246,16 @@ std::string describe(const Ceilings& c) {
     return fmt::format("memory {:.1f} GB/s, matrix {:.1f} GFLOP/s ({})", c.mem_gbps, c.matrix_gflops,
                        c.source.empty() ? "given" : c.source);
   }
+  if (!c.matrix_kind.empty()) {
+    const std::string fp8 = c.fp8_matrix_gflops > 0
+                                ? fmt::format(", fp8 e4m3 {:.1f} GFLOP/s", c.fp8_matrix_gflops)
+                                : std::string();
+    return fmt::format(
+        "memory {:.1f} GB/s (device copy, {} MiB each way), matrix {:.1f} GFLOP/s ({} {}^3){}, "
+        "measured in {:.2f} s",
+        c.mem_gbps, c.mem_buffer_bytes >> 20, c.matrix_gflops, c.matrix_kind, c.gemm_n, fp8,
+        c.measure_seconds);
+  }
   return fmt::format(
       "memory {:.1f} GB/s (read {:.1f}, copy {:.1f}, {} MiB buffer), matrix {:.1f} GFLOP/s (fp32 GEMM {} per "
       "thread), "

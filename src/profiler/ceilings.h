@@ -20,6 +20,10 @@ struct Ceilings {
   size_t mem_buffer_bytes = 0;
   int gemm_n = 0;  // square fp32 GEMM size, one per thread
   int threads = 0;
+  // A GPU's ceilings: what the matrix rate is of ("bf16 cuBLASLt", empty on the CPU) and the FP8 (e4m3)
+  // matrix rate of the same square product (0: not measured, or the device has no FP8 tensor cores).
+  std::string matrix_kind;
+  double fp8_matrix_gflops = 0;
   double measure_seconds = 0;
 };
 

@@ -90,6 +90,8 @@ nlohmann::json summary_json(const Summary& s) {
     ceilings["gemm_n"] = s.ceilings.gemm_n;
     ceilings["threads"] = s.ceilings.threads;
     ceilings["measure_seconds"] = s.ceilings.measure_seconds;
+    if (!s.ceilings.matrix_kind.empty()) ceilings["matrix_kind"] = s.ceilings.matrix_kind;
+    if (s.ceilings.fp8_matrix_gflops > 0) ceilings["fp8_matrix_gflops"] = s.ceilings.fp8_matrix_gflops;
   }
   json ops = json::array();
   for (const auto& o : s.ops) {

@@ -323,15 +323,17 @@ CompletionParams parse_completion_request(const json& body, bool chat, const Pro
   }
 
   auto& s = p.sampling;
-  s.temperature = static_cast<float>(get_number(body, "temperature", 0.0, 2.0, 1.0));
-  s.top_p = static_cast<float>(get_number(body, "top_p", 0.0, 1.0, 1.0));
+  const io::GenerationDefaults& d = limits.sampling_defaults;
+  s.temperature = static_cast<float>(get_number(body, "temperature", 0.0, 2.0, d.temperature));
+  s.top_p = static_cast<float>(get_number(body, "top_p", 0.0, 1.0, d.top_p));
   if (const json* v = field(body, "top_p"); v && s.top_p <= 0.0f) bad("top_p", "must be in (0, 1], got 0");
-  s.top_k = static_cast<int>(get_int(body, "top_k", -1, INT32_MAX).value_or(0));
+  s.top_k = static_cast<int>(get_int(body, "top_k", -1, INT32_MAX).value_or(d.top_k));
   if (s.top_k < 0) s.top_k = 0;  // -1 means off, as in the tools users know
-  s.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 1.0, 0.0));
+  s.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 1.0, d.min_p));
   s.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", -2.0, 2.0, 0.0));
   s.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", -2.0, 2.0, 0.0));
-  s.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 0.0, 2.0, 1.0));
+  s.repetition_penalty =
+      static_cast<float>(get_number(body, "repetition_penalty", 0.0, 2.0, d.repetition_penalty));
   if (field(body, "repetition_penalty") && s.repetition_penalty <= 0.0f)
     bad("repetition_penalty", "must be in (0, 2], got 0");
   if (auto seed = get_int(body, "seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*seed);

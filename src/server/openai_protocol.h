@@ -8,12 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "io/generation_config.h"
 #include "runtime/engine_types.h"
 #include "server/api_error.h"
 
 namespace ms::server {
 
 struct ProtocolLimits {
+  // Sampling settings of a request that leaves them out (the model's generation_config.json under
+  // --generation-config auto; else the OpenAI API's defaults).
+  io::GenerationDefaults sampling_defaults;
   int max_n = 16;
   int max_top_logprobs = 20;
   int max_stop = 16;

@@ -1,4 +1,5 @@
 """Starts `moeserve` servers for the end-to-end tests and hands out clients."""
+import json
 import os
 import re
 import signal
@@ -65,8 +66,9 @@ class Server:
 
 
 # The two servers every API test runs against: the model-free echo backend (answers repeat the prompt, one
-# byte is one token) and `moeserve serve` on the built-in model (a tiny GLM-5-architecture model with random
-# weights: its text is gibberish, so tests on it check structure, determinism and accounting, not words).
+# byte is one token) and `moeserve serve` on the built-in model (the small trained GLM-5-architecture model of
+# models/builtin, or the random one generated in code: tests on it check structure, determinism and
+# accounting, not words).
 SERVERS = {
     "echo": (
         "echo",
@@ -80,6 +82,22 @@ SERVERS = {
          "--max-body-bytes", "1000000", "--expert-stats"],
     ),
 }
+
+
+def builtin_moe_layers():
+    """MoE layers of the model `serve` runs without --model: the trained one in models/builtin (or the directory
+    $MOESERVE_BUILTIN_MODEL names), else the random built-in model generated in code, which has 2."""
+    env = os.environ.get("MOESERVE_BUILTIN_MODEL", "")
+    if env == "random":
+        return 2
+    path = os.path.join(env or "models/builtin", "config.json")
+    if not os.path.exists(path):
+        return 2
+    with open(path) as f:
+        cfg = json.load(f)
+    if "mlp_layer_types" in cfg:
+        return sum(1 for t in cfg["mlp_layer_types"] if t == "sparse")
+    return cfg["num_hidden_layers"] - cfg.get("first_k_dense_replace", 0)
 
 
 def start_server(kind, *extra):

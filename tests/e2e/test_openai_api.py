@@ -12,7 +12,7 @@ import openai
 import pytest
 import requests
 
-from conftest import start_server
+from conftest import builtin_moe_layers, start_server
 
 
 def client(server, **kw):
@@ -335,7 +335,8 @@ def test_distinct_experts_histogram(server):
     before = server.metrics().get('moeserve_moe_distinct_experts_count{kind="baseline"}', 0)
     client(server).completions.create(model=server.model, prompt="experts", max_tokens=6, **greedy())
     m = server.metrics()
-    # 5 decode steps (the first token comes from the prefill) x 2 MoE layers, each reading 1..16 experts.
-    assert m['moeserve_moe_distinct_experts_count{kind="baseline"}'] == before + 10
-    assert m['moeserve_moe_distinct_experts_bucket{kind="baseline",le="16"}'] == before + 10
+    # 5 decode steps (the first token comes from the prefill) x the MoE layers, each reading 1..16 experts.
+    n = 5 * builtin_moe_layers()
+    assert m['moeserve_moe_distinct_experts_count{kind="baseline"}'] == before + n
+    assert m['moeserve_moe_distinct_experts_bucket{kind="baseline",le="16"}'] == before + n
     assert 'moeserve_moe_distinct_experts_count{kind="oea"}' not in m  # OEA is off

@@ -7,6 +7,7 @@
 //   weight rounded to bf16, 2^-9 each).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -333,6 +334,62 @@ TEST(CudaBlasLt, F32GemmMatchesReference) {
     EXPECT_EQ(lt.cached_plans(), plans);
     expect_linear_close(d_y.download(), ys, ref, abs_sum, c.m, c.n, 1e-4,
                         "gemm_f32 m=" + std::to_string(c.m) + " n=" + std::to_string(c.n));
+  }
+}
+
+// FP8 e4m3 x e4m3 through cuBLASLt (the FP8 matrix-rate ceiling's GEMM) against the same decoded values
+// multiplied in double: f32 accumulation, relative to sum |x w| 1e-5; the scale multiplies the product.
+TEST(CudaBlasLt, Fp8GemmMatchesReference) {
+  MS_REQUIRE_GPU();
+  int dev = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major * 10 + minor < 89) GTEST_SKIP() << "no FP8 tensor cores before sm_89";
+  ms::cuda::BlasLtHandle lt;
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case c : {Case{1, 64, 128}, Case{16, 96, 256}, Case{64, 128, 1024}}) {
+    const int64_t xs = c.k + 16, ws = c.k, ys = c.n + 3;
+    auto codes = [](size_t count, uint32_t seed) {
+      const auto f = random_floats(count, seed, 0.0f, 2.0f);
+      std::vector<uint8_t> b(count);
+      for (size_t i = 0; i < count; ++i) b[i] = ms::quant::f32_to_fp8_e4m3(f[i]);
+      return b;
+    };
+    const auto hx = codes(static_cast<size_t>(c.m * xs), 700), hw = codes(static_cast<size_t>(c.n * ws), 701);
+    DeviceBuffer<uint8_t> d_x(hx), d_w(hw);
+    DeviceBuffer<float> d_y(static_cast<size_t>(c.m * ys));
+    ms::cuda::GemmFp8Params p;
+    p.x = d_x.get();
+    p.x_stride = xs;
+    p.w = d_w.get();
+    p.w_stride = ws;
+    p.y = d_y.get();
+    p.y_stride = ys;
+    p.m = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    p.scale = 0.5f;
+    ms::cuda::gemm_fp8(p, lt, nullptr);
+    const auto y = d_y.download();
+    double worst = 0;
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double ref = 0, mag = 0;
+        for (int64_t t = 0; t < c.k; ++t) {
+          const double v =
+              static_cast<double>(ms::quant::fp8_e4m3_to_f32(hx[static_cast<size_t>(i * xs + t)])) *
+              ms::quant::fp8_e4m3_to_f32(hw[static_cast<size_t>(j * ws + t)]);
+          ref += v;
+          mag += std::fabs(v);
+        }
+        const double got = y[static_cast<size_t>(i * ys + j)];
+        ASSERT_TRUE(std::isfinite(got)) << "row " << i << " col " << j << " not written";
+        worst = std::max(worst, std::fabs(got - 0.5 * ref) / (0.5 * mag + 1e-30));
+      }
+    EXPECT_LT(worst, 1e-5) << "gemm_fp8 m=" << c.m << " n=" << c.n << " k=" << c.k;
   }
 }
 

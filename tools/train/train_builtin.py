@@ -331,6 +331,11 @@ def save_checkpoint(model, cfg, out):
         d.pop(k, None)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(d, f, indent=2, sort_keys=True, default=str)
+    # Sampling defaults for requests that set none (`serve --generation-config auto`): a model this small
+    # rambles at temperature 1; 0.5 with a mild repetition penalty reads best (tried on chat prompts).
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump({"do_sample": True, "temperature": 0.5, "top_p": 0.9, "repetition_penalty": 1.1,
+                   "eos_token_id": d["eos_token_id"], "pad_token_id": d.get("pad_token_id")}, f, indent=1)
     n = sum(v.numel() for v in sd.values())
     log(f"saved {n / 1e6:.2f} M parameters, {total / 1e6:.1f} MB in {len(shards)} shards")
     return sd
@@ -391,7 +396,9 @@ def golden_fixtures(cfg, sd, tok, valid_text, out):
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump({"prompts": prompts, "greedy": greedy, "max_new_tokens": new_tokens,
                    "min_greedy_margin": margins, "transformers_version": transformers.__version__,
-                   "torch_version": torch.__version__, "seed": 0}, f, indent=1)
+                   "torch_version": torch.__version__, "seed": 0,
+                   # the checkpoint lives in the repository's models/builtin, not beside the fixture
+                   "checkpoint_dir": "models/builtin"}, f, indent=1)
 
 
 # ---- main -----------------------------------------------------------------------------------------------

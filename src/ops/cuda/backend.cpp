@@ -65,7 +65,7 @@ Ctx CudaBackend::ctx(void* stream) {
 size_t CudaBackend::scratch_bytes() const {
   const Impl& i = *impl_;
   return i.linear_x.size() + i.linear_w.size() + i.gemv_ws.size() + i.gemv_y.size() + i.attn_ws.size() +
-         i.moe_act.size() + i.moe_slot.size() + i.moe_plan.size() + i.route_aux.size();
+         i.moe_act.size() + i.moe_slot.size() + i.moe_plan.size() + i.moe_mma.size() + i.route_aux.size();
 }
 
 std::string CudaBackend::device_name() const {

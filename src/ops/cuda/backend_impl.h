@@ -37,6 +37,7 @@ struct CudaBackend::Impl {
   GrowBuffer gemv_ws{"nvfp4 gemv partial sums"}, gemv_y{"nvfp4 gemv output"};
   GrowBuffer attn_ws{"mla attention workspace"};
   GrowBuffer moe_act{"moe activations"}, moe_slot{"moe slot outputs"}, moe_plan{"moe plan"};
+  GrowBuffer moe_mma{"moe bf16 activations (tensor-core experts)"};
   GrowBuffer route_aux{"routing scratch"};
   // Device tables of expert weight pointers, one per MoE layer, keyed by the layer's experts array.
   std::map<const void*, void*> expert_tables;

@@ -1,9 +1,11 @@
 #if MOESERVE_HAVE_CUDA
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts_mma.h"
 #include "kernels/cuda/moe/moe_plan.h"
 #include "ops/cuda/backend_impl.h"
 #include "ops/cuda/cuda_ops.h"
@@ -15,6 +17,9 @@ namespace {
 // Tokens per pass through the grouped kernels: bounds the slot outputs ([tokens * top_k, hidden] f32) in
 // prefill, where thousands of tokens would otherwise need gigabytes.
 constexpr int64_t kMoeChunkTokens = 1024;
+// The tensor-core path takes bigger passes (more rows per expert tile, fewer weight reads per token):
+// 2048 tokens keep its f32 slot outputs at 2048 * top_k * hidden * 4 bytes (403 MB on GLM-5 shapes).
+constexpr int64_t kMoeMmaChunkTokens = 2048;
 
 // The device table of a layer's expert weights, built on first use (the eager warm-up before any capture)
 // and kept for the backend's lifetime.
@@ -59,7 +64,33 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
   const int64_t m = x.size(0), hidden = x.size(1), inter = e0.gate.out;
   const int top_k = static_cast<int>(topk_ids.size(1)), n_experts = static_cast<int>(experts.size());
   const cuda::MoeExpertWeights* table = expert_table(be, experts, stream);
-  const int64_t chunk = std::min(m, kMoeChunkTokens);
+  // Prefill regime (the rule the decode kernels share) on a format and shape the tensor-core kernels take,
+  // when a tile configuration fits this device; else the CUDA-core kernels.
+  const auto format = static_cast<cuda::MoeWeightFormat>(static_cast<int32_t>(e0.gate.format));
+  const int64_t mma_chunk = std::min(m, kMoeMmaChunkTokens);
+  bool use_mma = false;
+  // Exact mode (f32 math everywhere) keeps the CUDA-core kernels.
+  if (!be.exact_linear &&
+      cuda::moe_experts_prefill_regime(static_cast<int>(std::min(m, kMoeMmaChunkTokens)), top_k, n_experts)) {
+    cuda::MoeMmaShape shape{
+        format == cuda::MoeWeightFormat::BF16 ? cuda::MoeMmaFormat::BF16 : cuda::MoeMmaFormat::NVFP4,
+        static_cast<int>(mma_chunk),
+        top_k,
+        n_experts,
+        static_cast<int>(hidden),
+        static_cast<int>(inter)};
+    use_mma = (format == cuda::MoeWeightFormat::BF16 || format == cuda::MoeWeightFormat::NVFP4) &&
+              cuda::choose_moe_mma_config(shape, cuda::limits_of(be.caps)).has_value();
+  }
+  // The streamed NVFP4 decode path reads weights in 16-byte pieces: allowed when every pointer is aligned.
+  bool aligned16 = true;
+  for (const ExpertWeights& w : experts)
+    for (const LinearWeight* l : {&w.gate, &w.up, &w.down}) {
+      aligned16 = aligned16 && reinterpret_cast<uintptr_t>(l->weight.raw()) % 16 == 0;
+      if (l->scale.defined() && l->scale.numel() > 0)
+        aligned16 = aligned16 && reinterpret_cast<uintptr_t>(l->scale.raw()) % 16 == 0;
+    }
+  const int64_t chunk = use_mma ? mma_chunk : std::min(m, kMoeChunkTokens);
   // Plan buffers: counts [E], offsets [E + 1], sorted slots [chunk * K], each 256-byte aligned.
   const size_t a256 = 256;
   auto up = [&](size_t b) { return (b + a256 - 1) / a256 * a256; };
@@ -67,8 +98,17 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
                offs_b = up(4 * (static_cast<size_t>(n_experts) + 1));
   const size_t slots_b = up(4 * static_cast<size_t>(chunk) * top_k);
   char* plan = static_cast<char*>(be.moe_plan.get(counts_b + offs_b + slots_b, stream));
-  auto* act = static_cast<float*>(be.moe_act.get(
-      cuda::moe_experts_act_bytes(static_cast<int>(chunk), top_k, static_cast<int>(inter)), stream));
+  float* act = nullptr;
+  void* mma_ws = nullptr;
+  if (use_mma) {
+    mma_ws =
+        be.moe_mma.get(cuda::moe_experts_mma_workspace_bytes(
+                           static_cast<int>(chunk), top_k, static_cast<int>(hidden), static_cast<int>(inter)),
+                       stream);
+  } else {
+    act = static_cast<float*>(be.moe_act.get(
+        cuda::moe_experts_act_bytes(static_cast<int>(chunk), top_k, static_cast<int>(inter)), stream));
+  }
   auto* slot_out = static_cast<float*>(be.moe_slot.get(
       cuda::moe_experts_slot_out_bytes(static_cast<int>(chunk), top_k, static_cast<int>(hidden)), stream));
   for (int64_t t0 = 0; t0 < m; t0 += chunk) {
@@ -91,7 +131,7 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
     p.expert_offsets = pp.expert_offsets;
     p.sorted_slots = pp.sorted_slots;
     p.experts = table;
-    p.format = static_cast<cuda::MoeWeightFormat>(static_cast<int32_t>(e0.gate.format));
+    p.format = format;
     p.fp8_block = e0.gate.block;
     p.act = act;
     p.slot_out = slot_out;
@@ -102,7 +142,18 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
     p.n_experts = n_experts;
     p.hidden = static_cast<int>(hidden);
     p.inter = static_cast<int>(inter);
-    cuda::moe_experts(p, stream);
+    p.experts_aligned16 = aligned16;
+    // The last pass of a long prefill may be short: the regime is decided per pass, the workspace was sized
+    // for the largest.
+    if (use_mma && cuda::moe_experts_prefill_regime(n, top_k, n_experts)) {
+      cuda::moe_experts_mma(p, mma_ws, stream);
+    } else if (use_mma) {
+      p.act = static_cast<float*>(be.moe_act.get(
+          cuda::moe_experts_act_bytes(static_cast<int>(chunk), top_k, static_cast<int>(inter)), stream));
+      cuda::moe_experts(p, stream);
+    } else {
+      cuda::moe_experts(p, stream);
+    }
   }
 }
 

@@ -4,10 +4,13 @@
 // than an sm_120 part has).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <string>
 
 #include "kernels/cuda/common/kernel_fit.h"
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
+#include "kernels/cuda/moe/moe_experts_mma_config.h"
+#include "kernels/cuda/moe/moe_stream_config.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 
 namespace {
@@ -63,6 +66,43 @@ TEST(KernelFit, Nvfp4GemvAvoidsTilesTooLargeForASmallDevice) {
   const auto c = nvfp4_gemv_config::choose(8, 16384, 16384, tiny);
   EXPECT_LE(c.rows_per_block, 32);
   EXPECT_FALSE(why_cannot_run(nvfp4_gemv_config::need(8, c), tiny).has_value());
+}
+
+TEST(KernelFit, MoeStreamChoosesOnlyWhatFits) {
+  namespace c = moe_stream_config;
+  int used = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (int m : {1, 2, 8, 9, 16, 17, 32, 128, 256})
+      for (const auto& hi : {std::array<int, 2>{6144, 2048}, std::array<int, 2>{7168, 2048},
+                             std::array<int, 2>{1024, 512}, std::array<int, 2>{512, 4096}}) {
+        const c::Shape s{true, hi[0], hi[1], m, 8, 256};
+        const c::Config cfg = c::choose(s, dev);
+        if (!cfg.use) {
+          EXPECT_FALSE(cfg.why.empty());
+          continue;
+        }
+        ++used;
+        EXPECT_FALSE(why_cannot_run(c::need_gate_up(), dev).has_value()) << dev.name;
+        EXPECT_FALSE(why_cannot_run(c::need_down(hi[1], m), dev).has_value()) << dev.name << " m" << m;
+        EXPECT_LE(cfg.smem_gate_up, dev.smem_per_block_optin);
+        EXPECT_LE(cfg.smem_down, dev.smem_per_block_optin);
+        EXPECT_EQ(cfg.nt, m <= 8 ? 1 : m <= 16 ? 2 : 4);
+        EXPECT_EQ(cfg.grid_down, hi[0] / c::kDownRows);
+        EXPECT_GE(cfg.grid_gate_up, dev.multiprocessors);
+      }
+  EXPECT_GT(used, 0);
+  // The H200 runs it for GLM-5 decode; sm_120 (99 KB per block) must not.
+  EXPECT_TRUE(c::choose({true, 6144, 2048, 8, 8, 256}, limits_h200()).use);
+  EXPECT_TRUE(c::choose({true, 6144, 2048, 256, 8, 256}, limits_b200()).use);
+  const auto rtx = c::choose({true, 6144, 2048, 8, 8, 256}, limits_rtx_pro_6000());
+  EXPECT_FALSE(rtx.use);
+  EXPECT_NE(rtx.why.find("moe_stream"), std::string::npos) << rtx.why;
+  // Outside its regime: other formats, prefill, shapes that are not multiples of 512.
+  EXPECT_FALSE(c::choose({false, 6144, 2048, 8, 8, 256}, limits_h200()).use);
+  EXPECT_FALSE(c::choose({true, 6144, 2048, 257, 8, 256}, limits_h200()).use);
+  EXPECT_FALSE(c::choose({true, 6144, 1408, 8, 8, 256}, limits_h200()).use);
+  EXPECT_FALSE(c::choose({true, 6100, 2048, 8, 8, 256}, limits_h200()).use);
+  EXPECT_FALSE(c::choose({true, 6144, 2048, 8, 8, 2048}, limits_h200()).use);
 }
 
 TEST(KernelFit, MlaDecodeFitsHopperAndB200NotSm120) {
@@ -192,6 +232,52 @@ TEST(Backends, JudgedAgainstEachTargetPart) {
     if (!b.usable) {
       EXPECT_FALSE(b.why.empty()) << b.name;
     }
+}
+
+}  // namespace
+
+namespace {
+
+using namespace ms::cuda;
+
+// The tensor-core MoE experts: every preset gets a configuration for GLM-5 shapes, within its shared memory;
+// the sm_120 part (99 KiB) gets a shallower pipeline than the 227 KiB parts when the deep one does not fit.
+TEST(KernelFit, MoeMmaConfigFitsEveryTarget) {
+  for (MoeMmaFormat f : {MoeMmaFormat::NVFP4, MoeMmaFormat::BF16}) {
+    for (int m : {256, 512, 2048, 8192}) {
+      const MoeMmaShape s{f, m, 8, 256, 6144, 2048};
+      for (const DeviceLimits& dev : target_device_presets()) {
+        std::string why;
+        const auto cfg = choose_moe_mma_config(s, dev, &why);
+        ASSERT_TRUE(cfg.has_value()) << dev.name << ": " << why;
+        EXPECT_LE(cfg->smem, dev.smem_per_block_optin) << dev.name;
+        EXPECT_EQ(cfg->smem, moe_mma_smem_bytes(f, cfg->bm, cfg->stages, 256));
+        EXPECT_FALSE(why_cannot_run({"moe_experts_mma", cfg->smem, 80, false}, dev).has_value());
+        EXPECT_EQ(cfg->bm, m * 8 / 256 >= 96 ? 128 : 64);
+      }
+    }
+  }
+  const MoeMmaShape big{MoeMmaFormat::BF16, 8192, 8, 256, 6144, 2048};
+  EXPECT_EQ(choose_moe_mma_config(big, limits_h200())->stages, 4);
+  EXPECT_LT(choose_moe_mma_config(big, limits_rtx_pro_6000())->stages, 4);
+}
+
+TEST(KernelFit, MoeMmaConfigRefusesWithKernelNeedAndLimit) {
+  const MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
+  DeviceLimits tiny{"tiny part (sm_90)", 90, 20000, 10};
+  std::string why;
+  EXPECT_FALSE(choose_moe_mma_config(s, tiny, &why).has_value());
+  EXPECT_NE(why.find("moe_experts_mma"), std::string::npos) << why;
+  EXPECT_NE(why.find("20000"), std::string::npos) << why;
+  DeviceLimits old{"old part (sm_75)", 75, 65536, 40};
+  EXPECT_FALSE(choose_moe_mma_config(s, old, &why).has_value());
+  EXPECT_NE(why.find("sm_80"), std::string::npos) << why;
+  MoeMmaShape odd = s;
+  odd.hidden = 7000;
+  EXPECT_FALSE(choose_moe_mma_config(odd, limits_h200(), &why).has_value());
+  EXPECT_NE(why.find("hidden 7000"), std::string::npos) << why;
+  EXPECT_TRUE(moe_experts_prefill_regime(256, 8, 256));
+  EXPECT_FALSE(moe_experts_prefill_regime(255, 8, 256));
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "server/openai_protocol.h"
 
+#include "core/error.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -174,3 +176,56 @@ TEST(OpenAiProtocol, MalformedBodies) {
   EXPECT_NO_THROW(ms::server::parse_json_body("{}"));
   EXPECT_EQ(ms::server::dump_json(json("a\xC3")), "\"a\xEF\xBF\xBD\"");  // invalid UTF-8 does not throw
 }
+
+namespace {
+
+// The model's generation_config.json fills what a request leaves out, and only that.
+TEST(OpenAiProtocol, SamplingDefaultsFromTheModel) {
+  ms::server::ProtocolLimits limits;
+  limits.sampling_defaults = ms::io::parse_generation_config(json{{"temperature", 0.6},
+                                                                  {"top_p", 0.9},
+                                                                  {"top_k", 40},
+                                                                  {"repetition_penalty", 1.1},
+                                                                  {"eos_token_id", 2}},
+                                                             "generation_config.json");
+  auto p = parse_completion_request(chat(), true, limits);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 0.9f);
+  EXPECT_EQ(p.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(p.sampling.min_p, 0.0f);
+  EXPECT_FLOAT_EQ(p.sampling.repetition_penalty, 1.1f);
+  p = parse_completion_request(
+      chat({{"temperature", 0}, {"top_p", 1}, {"top_k", -1}, {"repetition_penalty", 1}}), true, limits);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 1.0f);
+  EXPECT_EQ(p.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(p.sampling.repetition_penalty, 1.0f);
+  // Without a generation config: the OpenAI API's defaults.
+  p = parse_completion_request(chat(), true, {});
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 1.0f);
+  EXPECT_EQ(p.sampling.top_k, 0);
+}
+
+TEST(GenerationConfig, DoSampleFalseIsGreedyAndBadFieldsAreNamed) {
+  using ms::io::parse_generation_config;
+  EXPECT_FLOAT_EQ(
+      parse_generation_config(json{{"do_sample", false}, {"temperature", 0.7}}, "g.json").temperature, 0.0f);
+  auto message = [](const json& j) {
+    try {
+      parse_generation_config(j, "g.json");
+    } catch (const ms::Error& e) {
+      return e.message();
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(json{{"temperature", "hot"}}).find("'temperature'"), std::string::npos);
+  EXPECT_NE(message(json{{"top_p", 0}}).find("'top_p'"), std::string::npos);
+  EXPECT_NE(message(json{{"top_p", 3}}).find("g.json"), std::string::npos);
+  EXPECT_NE(message(json{{"top_k", 2.5}}).find("'top_k'"), std::string::npos);
+  EXPECT_NE(message(json{{"do_sample", "yes"}}).find("'do_sample'"), std::string::npos);
+  EXPECT_NE(message(json::array()).find("g.json"), std::string::npos);
+  EXPECT_EQ(message(json{{"temperature", nullptr}, {"bos_token_id", 0}}), "");
+}
+
+}  // namespace

@@ -70,13 +70,13 @@ struct BlasLtHandle::Impl {
 
   // y [m, n] = x [m, k] W^T, x and W of `type`, f32 accumulation and output.
   void run(cudaDataType_t type, const void* x, int64_t x_stride, const void* w, int64_t w_stride, float* y,
-           int64_t y_stride, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+           int64_t y_stride, int64_t m, int64_t n, int64_t k, cudaStream_t stream, float alpha = 1.0f) {
     const uint32_t ax = alignment_of(x), aw = alignment_of(w), ay = alignment_of(y);
     const PlanKey key{static_cast<int64_t>(type), m, n, k, x_stride, w_stride, y_stride, ax, aw, ay};
     auto it = plans.find(key);
     if (it == plans.end()) it = plans.emplace(key, make_plan(type, key, ax, aw, ay)).first;
     const Plan& plan = *it->second;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float beta = 0.0f;
     LT_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.d, y, plan.d,
                             &plan.algo, workspace, workspace_bytes, stream));
   }
@@ -111,7 +111,10 @@ struct BlasLtHandle::Impl {
         found > 0,
         "cuBLASLt has no algorithm for a {} GEMM m={} n={} k={} (strides x {} w {} y {}, alignments {} {} "
         "{} bytes)",
-        type == CUDA_R_16BF ? "bf16" : "f32", m, n, k, x_stride, w_stride, y_stride, ax, aw, ay);
+        type == CUDA_R_16BF      ? "bf16"
+        : type == CUDA_R_8F_E4M3 ? "fp8 e4m3"
+                                 : "f32",
+        m, n, k, x_stride, w_stride, y_stride, ax, aw, ay);
     plan->algo = result.algo;
     return plan;
   }
@@ -174,6 +177,20 @@ void gemm_f32(const GemmF32Params& p, BlasLtHandle& lt, cudaStream_t stream) {
   check_matrix(p.y, p.m, p.n, p.y_stride, "gemm_f32", "y");
   if (p.m == 0 || p.n == 0) return;
   lt.impl().run(CUDA_R_32F, p.x, p.x_stride, p.w, p.w_stride, p.y, p.y_stride, p.m, p.n, p.k, stream);
+}
+
+void gemm_fp8(const GemmFp8Params& p, BlasLtHandle& lt, cudaStream_t stream) {
+  MS_CHECK(p.m >= 0 && p.n >= 0 && p.k > 0 && p.k % 16 == 0,
+           "gemm_fp8: m = {}, n = {}, k = {} (k must be a positive multiple of 16)", p.m, p.n, p.k);
+  MS_CHECK(p.x_stride % 16 == 0 && p.w_stride % 16 == 0,
+           "gemm_fp8: x_stride {} and w_stride {} must be multiples of 16 bytes", p.x_stride, p.w_stride);
+  MS_CHECK(alignment_of(p.x) >= 16 && alignment_of(p.w) >= 16, "gemm_fp8: x and w must be 16-byte aligned");
+  check_matrix(p.x, p.m, p.k, p.x_stride, "gemm_fp8", "x");
+  check_matrix(p.w, p.n, p.k, p.w_stride, "gemm_fp8", "w");
+  check_matrix(p.y, p.m, p.n, p.y_stride, "gemm_fp8", "y");
+  if (p.m == 0 || p.n == 0) return;
+  lt.impl().run(CUDA_R_8F_E4M3, p.x, p.x_stride, p.w, p.w_stride, p.y, p.y_stride, p.m, p.n, p.k, stream,
+                p.scale);
 }
 
 }  // namespace ms::cuda

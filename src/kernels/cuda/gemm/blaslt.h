@@ -1,6 +1,7 @@
 // Dense GEMMs through cuBLASLt: y [m, n] f32 = x [m, k] W^T with W [n, k] row-major as checkpoints store it
 // (in cuBLASLt's column-major terms: D [n, m] = op(A)=W^T-as-stored [n, k] x B = x^T [k, m], a "TN" GEMM).
-// BF16 inputs with f32 accumulation and output, or pure f32 (no TF32).
+// BF16 inputs with f32 accumulation and output, pure f32 (no TF32), or FP8 e4m3 inputs (the matrix rate
+// ceiling's second figure).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,5 +58,19 @@ struct GemmF32Params {
   int64_t m = 0, n = 0, k = 0;
 };
 void gemm_f32(const GemmF32Params& p, BlasLtHandle& lt, cudaStream_t stream);
+
+// FP8 e4m3 x e4m3 on the tensor cores (sm_89+), f32 accumulation and output, one scale for the product
+// (the two per-tensor scales multiplied). k, both strides and both pointers 16-byte multiples/aligned.
+struct GemmFp8Params {
+  const uint8_t* __restrict__ x = nullptr;  // [m, k] e4m3 rows x_stride bytes apart
+  int64_t x_stride = 0;
+  const uint8_t* __restrict__ w = nullptr;  // [n, k] e4m3 rows w_stride bytes apart
+  int64_t w_stride = 0;
+  float* __restrict__ y = nullptr;  // [m, n] rows y_stride apart
+  int64_t y_stride = 0;
+  int64_t m = 0, n = 0, k = 0;
+  float scale = 1.0f;
+};
+void gemm_fp8(const GemmFp8Params& p, BlasLtHandle& lt, cudaStream_t stream);
 
 }  // namespace ms::cuda

@@ -28,6 +28,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts_stream.h"
 
 namespace ms::cuda {
 namespace {
@@ -573,6 +574,10 @@ void moe_experts_combine(const MoeExpertsParams& p, cudaStream_t stream) {
 }
 
 void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
+  if (p.m > 0 && moe_experts_stream_applies(p)) {
+    moe_experts_stream(p, stream);  // NVFP4 decode: two launches, the combine fused into down
+    return;
+  }
   moe_experts_gate_up(p, stream);
   moe_experts_down(p, stream);
   moe_experts_combine(p, stream);

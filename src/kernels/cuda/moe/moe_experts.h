@@ -63,6 +63,11 @@ struct MoeExpertsParams {
   int64_t ldo = 0;               // elements, >= hidden
   int m = 0, top_k = 0, n_experts = 0;
   int hidden = 0, inter = 0;  // >= 1; NVFP4: multiples of 16 (both are the k of one of the GEMMs)
+  // The caller checked that every data and scale pointer in `experts` is 16-byte aligned: allows the streamed
+  // NVFP4 decode path (moe_experts_stream.h), which moe_experts() then takes where it fits.
+  bool experts_aligned16 = false;
+  // Force the old three-launch kernels even where the streamed path applies (benchmarks, tests).
+  bool disable_stream = false;
 };
 
 // Which kernels run. Tiled: vector loads of whole 16-element weight pieces and 8-element activation pieces,

@@ -1,0 +1,279 @@
+// The prefill regime of the routed experts on GLM-5 shapes (256 experts, top-8, hidden 6144, moe intermediate
+// 2048): the tensor-core grouped kernels (moe_experts_mma, NVFP4 and BF16 weights) against the BF16 matrix
+// rate measured first in the same run (cuBLASLt BF16 GEMM 8192^3), cuBLASLt BF16 on the same routed problem
+// (per-expert GEMMs over BF16 copies of the weights, rows already grouped: no gather, no SiLU, no combine)
+// and the CUDA-core kernels (moe_experts). FLOPs count 6 * hidden * inter per routed slot (gate, up, down).
+// One table on stdout.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/gemm/blaslt.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts_mma.h"
+#include "kernels/cuda/moe/moe_plan.h"
+
+namespace {
+
+constexpr int kE = 256, kK = 8, kH = 6144, kI = 2048;
+
+template <typename F>
+float time_ms(F&& f, int iters) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  f();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaEventRecord(a));
+  for (int i = 0; i < iters; ++i) f();
+  CUDA_CHECK(cudaEventRecord(b));
+  CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / static_cast<float>(iters);
+}
+
+void* dev_alloc(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+// Random bytes on the host, uploaded once and copied device to device `copies` times (distinct memory for
+// every expert, so the kernels really read 256 experts' bytes).
+std::vector<void*> replicate(const std::vector<uint8_t>& host, int copies) {
+  std::vector<void*> out(copies);
+  out[0] = dev_alloc(host.size());
+  CUDA_CHECK(cudaMemcpy(out[0], host.data(), host.size(), cudaMemcpyHostToDevice));
+  for (int i = 1; i < copies; ++i) {
+    out[i] = dev_alloc(host.size());
+    CUDA_CHECK(cudaMemcpy(out[i], out[0], host.size(), cudaMemcpyDeviceToDevice));
+  }
+  return out;
+}
+
+std::vector<uint8_t> random_bytes(size_t n, std::mt19937& rng, uint8_t lo, uint8_t hi) {
+  std::vector<uint8_t> v(n);
+  std::uniform_int_distribution<int> d(lo, hi);
+  for (auto& b : v) b = static_cast<uint8_t>(d(rng));
+  return v;
+}
+
+// bf16 values ~ N(0, sd) as raw bytes.
+std::vector<uint8_t> random_bf16(size_t n, float sd, std::mt19937& rng) {
+  std::vector<uint8_t> v(n * 2);
+  std::normal_distribution<float> nd(0.f, sd);
+  for (size_t i = 0; i < n; ++i) {
+    const __nv_bfloat16 b = __float2bfloat16(nd(rng));
+    std::memcpy(v.data() + 2 * i, &b, 2);
+  }
+  return v;
+}
+
+// K distinct experts per token; skewed: expert e drawn with weight 1 / (e + 1) (a Zipf-like hot set).
+std::vector<int32_t> make_ids(int m, bool skewed, std::mt19937& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(m) * kK);
+  std::vector<double> base(kE);
+  for (int e = 0; e < kE; ++e) base[e] = skewed ? 1.0 / (e + 1.0) : 1.0;
+  for (int t = 0; t < m; ++t) {
+    std::vector<double> w = base;
+    for (int k = 0; k < kK; ++k) {
+      std::discrete_distribution<int> d(w.begin(), w.end());
+      const int e = d(rng);
+      w[e] = 0.0;
+      ids[static_cast<size_t>(t) * kK + k] = e;
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+int main() {
+  if (ms::cuda::device_count() == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  const ms::cuda::DeviceCaps caps = ms::cuda::query_device(0);
+  std::printf("device: %s (sm_%d), %d SMs\n", caps.name.c_str(), caps.arch(), caps.multiprocessors);
+  ms::cuda::BlasLtHandle lt;
+  std::mt19937 rng(7);
+
+  // ---- the BF16 matrix rate of this run: cuBLASLt 8192^3, bf16 in, f32 out ----
+  double bf16_tflops = 0;
+  {
+    const int64_t n = 8192;
+    auto* a = static_cast<__nv_bfloat16*>(dev_alloc(n * n * 2));
+    auto* w = static_cast<__nv_bfloat16*>(dev_alloc(n * n * 2));
+    auto* y = static_cast<float*>(dev_alloc(n * n * 4));
+    CUDA_CHECK(cudaMemset(a, 0x3c, n * n * 2));
+    CUDA_CHECK(cudaMemset(w, 0x3c, n * n * 2));
+    ms::cuda::GemmBf16Params g;
+    g.x_bf16 = a;
+    g.x_bf16_stride = n;
+    g.w = w;
+    g.w_stride = n;
+    g.y = y;
+    g.y_stride = n;
+    g.m = g.n = g.k = n;
+    const float t = time_ms([&] { ms::cuda::gemm_bf16(g, lt, nullptr); }, 10);
+    bf16_tflops = 2.0 * n * n * n / (t * 1e-3) / 1e12;
+    std::printf("BF16 matrix rate (cuBLASLt 8192x8192x8192, f32 out): %.3f ms, %.1f TFLOP/s\n", t,
+                bf16_tflops);
+    cudaFree(a);
+    cudaFree(w);
+    cudaFree(y);
+  }
+
+  // ---- weights: NVFP4 and BF16 experts (tables), BF16 fused gate_up / down copies for cuBLAS ----
+  std::printf("building 256 experts (NVFP4, BF16)...\n");
+  // NVFP4: codes uniform, e4m3 scales in [0.25, 0.5] (bytes 0x28..0x30), scale2 1/64.
+  const auto gu_q = replicate(random_bytes(size_t{2} * kI * kH / 2, rng, 0, 255), kE);
+  const auto gu_s = replicate(random_bytes(size_t{2} * kI * kH / 16, rng, 0x28, 0x30), kE);
+  const auto dn_q = replicate(random_bytes(size_t{kH} * kI / 2, rng, 0, 255), kE);
+  const auto dn_s = replicate(random_bytes(size_t{kH} * kI / 16, rng, 0x28, 0x30), kE);
+  const auto gu_b = replicate(random_bf16(size_t{2} * kI * kH, 1.0f / 78.0f, rng), kE);  // [2I, H]
+  const auto dn_b = replicate(random_bf16(size_t{kH} * kI, 1.0f / 45.0f, rng), kE);      // [H, I]
+  std::vector<ms::cuda::MoeExpertWeights> t4(kE), tb(kE);
+  for (int e = 0; e < kE; ++e) {
+    auto* q = static_cast<uint8_t*>(gu_q[e]);
+    auto* s = static_cast<uint8_t*>(gu_s[e]);
+    t4[e] = {
+        q,        s,  q + size_t{kI} * kH / 2, s + size_t{kI} * kH / 16, dn_q[e], dn_s[e], 1.f / 64, 1.f / 64,
+        1.f / 64, 0.f};
+    auto* b = static_cast<uint8_t*>(gu_b[e]);
+    tb[e] = {b, nullptr, b + size_t{kI} * kH * 2, nullptr, dn_b[e], nullptr, 1.f, 1.f, 1.f, 0.f};
+  }
+  auto* d_t4 = static_cast<ms::cuda::MoeExpertWeights*>(dev_alloc(kE * sizeof(ms::cuda::MoeExpertWeights)));
+  auto* d_tb = static_cast<ms::cuda::MoeExpertWeights*>(dev_alloc(kE * sizeof(ms::cuda::MoeExpertWeights)));
+  CUDA_CHECK(cudaMemcpy(d_t4, t4.data(), kE * sizeof(t4[0]), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(d_tb, tb.data(), kE * sizeof(tb[0]), cudaMemcpyHostToDevice));
+
+  const int max_m = 8192;
+  const size_t max_slots = size_t{max_m} * kK;
+  auto* x = static_cast<float*>(dev_alloc(size_t{max_m} * kH * 4));
+  auto* out = static_cast<float*>(dev_alloc(size_t{max_m} * kH * 4));
+  auto* wts = static_cast<float*>(dev_alloc(max_slots * 4));
+  auto* ids_d = static_cast<int32_t*>(dev_alloc(max_slots * 4));
+  auto* counts = static_cast<int32_t*>(dev_alloc(kE * 4));
+  auto* offsets = static_cast<int32_t*>(dev_alloc((kE + 1) * 4));
+  auto* sorted = static_cast<int32_t*>(dev_alloc(max_slots * 4));
+  auto* slot_out = static_cast<float*>(dev_alloc(max_slots * kH * 4));
+  auto* act = static_cast<float*>(dev_alloc(max_slots * kI * 4));
+  void* ws = dev_alloc(ms::cuda::moe_experts_mma_workspace_bytes(max_m, kK, kH, kI));
+  // cuBLAS peer buffers: grouped rows already in place.
+  auto* ca = static_cast<__nv_bfloat16*>(dev_alloc(max_slots * kH * 2));
+  auto* cact = static_cast<__nv_bfloat16*>(dev_alloc(max_slots * kI * 2));
+  auto* cy = static_cast<float*>(dev_alloc(max_slots * 2 * kI * 4));
+  {
+    std::vector<float> hx(size_t{max_m} * kH);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& v : hx) v = nd(rng);
+    CUDA_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<float> hw(max_slots, 0.125f);
+    CUDA_CHECK(cudaMemcpy(wts, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(ca, 0x3c, max_slots * kH * 2));
+    CUDA_CHECK(cudaMemset(cact, 0x3c, max_slots * kI * 2));
+    CUDA_CHECK(cudaMemset(out, 0, size_t{max_m} * kH * 4));
+  }
+
+  std::printf("\n%-6s %6s %-8s %11s %9s %9s %8s %11s %9s %8s %12s\n", "format", "tokens", "routing", "config",
+              "ours ms", "TFLOP/s", "% bf16", "cuBLAS ms", "TFLOP/s", "% bf16", "CUDA-core ms");
+  for (int m : {512, 2048, 8192}) {
+    for (bool skewed : {false, true}) {
+      const auto ids = make_ids(m, skewed, rng);
+      std::vector<int> cnt(kE, 0);
+      for (int32_t e : ids) ++cnt[e];
+      CUDA_CHECK(cudaMemcpy(ids_d, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+      const double flops = 6.0 * kH * kI * static_cast<double>(ids.size());
+
+      ms::cuda::MoePlanParams pp{ids_d, counts, offsets, sorted, m, kK, kE};
+      ms::cuda::moe_plan(pp, nullptr);
+      ms::cuda::MoeExpertsParams p;
+      p.x = x;
+      p.ldx = kH;
+      p.topk_ids = ids_d;
+      p.topk_weights = wts;
+      p.expert_counts = counts;
+      p.expert_offsets = offsets;
+      p.sorted_slots = sorted;
+      p.act = act;
+      p.slot_out = slot_out;
+      p.out = out;
+      p.ldo = kH;
+      p.m = m;
+      p.top_k = kK;
+      p.n_experts = kE;
+      p.hidden = kH;
+      p.inter = kI;
+
+      // cuBLAS on the same routed problem: per touched expert, [n, H] x [2I, H]^T then [n, I] x [H, I]^T.
+      auto cublas = [&] {
+        int64_t row = 0;
+        for (int e = 0; e < kE; ++e) {
+          if (cnt[e] == 0) continue;
+          ms::cuda::GemmBf16Params g;
+          g.x_bf16 = ca + row * kH;
+          g.x_bf16_stride = kH;
+          g.w = static_cast<const __nv_bfloat16*>(gu_b[e]);
+          g.w_stride = kH;
+          g.y = cy + row * 2 * kI;
+          g.y_stride = 2 * kI;
+          g.m = cnt[e];
+          g.n = 2 * kI;
+          g.k = kH;
+          ms::cuda::gemm_bf16(g, lt, nullptr);
+          ms::cuda::GemmBf16Params d;
+          d.x_bf16 = cact + row * kI;
+          d.x_bf16_stride = kI;
+          d.w = static_cast<const __nv_bfloat16*>(dn_b[e]);
+          d.w_stride = kI;
+          d.y = slot_out + row * kH;
+          d.y_stride = kH;
+          d.m = cnt[e];
+          d.n = kH;
+          d.k = kI;
+          ms::cuda::gemm_bf16(d, lt, nullptr);
+          row += cnt[e];
+        }
+      };
+      const int iters = m >= 8192 ? 5 : 10;
+      const float t_cublas = time_ms(cublas, iters);
+      p.experts = d_t4;
+      p.format = ms::cuda::MoeWeightFormat::NVFP4;
+      const float t_old = time_ms([&] { ms::cuda::moe_experts(p, nullptr); }, m >= 8192 ? 1 : 3);
+      for (auto f : {ms::cuda::MoeWeightFormat::NVFP4, ms::cuda::MoeWeightFormat::BF16}) {
+        p.format = f;
+        p.experts = f == ms::cuda::MoeWeightFormat::NVFP4 ? d_t4 : d_tb;
+        const auto cfg = ms::cuda::moe_experts_mma_config(p);
+        const float t = time_ms(
+            [&] {
+              ms::cuda::moe_plan(pp, nullptr);
+              ms::cuda::moe_experts_mma(p, ws, nullptr);
+            },
+            iters);
+        const double tf = flops / (t * 1e-3) / 1e12, tc = flops / (t_cublas * 1e-3) / 1e12;
+        char cfgs[32];
+        std::snprintf(cfgs, sizeof cfgs, "bm%d s%d", cfg.bm, cfg.stages);
+        std::printf("%-6s %6d %-8s %11s %9.3f %9.1f %7.1f%% %11.3f %9.1f %7.1f%% %12s\n",
+                    f == ms::cuda::MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m,
+                    skewed ? "skewed" : "uniform", cfgs, t, tf, 100.0 * tf / bf16_tflops, t_cublas, tc,
+                    100.0 * tc / bf16_tflops,
+                    f == ms::cuda::MoeWeightFormat::NVFP4 ? std::to_string(t_old).c_str() : "-");
+      }
+    }
+  }
+  std::printf(
+      "\nours: moe_plan + convert + gate_up (SiLU-and-mul) + down + combine; cuBLAS: the GEMMs alone on "
+      "pre-grouped rows; CUDA-core: moe_experts (NVFP4), without the plan.\n");
+  return 0;
+}

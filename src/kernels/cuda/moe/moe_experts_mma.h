@@ -1,0 +1,41 @@
+// Routed experts on tensor cores for the prefill regime (hundreds to thousands of tokens a step): the same
+// plan (moe_plan.h), weights table and result as moe_experts (moe_experts.h), in four launches:
+//   convert: xb[t]          = bf16(x[t])                                            (once per token)
+//   gate_up: act[pos]       = bf16(SiLU(xb[token] @ gate_e^T) * (xb[token] @ up_e^T)) for every grouped pos
+//   down:    slot_out[slot] = act[pos] @ down_e^T                                   (f32, slot =
+//   sorted_slots[pos]) combine: moe_experts_combine (unchanged: out[t] += weighted slot rows in slot order;
+//   deterministic)
+// One launch per projection covers every expert: a fixed grid walks the (expert, N tile, M tile) work items
+// that each block derives from the device-resident counts, so the chain is graph-capturable; experts with no
+// token have no work item and their weights are never read. Weights (NVFP4 or BF16) are copied as stored
+// into shared memory by cp.async (a multi-stage pipeline), NVFP4 is expanded there to BF16, and the math is
+// mma.sync m16n8k16 bf16 -> f32. Accuracy against the f32 CPU reference: activations, act and the NVFP4
+// weights (code times scale) are rounded to bf16, so results agree to ~1e-2 relative, not bit for bit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts_mma_config.h"
+
+namespace ms::cuda {
+
+// Whether the tensor-core kernels take p: format NVFP4 or BF16, hidden a multiple of 128, inter of 64,
+// n_experts <= 1024. Says nothing about the regime (moe_experts_prefill_regime) or the device.
+bool moe_experts_mma_supported(const MoeExpertsParams& p);
+
+// Workspace of moe_experts_mma for up to m tokens: xb [m, hidden] bf16 and act [m * top_k, inter] bf16, each
+// 256-byte aligned. (p.act is not used by this path; p.slot_out is, as f32 [m * top_k, hidden].)
+size_t moe_experts_mma_workspace_bytes(int m, int top_k, int hidden, int inter);
+
+// The configuration the launchers use for p on the current device; throws ms::Error naming the kernel, the
+// shared memory it needs and the device's limit when nothing fits.
+MoeMmaConfig moe_experts_mma_config(const MoeExpertsParams& p);
+
+// gate_up, down and combine after moe_plan on one stream. workspace: moe_experts_mma_workspace_bytes(p.m,
+// ...) bytes, 256-byte aligned. Throws (before any launch) when moe_experts_mma_supported(p) is false.
+void moe_experts_mma(const MoeExpertsParams& p, void* workspace, cudaStream_t stream);
+
+}  // namespace ms::cuda

@@ -1,0 +1,373 @@
+// The tensor-core grouped experts (moe_experts_mma) against the CPU reference (ops::moe_experts on the CPU,
+// f32 math on the dequantised weights), for NVFP4 and BF16 weights: small and full-width (GLM-5 hidden 6144,
+// inter 2048) shapes, uniform and skewed routing, experts with no token (null weight pointers: a read would
+// fault) and one expert with every token. Workspaces and slot outputs are poisoned with NaN first, so an
+// element never written shows up.
+//
+// Tolerance: the kernels round activations, act and the NVFP4 weights (code x scale) to bf16 (8-bit
+// mantissa) and sum in f32 in another order, so the error is relative to the size of the experts'
+// contribution c = ref - out0: the whole-output relative error ||got - ref|| / ||c|| must stay under 1e-2
+// (measured expectation ~3e-3), and no element may be off by more than 6e-2 * rms(c) + 1e-2 * |c_i|. A wrong
+// fragment layout, row mapping or scale gives errors of order 1.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts_mma.h"
+#include "kernels/cuda/moe/moe_plan.h"
+#include "ops/moe_experts.h"
+#include "quant/float_formats.h"
+#include "quant/nvfp4.h"
+
+namespace {
+
+using ms::cuda::MoeWeightFormat;
+
+template <typename T>
+class Buf {
+ public:
+  explicit Buf(size_t n) : n_(n) {
+    if (n_ > 0) CUDA_CHECK(cudaMalloc(&p_, n_ * sizeof(T)));
+  }
+  explicit Buf(const std::vector<T>& h) : Buf(h.size()) {
+    if (n_ > 0) CUDA_CHECK(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  Buf(Buf&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  Buf& operator=(Buf&&) = delete;
+  ~Buf() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  T* get() const { return p_; }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    if (n_ > 0) CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  void poison(int byte) {
+    if (n_ > 0) CUDA_CHECK(cudaMemset(p_, byte, n_ * sizeof(T)));
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+bool have_gpu() {
+  return ms::cuda::device_count() > 0 && ms::cuda::current_device_caps().arch() >= 80;
+}
+
+struct Stored {
+  std::vector<uint8_t> data, scale;
+  float scale2 = 1.0f;
+};
+
+Stored store(const std::vector<float>& w, int rows, int cols, MoeWeightFormat f) {
+  Stored s;
+  if (f == MoeWeightFormat::BF16) {
+    s.data.resize(w.size() * 2);
+    for (size_t i = 0; i < w.size(); ++i) {
+      const uint16_t b = ms::quant::f32_to_bf16(w[i]);
+      std::memcpy(s.data.data() + 2 * i, &b, 2);
+    }
+  } else {
+    auto q = ms::quant::nvfp4_quantize(w.data(), rows, cols);
+    s.data = std::move(q.packed);
+    s.scale = std::move(q.scales);
+    s.scale2 = q.scale2;
+  }
+  return s;
+}
+
+ms::ops::LinearWeight cpu_weight(const Stored& s, int rows, int cols, MoeWeightFormat f) {
+  ms::ops::LinearWeight lw;
+  lw.out = rows;
+  lw.in = cols;
+  lw.scale2 = s.scale2;
+  lw.block = 128;
+  void* data = const_cast<uint8_t*>(s.data.data());
+  void* scale = const_cast<uint8_t*>(s.scale.data());
+  if (f == MoeWeightFormat::BF16) {
+    lw.format = ms::ops::WeightFormat::BF16;
+    lw.weight = ms::Tensor::borrow(data, {rows, cols}, ms::DType::BF16);
+  } else {
+    lw.format = ms::ops::WeightFormat::NVFP4;
+    lw.weight = ms::Tensor::borrow(data, {rows, cols / 2}, ms::DType::U8);
+    lw.scale = ms::Tensor::borrow(scale, {rows, cols / 16}, ms::DType::F8_E4M3);
+  }
+  return lw;
+}
+
+// E experts of one format on the host (CPU reference) and the device. Weights N(0, 1/cols), so every
+// projection keeps the activations' scale.
+class Experts {
+ public:
+  Experts(int E, int hidden, int inter, MoeWeightFormat f, uint32_t seed)
+      : E_(E), hidden_(hidden), inter_(inter), format_(f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto matrix = [&](int rows, int cols) {
+      std::vector<float> w(static_cast<size_t>(rows) * cols);
+      const float sd = 1.0f / std::sqrt(static_cast<float>(cols));
+      for (auto& v : w) v = sd * nd(rng);
+      return w;
+    };
+    stored_.reserve(static_cast<size_t>(E) * 3);
+    for (int e = 0; e < E; ++e) {
+      stored_.push_back(store(matrix(inter, hidden), inter, hidden, f));
+      stored_.push_back(store(matrix(inter, hidden), inter, hidden, f));
+      stored_.push_back(store(matrix(hidden, inter), hidden, inter, f));
+    }
+    for (int e = 0; e < E; ++e) {
+      ms::ops::ExpertWeights ew;
+      ew.gate = cpu_weight(stored_[3 * e], inter, hidden, f);
+      ew.up = cpu_weight(stored_[3 * e + 1], inter, hidden, f);
+      ew.down = cpu_weight(stored_[3 * e + 2], hidden, inter, f);
+      cpu_.push_back(std::move(ew));
+    }
+    for (const Stored& s : stored_) {
+      dev_.emplace_back(s.data);
+      dev_.emplace_back(s.scale);
+    }
+  }
+  // Experts not in `touched` get null pointers and NaN scales.
+  std::vector<ms::cuda::MoeExpertWeights> table(const std::vector<uint8_t>& touched) const {
+    std::vector<ms::cuda::MoeExpertWeights> t(E_);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int e = 0; e < E_; ++e) {
+      if (!touched[e]) {
+        t[e] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nan, nan, nan, 0.f};
+        continue;
+      }
+      auto d = [&](int i) -> const void* { return dev_[static_cast<size_t>(6 * e + i)].get(); };
+      t[e] = {d(0),
+              d(1),
+              d(2),
+              d(3),
+              d(4),
+              d(5),
+              stored_[3 * e].scale2,
+              stored_[3 * e + 1].scale2,
+              stored_[3 * e + 2].scale2,
+              0.f};
+    }
+    return t;
+  }
+  const std::vector<ms::ops::ExpertWeights>& cpu() const { return cpu_; }
+  int E() const { return E_; }
+  int hidden() const { return hidden_; }
+  int inter() const { return inter_; }
+  MoeWeightFormat format() const { return format_; }
+
+ private:
+  int E_, hidden_, inter_;
+  MoeWeightFormat format_;
+  std::vector<Stored> stored_;
+  std::vector<ms::ops::ExpertWeights> cpu_;
+  std::vector<Buf<uint8_t>> dev_;
+};
+
+enum class Routing { Uniform, Skewed, OneHot };
+
+// K distinct experts per token. Skewed: expert e drawn with weight 1 / (e + 1)^2 (many experts get 0 tokens)
+// and 5% empty slots. OneHot: expert 1 in every token's first slot, the rest uniform over experts >= E / 2
+// (experts 0 and 2 .. E/2 - 1 get nothing).
+std::vector<int32_t> make_ids(int m, int K, int E, Routing r, std::mt19937& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(m) * K);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int t = 0; t < m; ++t) {
+    std::vector<double> w(E, 1.0);
+    if (r == Routing::Skewed)
+      for (int e = 0; e < E; ++e) w[e] = 1.0 / ((e + 1.0) * (e + 1.0));
+    if (r == Routing::OneHot)
+      for (int e = 0; e < E / 2; ++e) w[e] = 0.0;
+    for (int k = 0; k < K; ++k) {
+      int e;
+      if (r == Routing::OneHot && k == 0) {
+        e = 1;
+      } else {
+        std::discrete_distribution<int> d(w.begin(), w.end());
+        e = d(rng);
+      }
+      w[e] = 0.0;
+      ids[static_cast<size_t>(t) * K + k] = (r == Routing::Skewed && u(rng) < 0.05) ? -1 : e;
+    }
+  }
+  return ids;
+}
+
+std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const std::vector<int32_t>& ids,
+                           const std::vector<float>& wts, const std::vector<float>& out0, int m, int K) {
+  const int E = xs.E(), H = xs.hidden(), I = xs.inter();
+  std::vector<uint8_t> touched(E, 0);
+  for (int32_t e : ids)
+    if (e >= 0) touched[e] = 1;
+  Buf<ms::cuda::MoeExpertWeights> d_table(xs.table(touched));
+  Buf<float> d_x(x), d_w(wts), d_out(out0);
+  Buf<int32_t> d_ids(ids), d_counts(E), d_offsets(E + 1), d_sorted(ids.size());
+  Buf<uint8_t> d_ws(ms::cuda::moe_experts_mma_workspace_bytes(m, K, H, I));
+  Buf<float> d_slot(ms::cuda::moe_experts_slot_out_bytes(m, K, H) / sizeof(float));
+  d_ws.poison(0xff);  // bf16 0xffff is NaN
+  d_slot.poison(0xff);
+  ms::cuda::moe_plan({d_ids.get(), d_counts.get(), d_offsets.get(), d_sorted.get(), m, K, E}, nullptr);
+  ms::cuda::MoeExpertsParams p;
+  p.x = d_x.get();
+  p.ldx = H;
+  p.topk_ids = d_ids.get();
+  p.topk_weights = d_w.get();
+  p.expert_counts = d_counts.get();
+  p.expert_offsets = d_offsets.get();
+  p.sorted_slots = d_sorted.get();
+  p.experts = d_table.get();
+  p.format = xs.format();
+  p.slot_out = d_slot.get();
+  p.out = d_out.get();
+  p.ldo = H;
+  p.m = m;
+  p.top_k = K;
+  p.n_experts = E;
+  p.hidden = H;
+  p.inter = I;
+  EXPECT_TRUE(ms::cuda::moe_experts_mma_supported(p));
+  ms::cuda::moe_experts_mma(p, d_ws.get(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  // Every valid slot row was written (no NaN left from the poison).
+  const auto slot = d_slot.download();
+  int unwritten = 0;
+  for (size_t s = 0; s < ids.size() && unwritten < 3; ++s) {
+    if (ids[s] < 0) continue;
+    for (int c = 0; c < H; ++c) {
+      if (!std::isfinite(slot[s * H + c])) {
+        ADD_FAILURE() << "slot " << s << " col " << c << " not written";
+        ++unwritten;
+        break;
+      }
+    }
+  }
+  return d_out.download();
+}
+
+void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed) {
+  const int H = xs.hidden();
+  SCOPED_TRACE(std::string(xs.format() == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16") + " E=" +
+               std::to_string(xs.E()) + " H=" + std::to_string(H) + " I=" + std::to_string(xs.inter()) +
+               " m=" + std::to_string(m) + " K=" + std::to_string(K) + " routing=" + std::to_string(int(r)));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+  auto ids = make_ids(m, K, xs.E(), r, rng);
+  std::vector<float> wts(ids.size()), x(static_cast<size_t>(m) * H), out0(x.size());
+  for (auto& v : wts) v = uw(rng);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : out0) v = nd(rng);
+
+  std::vector<float> ref = out0;
+  {
+    const ms::ops::Ctx ctx = ms::ops::Ctx::cpu();
+    const auto scratch = ms::ops::MoeScratch::make(ms::ops::cpu_alloc(), m, K, xs.E(), H, xs.inter());
+    std::vector<float> xc = x;
+    std::vector<int32_t> idc = ids;
+    std::vector<float> wc = wts;
+    ms::ops::moe_experts(ctx, ms::Tensor::borrow(xc.data(), {m, H}, ms::DType::F32),
+                         ms::Tensor::borrow(idc.data(), {m, K}, ms::DType::I32),
+                         ms::Tensor::borrow(wc.data(), {m, K}, ms::DType::F32), xs.cpu(),
+                         ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
+  }
+  const auto got = run_mma(xs, x, ids, wts, out0, m, K);
+
+  double c2 = 0, e2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double c = ref[i] - out0[i];
+    c2 += c * c;
+    const double d = static_cast<double>(got[i]) - ref[i];
+    e2 += std::isfinite(d) ? d * d : 1e30;
+  }
+  const double rms = std::sqrt(c2 / std::max<size_t>(ref.size(), 1));
+  const double rel = std::sqrt(e2 / std::max(c2, 1e-30));
+  EXPECT_LT(rel, 1e-2) << "relative error of the experts' contribution";
+  int bad = 0;
+  for (size_t i = 0; i < ref.size() && bad < 5; ++i) {
+    const double tol = 6e-2 * rms + 1e-2 * std::fabs(ref[i] - out0[i]);
+    if (!std::isfinite(got[i]) || std::fabs(got[i] - ref[i]) > tol) {
+      ADD_FAILURE() << "token " << i / H << " col " << i % H << ": gpu " << got[i] << " cpu " << ref[i]
+                    << " (out before " << out0[i] << ", rms contribution " << rms << ")";
+      ++bad;
+    }
+  }
+  // Deterministic: the same bits again.
+  if (m <= 300) EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K), got);
+  std::printf("  [moe_mma] %s m=%d K=%d routing=%d: relative error %.2e\n",
+              xs.format() == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m, K, static_cast<int>(r), rel);
+}
+
+class CudaMoeMma : public ::testing::TestWithParam<MoeWeightFormat> {};
+
+TEST_P(CudaMoeMma, SmallShapesMatchCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";
+  // hidden 384 = 3 N tiles of the down GEMM, inter 192 = 3 act tiles of gate_up, 6 and 3 k steps (fewer than
+  // the pipeline's stages on down).
+  const Experts xs(16, 384, 192, GetParam(), 1);
+  int seed = 10;
+  for (int m : {1, 40, 300, 1000}) {
+    for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot}) run_case(xs, m, 4, r, seed++);
+  }
+  const Experts one(1, 128, 64, GetParam(), 2);  // one expert, one tile column, k = 64 (a single stage)
+  run_case(one, 200, 1, Routing::Uniform, seed++);
+}
+
+TEST_P(CudaMoeMma, FullWidthMatchesCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";
+  // GLM-5's expert widths; 8 experts, top-4; 150 tokens: ~75 rows an expert (bm 64, partial tiles).
+  const Experts xs(8, 6144, 2048, GetParam(), 3);
+  run_case(xs, 150, 4, Routing::Uniform, 30);
+  run_case(xs, 64, 4, Routing::OneHot, 31);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeMma,
+                         ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16),
+                         [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {
+                           return std::string(i.param == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16");
+                         });
+
+TEST(CudaMoeMma, BigTilesWhenExpertsHaveManyRows) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";
+  // 1000 tokens x top-4 over 16 experts: 250 rows an expert -> the bm 128 configuration.
+  ms::cuda::MoeMmaShape s{ms::cuda::MoeMmaFormat::NVFP4, 1000, 4, 16, 384, 192};
+  const auto cfg = ms::cuda::choose_moe_mma_config(s, ms::cuda::limits_of(ms::cuda::current_device_caps()));
+  ASSERT_TRUE(cfg.has_value());
+  EXPECT_EQ(cfg->bm, 128);
+}
+
+TEST(CudaMoeMma, UnsupportedShapesAreRefused) {
+  ms::cuda::MoeExpertsParams p;
+  p.format = MoeWeightFormat::NVFP4;
+  p.m = 4;
+  p.top_k = 2;
+  p.n_experts = 4;
+  p.hidden = 320;  // not a multiple of 128
+  p.inter = 128;
+  EXPECT_FALSE(ms::cuda::moe_experts_mma_supported(p));
+  p.hidden = 256;
+  EXPECT_TRUE(ms::cuda::moe_experts_mma_supported(p));
+  p.format = MoeWeightFormat::FP8Block;
+  EXPECT_FALSE(ms::cuda::moe_experts_mma_supported(p));
+}
+
+}  // namespace

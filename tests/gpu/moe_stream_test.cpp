@@ -1,0 +1,311 @@
+// The streamed NVFP4 decode path of the routed experts (moe_experts_stream.h) against ops::moe_experts on the
+// CPU: GLM-5-like shapes scaled down and the full GLM-5 width (hidden 6144, inter 2048, 256 experts, top-8)
+// at 1, 8, 32 and 256 tokens, uniform and skewed routing. Outputs and the act workspace are poisoned with NaN
+// first. Untouched experts point at NaN-filled weights: any read of them would show in the output.
+//
+// Tolerance: both sides use the same dequantised NVFP4 weights; the GPU multiplies bf16 weights (exact) by
+// activations split into bf16 hi + lo (~2^-16 relative) with f32 accumulation, in another order. Per element
+// |gpu - cpu| <= 2e-3 * rms(contribution) + 2e-3 * |contribution|, and the relative RMS error <= 5e-4.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts_stream.h"
+#include "kernels/cuda/moe/moe_plan.h"
+#include "ops/moe_experts.h"
+#include "quant/nvfp4.h"
+
+namespace {
+
+bool have_gpu() {
+  return ms::cuda::device_count() > 0;
+}
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
+    CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// One NVFP4 expert set, stored contiguously per matrix kind so a device copy is three allocations. Experts in
+// `poisoned` get NaN-filled bytes on the device (0xff: code -6 with scale NaN) instead of their weights.
+struct Nvfp4Experts {
+  int E, H, I;
+  std::vector<ms::quant::Nvfp4Weight> q;  // [E][gate, up, down]
+  std::vector<ms::ops::ExpertWeights> cpu;
+
+  Nvfp4Experts(int e, int h, int i, uint32_t seed) : E(e), H(h), I(i) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto make = [&](int rows, int cols) {
+      std::vector<float> w(static_cast<size_t>(rows) * cols);
+      const float sd = 1.0f / std::sqrt(static_cast<float>(cols));
+      for (auto& v : w) v = sd * nd(rng);
+      return ms::quant::nvfp4_quantize(w.data(), rows, cols);
+    };
+    for (int x = 0; x < E; ++x) {
+      q.push_back(make(I, H));
+      q.push_back(make(I, H));
+      q.push_back(make(H, I));
+    }
+    for (int x = 0; x < E; ++x) {
+      ms::ops::ExpertWeights w;
+      auto lw = [&](ms::quant::Nvfp4Weight& m, int rows, int cols) {
+        ms::ops::LinearWeight l;
+        l.format = ms::ops::WeightFormat::NVFP4;
+        l.out = rows;
+        l.in = cols;
+        l.scale2 = m.scale2;
+        l.weight = ms::Tensor::borrow(m.packed.data(), {rows, cols / 2}, ms::DType::U8);
+        l.scale = ms::Tensor::borrow(m.scales.data(), {rows, cols / 16}, ms::DType::F8_E4M3);
+        return l;
+      };
+      w.gate = lw(q[3 * x], I, H);
+      w.up = lw(q[3 * x + 1], I, H);
+      w.down = lw(q[3 * x + 2], H, I);
+      cpu.push_back(std::move(w));
+    }
+  }
+};
+
+struct DeviceExperts {
+  std::vector<uint8_t*> bufs;
+  std::vector<ms::cuda::MoeExpertWeights> table;
+  DeviceExperts(const Nvfp4Experts& xs, const std::vector<uint8_t>& poisoned) {
+    table.resize(xs.E);
+    for (int e = 0; e < xs.E; ++e) {
+      const void* ptr[6];
+      float s2[3];
+      for (int k = 0; k < 3; ++k) {
+        const auto& m = xs.q[3 * e + k];
+        for (int part = 0; part < 2; ++part) {
+          const auto& h = part == 0 ? m.packed : m.scales;
+          uint8_t* d = nullptr;
+          CUDA_CHECK(cudaMalloc(&d, h.size()));
+          if (poisoned[e])
+            CUDA_CHECK(cudaMemset(d, 0xff, h.size()));
+          else
+            CUDA_CHECK(cudaMemcpy(d, h.data(), h.size(), cudaMemcpyHostToDevice));
+          bufs.push_back(d);
+          ptr[2 * k + part] = d;
+        }
+        s2[k] = poisoned[e] ? std::numeric_limits<float>::quiet_NaN() : m.scale2;
+      }
+      table[e] = {ptr[0], ptr[1], ptr[2], ptr[3], ptr[4], ptr[5], s2[0], s2[1], s2[2], 0.f};
+    }
+  }
+  ~DeviceExperts() {
+    for (auto* b : bufs) cudaFree(b);
+  }
+  DeviceExperts(const DeviceExperts&) = delete;
+  DeviceExperts& operator=(const DeviceExperts&) = delete;
+};
+
+std::vector<int32_t> route(int m, int K, int E, bool skewed, std::mt19937& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(m) * K);
+  std::vector<double> pw(E);
+  for (int e = 0; e < E; ++e) pw[e] = skewed ? 1.0 / ((e + 1.0) * (e + 1.0)) : 1.0;
+  for (int t = 0; t < m; ++t) {
+    std::vector<double> w = pw;
+    for (int k = 0; k < K; ++k) {
+      std::discrete_distribution<int> d(w.begin(), w.end());
+      const int e = d(rng);
+      w[e] = 0.0;
+      ids[static_cast<size_t>(t) * K + k] = e;
+    }
+  }
+  return ids;
+}
+
+// Runs plan + experts on the device; `expect_stream`: the streamed path must apply (checked on the host).
+std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, const std::vector<float>& x,
+                           const std::vector<int32_t>& ids, const std::vector<float>& wts,
+                           const std::vector<float>& out0, int m, int K, bool stream_path) {
+  const int E = xs.E, H = xs.H, I = xs.I;
+  Dev<ms::cuda::MoeExpertWeights> d_table(dx.table);
+  Dev<float> d_x(x), d_w(wts), d_out(out0);
+  Dev<int32_t> d_ids(ids), d_counts(E), d_offsets(E + 1), d_sorted(ids.size());
+  Dev<float> d_act(ms::cuda::moe_experts_act_bytes(m, K, I) / sizeof(float));
+  Dev<float> d_slot(ms::cuda::moe_experts_slot_out_bytes(m, K, H) / sizeof(float));
+  CUDA_CHECK(cudaMemset(d_act.p, 0xff, d_act.n * sizeof(float)));
+  CUDA_CHECK(cudaMemset(d_slot.p, 0xff, d_slot.n * sizeof(float)));
+  CUDA_CHECK(cudaMemset(d_sorted.p, 0x7f, d_sorted.n * sizeof(int32_t)));
+  ms::cuda::moe_plan({d_ids.p, d_counts.p, d_offsets.p, d_sorted.p, m, K, E}, nullptr);
+  ms::cuda::MoeExpertsParams p;
+  p.x = d_x.p;
+  p.ldx = H;
+  p.topk_ids = d_ids.p;
+  p.topk_weights = d_w.p;
+  p.expert_counts = d_counts.p;
+  p.expert_offsets = d_offsets.p;
+  p.sorted_slots = d_sorted.p;
+  p.experts = d_table.p;
+  p.format = ms::cuda::MoeWeightFormat::NVFP4;
+  p.act = d_act.p;
+  p.slot_out = d_slot.p;
+  p.out = d_out.p;
+  p.ldo = H;
+  p.m = m;
+  p.top_k = K;
+  p.n_experts = E;
+  p.hidden = H;
+  p.inter = I;
+  p.experts_aligned16 = true;
+  p.disable_stream = !stream_path;
+  EXPECT_EQ(ms::cuda::moe_experts_stream_applies(p), stream_path);
+  ms::cuda::moe_experts(p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return d_out.get();
+}
+
+void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, bool poison_untouched) {
+  SCOPED_TRACE("stream E=" + std::to_string(xs.E) + " H=" + std::to_string(xs.H) +
+               " I=" + std::to_string(xs.I) + " m=" + std::to_string(m) + " K=" + std::to_string(K) +
+               (skewed ? " skewed" : " uniform"));
+  const int H = xs.H;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+  const auto ids = route(m, K, xs.E, skewed, rng);
+  std::vector<float> wts(ids.size()), x(static_cast<size_t>(m) * H), out0(x.size());
+  for (auto& v : wts) v = uw(rng);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : out0) v = nd(rng);
+  std::vector<uint8_t> touched(xs.E, 0), poisoned(xs.E, 0);
+  for (int32_t e : ids) touched[e] = 1;
+  for (int e = 0; e < xs.E; ++e) poisoned[e] = poison_untouched && !touched[e];
+  const DeviceExperts dx(xs, poisoned);
+
+  std::vector<float> ref = out0;
+  {
+    const auto scratch = ms::ops::MoeScratch::make(ms::ops::cpu_alloc(), m, K, xs.E, H, xs.I);
+    std::vector<int32_t> ids_c = ids;
+    std::vector<float> w_c = wts;
+    ms::ops::moe_experts(ms::ops::Ctx::cpu(), ms::Tensor::borrow(x.data(), {m, H}, ms::DType::F32),
+                         ms::Tensor::borrow(ids_c.data(), {m, K}, ms::DType::I32),
+                         ms::Tensor::borrow(w_c.data(), {m, K}, ms::DType::F32), xs.cpu,
+                         ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
+  }
+  const auto got = run_gpu(xs, dx, x, ids, wts, out0, m, K, true);
+  double ss = 0, se = 0;
+  for (size_t i = 0; i < ref.size(); ++i) ss += (ref[i] - out0[i]) * (ref[i] - out0[i]);
+  const double rms = std::sqrt(ss / ref.size());
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    se += d * d;
+    const double tol = 2e-3 * rms + 2e-3 * std::fabs(ref[i] - out0[i]);
+    if (!std::isfinite(got[i]) || std::fabs(d) > tol) {
+      if (bad++ < 5)
+        ADD_FAILURE() << "token " << i / H << " col " << i % H << ": gpu " << got[i] << " cpu " << ref[i]
+                      << " (out before " << out0[i] << ", rms contribution " << rms << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_LE(std::sqrt(se / ref.size()), 5e-4 * rms) << "relative RMS error";
+  // Deterministic: the same bits again.
+  EXPECT_EQ(run_gpu(xs, dx, x, ids, wts, out0, m, K, true), got);
+}
+
+TEST(CudaMoeStream, ScaledDownGlm5MatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts xs(32, 1024, 512, 300);
+  for (int m : {1, 3, 8, 32, 100, 256}) {
+    run_case(xs, m, 8, false, 301u + m, false);
+    run_case(xs, m, 8, true, 302u + m, false);
+  }
+  const Nvfp4Experts wide(16, 512, 4096, 303);  // inter above one down stage (2048): two stages per expert
+  run_case(wide, 5, 4, true, 304, false);
+  run_case(wide, 64, 4, false, 305, false);
+}
+
+TEST(CudaMoeStream, FullWidthGlm5MatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts xs(256, 6144, 2048, 310);
+  for (int m : {1, 8, 32, 256}) {
+    run_case(xs, m, 8, false, 311u + m, false);
+    run_case(xs, m, 8, true, 312u + m, false);
+  }
+}
+
+TEST(CudaMoeStream, UntouchedExpertsAreNotRead) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // Every expert no token uses holds NaN bytes and NaN global scales: one read would make the output NaN.
+  const Nvfp4Experts xs(64, 1024, 512, 320);
+  for (int m : {1, 8, 32}) {
+    run_case(xs, m, 4, false, 321u + m, true);
+    run_case(xs, m, 4, true, 322u + m, true);
+  }
+}
+
+TEST(CudaMoeStream, EqualsOldKernelsWithinTolerance) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts xs(32, 1024, 512, 330);
+  const int m = 16, K = 8, H = xs.H;
+  std::mt19937 rng(331);
+  std::normal_distribution<float> nd;
+  const auto ids = route(m, K, xs.E, true, rng);
+  std::vector<float> wts(ids.size(), 0.3f), x(static_cast<size_t>(m) * H), out0(x.size());
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : out0) v = nd(rng);
+  const DeviceExperts dx(xs, std::vector<uint8_t>(xs.E, 0));
+  const auto a = run_gpu(xs, dx, x, ids, wts, out0, m, K, true);
+  const auto b = run_gpu(xs, dx, x, ids, wts, out0, m, K, false);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1.0 + std::fabs(b[i]))) << i;
+}
+
+TEST(CudaMoeStream, NotTakenWhereItDoesNotApply) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";  // the check reads the device's limits
+  ms::cuda::MoeExpertsParams p;
+  alignas(16) static float buf[16];
+  p.x = p.act = p.out = p.slot_out = buf;
+  p.ldx = p.ldo = 6144;
+  p.format = ms::cuda::MoeWeightFormat::NVFP4;
+  p.hidden = 6144;
+  p.inter = 2048;
+  p.m = 8;
+  p.top_k = 8;
+  p.n_experts = 256;
+  p.experts_aligned16 = true;
+  EXPECT_EQ(ms::cuda::moe_experts_stream_applies(p),
+            ms::cuda::limits_of(ms::cuda::current_device_caps()).smem_per_block_optin >=
+                ms::cuda::moe_stream_config::gate_up_smem());
+  p.experts_aligned16 = false;  // unchecked weight pointers
+  EXPECT_FALSE(ms::cuda::moe_experts_stream_applies(p));
+  p.experts_aligned16 = true;
+  p.format = ms::cuda::MoeWeightFormat::BF16;
+  EXPECT_FALSE(ms::cuda::moe_experts_stream_applies(p));
+  p.format = ms::cuda::MoeWeightFormat::NVFP4;
+  p.m = 257;  // prefill: the old (or tensor-core) kernels
+  EXPECT_FALSE(ms::cuda::moe_experts_stream_applies(p));
+  p.m = 8;
+  p.hidden = 6144 + 16;
+  EXPECT_FALSE(ms::cuda::moe_experts_stream_applies(p));
+  p.hidden = 6144;
+  p.x = buf + 1;  // x not 16-byte aligned
+  EXPECT_FALSE(ms::cuda::moe_experts_stream_applies(p));
+}
+
+}  // namespace
