@@ -17,7 +17,8 @@ void add_device_options(CLI::App& sub, DeviceOptions& o) {
                  "Largest decode batch replayed from a CUDA graph")
       ->capture_default_str();
   sub.add_option("--attention-backend", o.attention_backend,
-                 "auto, or one of `moeserve backends` (attention): mla_general, mla_fp8_decode")
+                 "auto, or one of `moeserve backends` (attention): mla_general, mla_fp8_decode, "
+                 "mla_decode_sm90")
       ->capture_default_str();
   sub.add_option("--moe-runner-backend", o.moe_runner_backend,
                  "auto, or one of `moeserve backends` (moe): grouped")
@@ -44,11 +45,14 @@ namespace {
 
 // The resolved device, once the backends asked for are known to exist and to run there.
 std::string checked_device(const DeviceOptions& o) {
-  MS_CHECK(o.attention_backend == "auto" || o.attention_backend == "mla_general" ||
-               o.attention_backend == "mla_fp8_decode" || o.attention_backend == "cpu",
-           "--attention-backend '{}' is not one of auto, mla_general, mla_fp8_decode, cpu (see `moeserve "
-           "backends`)",
-           o.attention_backend);
+  MS_CHECK(
+      o.attention_backend == "auto" || o.attention_backend == "mla_general" ||
+          o.attention_backend == "mla_fp8_decode" || o.attention_backend == "mla_decode_sm90" ||
+          o.attention_backend == "cpu",
+      "--attention-backend '{}' is not one of auto, mla_general, mla_fp8_decode, mla_decode_sm90, cpu (see "
+      "`moeserve "
+      "backends`)",
+      o.attention_backend);
   MS_CHECK(
       o.moe_runner_backend == "auto" || o.moe_runner_backend == "grouped" || o.moe_runner_backend == "cpu",
       "--moe-runner-backend '{}' is not one of auto, grouped, cpu (see `moeserve backends`)",

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
+#include "kernels/cuda/mla_decode/mla_decode_sm90_config.h"
 #include "kernels/cuda/moe/moe_stream_config.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 #include "ops/cuda_backend.h"
@@ -107,6 +108,21 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         false,
         ""};
     fit(b, dev, why_none, cuda::mla_decode_config::need());
+    out.push_back(b);
+  }
+  {
+    BackendInfo b{
+        "attention",
+        "mla_decode_sm90",
+        "cuda",
+        "fp8_e4m3 and bf16 pages",
+        "decode steps (dense) and any batch over a DSA selection; 512 + 64 wide rows, any page size, "
+        "any heads; split-KV planned on the device",
+        "sm_80 or newer (tuned for sm_90)",
+        0,
+        false,
+        ""};
+    fit(b, dev, why_none, cuda::mla_sm90::need());
     out.push_back(b);
   }
   out.push_back({"moe", "cpu", "cpu", "f32, bf16, fp8 128x128 blocks, nvfp4", "any", "x86-64", 0, true, ""});

@@ -26,8 +26,9 @@ class CudaBackend {
   // Bytes of scratch the ops have asked for so far (they grow only outside graph capture).
   size_t scratch_bytes() const;
   std::string device_name() const;
-  // --attention-backend: "auto" (the chooser decides), "mla_general" (never the fp8 decode kernel) or
-  // "mla_fp8_decode" (that kernel for every decode step; refused at launch where it cannot run).
+  // --attention-backend: "auto" (the chooser decides), "mla_general" (never a decode kernel),
+  // "mla_fp8_decode" (that kernel for every decode step; refused at launch where it cannot run) or
+  // "mla_decode_sm90" (that kernel for decode steps and DSA selections).
   void set_attention_kernel(const std::string& k);
   // f32 math in every linear layer (no bf16 activations in the cuBLASLt paths): for parity tests, slower.
   void set_exact_linear(bool on);

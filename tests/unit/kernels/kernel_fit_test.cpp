@@ -151,14 +151,46 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
               if (c.kernel == MlaAttentionKernel::Fp8Decode) {
                 EXPECT_FALSE(why_cannot_run(mla_decode_config::need(), dev).has_value()) << dev.name;
               }
+              if (c.kernel == MlaAttentionKernel::Sm90Decode) {
+                EXPECT_TRUE(f != KvFormat::F32 && (decode || topk)) << dev.name;
+                EXPECT_GE(c.sm90.stages, 2);
+                EXPECT_GE(c.sm90.max_splits, 1);
+                EXPECT_EQ(c.sm90.head_groups * c.sm90.heads_per_block >= heads, true);
+              }
               ++checked;
             }
   }
   EXPECT_EQ(checked, 3 * 5 * 3 * 2 * 2 * 2);
-  // On sm_120 the fp8 decode kernel does not fit, so a GLM-5 decode batch goes to the general kernel.
+  // On sm_120 the tensor-core decode kernels do not fit, so a GLM-5 decode batch goes to the general kernel.
   const MlaAttentionShape glm{8, 64, 512, 64, 64, KvFormat::FP8E4M3, false, true, 8};
-  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::Fp8Decode);
+  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::Sm90Decode);
+  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_b200())).kernel, MlaAttentionKernel::Sm90Decode);
   EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_rtx_pro_6000())).kernel, MlaAttentionKernel::General);
+  // Asked for, the older fp8 kernel is still chosen; the general kernel too.
+  MlaAttentionShape old = glm;
+  old.prefer = MlaAttentionPrefer::Fp8Decode;
+  EXPECT_EQ(mla_attention_choose(old, caps_of(limits_h200())).kernel, MlaAttentionKernel::Fp8Decode);
+  old.prefer = MlaAttentionPrefer::General;
+  EXPECT_EQ(mla_attention_choose(old, caps_of(limits_h200())).kernel, MlaAttentionKernel::General);
+  // A DSA decode batch over bf16 pages of 32: the sm90 kernel, with splits for a batch of one.
+  const MlaAttentionShape dsa{1, 16, 512, 64, 32, KvFormat::BF16, true, true, 1};
+  const MlaAttentionConfig d = mla_attention_choose(dsa, caps_of(limits_h200()));
+  EXPECT_EQ(d.kernel, MlaAttentionKernel::Sm90Decode);
+  EXPECT_GT(d.sm90.max_splits, 1);
+  EXPECT_GT(d.workspace_bytes, 0u);
+  // Shared memory per configuration: every head count, query tokens 1-4, fp8 and bf16 fit sm_90.
+  for (int heads : {8, 16, 32, 64, 128})
+    for (int q = 1; q <= 4; ++q)
+      for (bool fp8 : {true, false}) {
+        const mla_sm90::Config k = mla_sm90::choose(32, q, heads, fp8, limits_h200());
+        ASSERT_GT(k.heads_per_block, 0) << heads << " " << q;
+        EXPECT_LE(k.smem, limits_h200().smem_per_block_optin);
+        EXPECT_LE(k.heads_per_block * q, mla_sm90::kMaxRows);
+        EXPECT_GE(k.head_groups * k.heads_per_block, heads);
+        if (k.blocks_per_sm == 2) {
+          EXPECT_LE(2 * (k.smem + 1024), limits_h200().smem_per_block_optin);
+        }
+      }
 }
 
 }  // namespace
@@ -184,6 +216,8 @@ TEST(Backends, JudgedAgainstEachTargetPart) {
   EXPECT_FALSE(refused.usable);
   EXPECT_NE(refused.why.find("mla_decode"), std::string::npos) << refused.why;
   EXPECT_NE(refused.why.find("101376"), std::string::npos) << refused.why;
+  EXPECT_TRUE(find(on_h200, "mla_decode_sm90").usable);
+  EXPECT_FALSE(find(on_rtx, "mla_decode_sm90").usable);  // its smallest tile needs ~104 KiB
   EXPECT_TRUE(find(on_rtx, "cpu").usable);
   for (const auto& b : on_rtx)
     if (b.usable && b.device == "cuda") {

@@ -7,6 +7,7 @@
 #include "kernels/cuda/mla_attention/mla_attention.h"
 #include "kernels/cuda/mla_attention/mla_attention_general.h"
 #include "kernels/cuda/mla_decode/mla_decode.h"
+#include "kernels/cuda/mla_decode/mla_decode_sm90.h"
 #include "kernels/cuda/paged_kv/current_caps.h"
 
 namespace ms::cuda {
@@ -50,6 +51,34 @@ MlaDecodeParams decode_params(const MlaAttentionConfig& c, const MlaAttentionPar
   return d;
 }
 
+MlaDecodeSm90Params sm90_params(const MlaAttentionParams& p) {
+  MlaDecodeSm90Params d;
+  d.q = p.q_cat;
+  d.q_bf16 = false;
+  d.q_token_stride = static_cast<int64_t>(p.heads) * kMlaHeadDim;
+  d.kv = p.kv.data;
+  d.kv_fp8 = p.kv.format == KvFormat::FP8E4M3;
+  d.kv_scale = d.kv_fp8 ? p.kv.scale : 1.0f;
+  d.num_pages = p.kv.num_pages;
+  d.page_size = p.kv.page_size;
+  d.block_table = p.meta.block_table;
+  d.block_table_stride = p.meta.max_blocks;
+  d.seq_lens = p.meta.seq_lens;
+  d.positions = p.meta.positions;
+  d.topk = p.topk;
+  d.topk_width = p.topk_width;
+  d.token_seq = p.topk ? p.meta.token_seq : nullptr;
+  d.out = p.lat;
+  d.out_bf16 = false;
+  d.out_token_stride = static_cast<int64_t>(p.heads) * kMlaLatentDim;
+  d.n_seqs = p.topk ? p.m : p.meta.n_seqs;  // DSA: one unit per token, its sequence from token_seq
+  d.q_per_seq = 1;
+  d.heads = p.heads;
+  d.softmax_scale = p.softmax_scale;
+  d.workspace = p.workspace;
+  return d;
+}
+
 void check_params(const MlaAttentionConfig& c, const MlaAttentionParams& p) {
   MS_CHECK(p.m >= 0 && p.heads > 0 && p.kv_lora_rank > 0, "mla_attention: m {} heads {} kv_lora_rank {}", p.m,
            p.heads, p.kv_lora_rank);
@@ -79,12 +108,28 @@ void check_params(const MlaAttentionConfig& c, const MlaAttentionParams& p) {
         "mla_attention: the fp8 decode kernel needs seq_lens of one sequence per token (n_seqs {} vs m {})",
         p.meta.n_seqs, p.m);
   }
+  if (c.kernel == MlaAttentionKernel::Sm90Decode) {
+    MS_CHECK(
+        p.kv.format != KvFormat::F32 && p.kv.width == kMlaHeadDim && p.kv_lora_rank == kMlaLatentDim,
+        "mla_attention: the sm90 decode kernel needs fp8 or bf16 pages of width {} with kv_lora_rank {}, got "
+        "{} width {} rank {}",
+        kMlaHeadDim, kMlaLatentDim, kv_format_name(p.kv.format), p.kv.width, p.kv_lora_rank);
+    MS_CHECK(
+        p.topk != nullptr || (p.meta.seq_lens != nullptr && p.meta.n_seqs == p.m),
+        "mla_attention: the sm90 decode kernel without a selection needs seq_lens of one sequence per token "
+        "(n_seqs {} vs m {})",
+        p.meta.n_seqs, p.m);
+    MS_CHECK(p.topk == nullptr || p.meta.token_seq != nullptr,
+             "mla_attention: the sm90 decode kernel over a selection needs token_seq");
+  }
 }
 
 }  // namespace
 
 const char* mla_attention_kernel_name(MlaAttentionKernel k) {
-  return k == MlaAttentionKernel::Fp8Decode ? "mla_decode_fp8" : "mla_attention_general";
+  return k == MlaAttentionKernel::Fp8Decode    ? "mla_decode_fp8"
+         : k == MlaAttentionKernel::Sm90Decode ? "mla_decode_sm90"
+                                               : "mla_attention_general";
 }
 
 MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const DeviceCaps& caps) {
@@ -92,9 +137,27 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const Device
            "mla_attention_choose: heads {} kv_lora_rank {} rope {} page_size {} m {}", s.heads,
            s.kv_lora_rank, s.rope, s.page_size, s.m);
   MlaAttentionConfig c;
+  const bool sm90_shape = s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim &&
+                          (s.format == KvFormat::FP8E4M3 || s.format == KvFormat::BF16);
+  const bool sm90_batch = s.m > 0 && ((s.decode_only && s.n_seqs == s.m) || s.has_topk);
+  if ((s.prefer == MlaAttentionPrefer::Auto || s.prefer == MlaAttentionPrefer::Sm90Decode) && sm90_shape &&
+      sm90_batch && caps.arch() >= 80 && caps.multiprocessors > 0) {
+    const mla_sm90::Config k = mla_sm90::choose(s.has_topk ? s.m : s.n_seqs, 1, s.heads,
+                                                s.format == KvFormat::FP8E4M3, limits_of(caps));
+    if (k.heads_per_block > 0 && k.units <= 65535 && k.smem <= caps.smem_per_block_optin) {
+      c.kernel = MlaAttentionKernel::Sm90Decode;
+      c.sm90 = k;
+      c.smem_bytes = k.smem;
+      c.workspace_bytes = k.workspace;
+      c.why = s.has_topk ? "attention over a DSA selection, 512 + 64 wide fp8 or bf16 pages"
+                         : "decode-only batch over 512 + 64 wide fp8 or bf16 pages";
+      return c;
+    }
+  }
   const bool fast_shape = s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim &&
                           s.page_size == kMlaPageSize && s.format == KvFormat::FP8E4M3;
-  if (fast_shape && s.decode_only && !s.has_topk && s.n_seqs == s.m && s.m > 0 && caps.arch() >= 80 &&
+  if (s.prefer != MlaAttentionPrefer::General && s.prefer != MlaAttentionPrefer::Sm90Decode && fast_shape &&
+      s.decode_only && !s.has_topk && s.n_seqs == s.m && s.m > 0 && caps.arch() >= 80 &&
       caps.multiprocessors > 0 && kFp8DecodeSmem <= caps.smem_per_block_optin) {
     c.kernel = MlaAttentionKernel::Fp8Decode;
     c.smem_bytes = kFp8DecodeSmem;
@@ -103,7 +166,9 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const Device
     c.why = "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection";
     return c;
   }
-  if (!fast_shape)
+  if (s.prefer == MlaAttentionPrefer::General)
+    c.why = "the general kernel was asked for";
+  else if (!fast_shape)
     c.why = "cache shape or dtype other than fp8 pages of 64 x (512 + 64)";
   else if (!s.decode_only || s.n_seqs != s.m)
     c.why = "prefill tokens in the batch";
@@ -148,6 +213,10 @@ void mla_attention(const MlaAttentionConfig& c, const MlaAttentionParams& p, cud
   if (p.m == 0) return;
   const DeviceCaps caps = current_device_caps();
   check_smem(caps, mla_attention_kernel_name(c.kernel), c.smem_bytes);
+  if (c.kernel == MlaAttentionKernel::Sm90Decode) {
+    mla_decode_sm90(c.sm90, sm90_params(p), stream);
+    return;
+  }
   if (c.kernel == MlaAttentionKernel::General) {
     mla_general_launch(p, c.heads_per_block, c.keys_per_chunk, caps, stream);
     return;

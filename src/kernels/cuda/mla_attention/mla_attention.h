@@ -11,9 +11,13 @@
 //   General:   one block per (token, group of heads); the group's q rows and a chunk of keys (converted to
 //   f32)
 //              in shared memory; scores, an online softmax and the latent accumulation in f32.
-//   Fp8Decode: the tensor-core kernel of kernels/cuda/mla_decode (bf16 q and P, f32 accumulation) when the
-//              batch is decode only (one token per sequence, token i of sequence i), r = 512, rope = 64, page
-//              64, fp8 pages, no selection; q_cat is cast to bf16 into the workspace first.
+//   Sm90Decode: the tensor-core kernel of kernels/cuda/mla_decode/mla_decode_sm90.h (bf16 q and P, f32
+//              accumulation, split plan on the device) when r = 512, rope = 64, the pages are fp8 or bf16 of
+//              any size, and the batch is decode only (one token per sequence, token i of sequence i) or
+//              attends over a DSA selection (any batch: one unit per token). The default where it fits.
+//   Fp8Decode: the older tensor-core kernel of kernels/cuda/mla_decode (decode only, fp8 pages of 64, no
+//              selection; q_cat cast to bf16 into the workspace first), kept as a fallback and chosen when
+//              asked for (prefer = Fp8Decode).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,11 +27,14 @@
 #include <string>
 
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/mla_decode/mla_decode_sm90_config.h"
 #include "kernels/cuda/paged_kv/paged_kv.h"
 
 namespace ms::cuda {
 
-enum class MlaAttentionKernel : uint8_t { General, Fp8Decode };
+enum class MlaAttentionKernel : uint8_t { General, Fp8Decode, Sm90Decode };
+// What the caller asks for (--attention-backend): Auto takes the fastest kernel that fits.
+enum class MlaAttentionPrefer : uint8_t { Auto, General, Fp8Decode, Sm90Decode };
 const char* mla_attention_kernel_name(MlaAttentionKernel k);
 
 // What the host knows of a step's attention call.
@@ -40,6 +47,7 @@ struct MlaAttentionShape {
   bool has_topk = false;     // attention over a DSA selection
   bool decode_only = false;  // every sequence has exactly one token this step and token i is sequence i
   int n_seqs = 0;
+  MlaAttentionPrefer prefer = MlaAttentionPrefer::Auto;
 };
 
 struct MlaAttentionConfig {
@@ -48,6 +56,7 @@ struct MlaAttentionConfig {
   size_t smem_bytes = 0;                        // per block, checked against the device
   int split_target = 0;                         // Fp8Decode: blocks the split plan fills (multiprocessors)
   size_t workspace_bytes = 0;                   // device workspace mla_attention_plan / mla_attention need
+  mla_sm90::Config sm90;                        // Sm90Decode: its tile, ring and split configuration
   std::string why;                              // why this kernel (and not the other)
 };
 

@@ -1,0 +1,402 @@
+// MLA decode attention on the GPU at hand against its roofline, measured in the same run:
+//   copy bandwidth: a 2 GiB device-to-device cudaMemcpy (read + write bytes / time);
+//   BF16 matrix rate: a cuBLASLt 8192^3 bf16 GEMM with f32 accumulation (the math the kernel uses).
+// For each shape: time per call replayed from a CUDA graph, bytes = the KV rows the step references + q
+// (bf16)
+// + out (f32), FLOPs = 2 * tokens * heads * keys * (576 + 512), roofline = max(bytes / copy bandwidth,
+// FLOPs / matrix rate), and the time of the kernel decode used before (the older fp8 kernel for fp8 dense
+// pages of 64, else the general kernel). Pages are spread at random over a pool of at least 256 MB and
+// several block tables rotate through it, so a short context is not served from L2 by the previous call.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/mla_attention/mla_attention.h"
+#include "kernels/cuda/mla_decode/mla_decode.h"
+#include "kernels/cuda/mla_decode/mla_decode_sm90.h"
+
+namespace {
+
+namespace gpu = ms::cuda;
+constexpr int kDim = 576, kLat = 512, kPage = 64;
+
+template <typename F>
+float time_ms(F&& f, int iters, cudaStream_t s = nullptr) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 2; ++i) f();
+  CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) f();
+  CUDA_CHECK(cudaEventRecord(b, s));
+  CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / static_cast<float>(iters);
+}
+
+// Time per call of f(stream) replayed from a CUDA graph of `calls` captured calls (how decode runs).
+template <typename F>
+float time_graph_ms(F&& f, int calls, int replays = 3) {
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  f(s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < calls; ++i) f(s);
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphLaunch(exec, s));
+  const float ms = time_ms([&] { CUDA_CHECK(cudaGraphLaunch(exec, s)); }, replays, s);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return ms / static_cast<float>(calls);
+}
+
+double measure_copy_gbs() {
+  const size_t bytes = size_t{2} << 30;
+  void *src, *dst;
+  CUDA_CHECK(cudaMalloc(&src, bytes));
+  CUDA_CHECK(cudaMalloc(&dst, bytes));
+  CUDA_CHECK(cudaMemset(src, 1, bytes));
+  const float ms =
+      time_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+#define LT_CHECK(x)                                                                                \
+  do {                                                                                             \
+    const cublasStatus_t st_ = (x);                                                                \
+    MS_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt: {} failed ({})", #x, static_cast<int>(st_)); \
+  } while (0)
+
+// Dense BF16 tensor-core rate (TFLOP/s) of an n^3 GEMM through cuBLASLt, f32 accumulation.
+double measure_bf16_tflops() {
+  const int n = 8192;
+  const size_t elems = static_cast<size_t>(n) * n, ws_bytes = size_t{64} << 20;
+  void *a, *b, *c, *ws;
+  CUDA_CHECK(cudaMalloc(&a, elems * 2));
+  CUDA_CHECK(cudaMalloc(&b, elems * 2));
+  CUDA_CHECK(cudaMalloc(&c, elems * 2));
+  CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  CUDA_CHECK(cudaMemset(a, 0x3c, elems * 2));
+  CUDA_CHECK(cudaMemset(b, 0x3c, elems * 2));
+  cublasLtHandle_t lt;
+  LT_CHECK(cublasLtCreate(&lt));
+  cublasLtMatmulDesc_t op;
+  LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt));
+  cublasLtMatrixLayout_t la, lb, lc;
+  LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, n, n));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, n, n));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n));
+  cublasLtMatmulPreference_t pref;
+  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+  MS_CHECK(found > 0, "cuBLASLt found no bf16 GEMM algorithm");
+  const float alpha = 1.f, beta = 0.f;
+  const float ms = time_ms(
+      [&] {
+        LT_CHECK(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &heur.algo, ws, ws_bytes,
+                                nullptr));
+      },
+      10);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  cudaFree(ws);
+  return 2.0 * n * static_cast<double>(n) * n / (ms * 1e-3) / 1e12;
+}
+
+struct Shape {
+  int heads, batch, ctx;
+  bool fp8;
+  int topk;  // 0: dense
+};
+
+void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) {
+  const int eb = s.fp8 ? 1 : 2;
+  const size_t page_bytes = size_t{kPage} * kDim * eb;
+  const int pages_per_seq = (s.ctx + kPage - 1) / kPage;
+  const int need = s.batch * pages_per_seq;
+  const int pool_pages = std::max(need, static_cast<int>((size_t{256} << 20) / page_bytes));
+  const int reps = std::max(1, std::min(4, pool_pages / need));
+  std::mt19937 rng(11);
+  void* pool;
+  CUDA_CHECK(cudaMalloc(&pool, pool_pages * page_bytes));
+  CUDA_CHECK(cudaMemset(pool, s.fp8 ? 0x30 : 0x3c, pool_pages * page_bytes));
+  std::vector<int> perm(pool_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t*> tables(reps);
+  for (int r = 0; r < reps; ++r) {
+    std::vector<int32_t> t(perm.begin() + static_cast<size_t>(r) * need,
+                           perm.begin() + static_cast<size_t>(r + 1) * need);
+    CUDA_CHECK(cudaMalloc(&tables[r], t.size() * 4));
+    CUDA_CHECK(cudaMemcpy(tables[r], t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+  }
+  const int tokens = s.batch;
+  std::vector<int32_t> lens(s.batch, s.ctx), pos(tokens, s.ctx - 1), seq(tokens);
+  std::iota(seq.begin(), seq.end(), 0);
+  std::vector<int32_t> topk(static_cast<size_t>(tokens) * s.topk);
+  for (int i = 0; i < tokens && s.topk; ++i) {  // distinct positions, ascending (as the indexer emits them)
+    std::vector<int32_t> all(s.ctx);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + s.topk);
+    std::copy(all.begin(), all.begin() + s.topk, topk.begin() + static_cast<size_t>(i) * s.topk);
+  }
+  int32_t *dlens, *dpos, *dseq, *dtopk = nullptr;
+  CUDA_CHECK(cudaMalloc(&dlens, lens.size() * 4));
+  CUDA_CHECK(cudaMalloc(&dpos, pos.size() * 4));
+  CUDA_CHECK(cudaMalloc(&dseq, seq.size() * 4));
+  CUDA_CHECK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dseq, seq.data(), seq.size() * 4, cudaMemcpyHostToDevice));
+  if (s.topk) {
+    CUDA_CHECK(cudaMalloc(&dtopk, topk.size() * 4));
+    CUDA_CHECK(cudaMemcpy(dtopk, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice));
+  }
+  const size_t q_elems = static_cast<size_t>(tokens) * s.heads * kDim;
+  const size_t out_elems = static_cast<size_t>(tokens) * s.heads * kLat;
+  void *qb, *qf, *out;
+  CUDA_CHECK(cudaMalloc(&qb, q_elems * 2));
+  CUDA_CHECK(cudaMalloc(&qf, q_elems * 4));
+  CUDA_CHECK(cudaMemset(qb, 0x3c, q_elems * 2));
+  CUDA_CHECK(cudaMemset(qf, 0, q_elems * 4));
+  CUDA_CHECK(cudaMalloc(&out, out_elems * 4));
+
+  // The new kernel.
+  gpu::MlaDecodeSm90Params p;
+  p.q = qb;
+  p.q_bf16 = true;
+  p.q_token_stride = static_cast<int64_t>(s.heads) * kDim;
+  p.kv = pool;
+  p.kv_fp8 = s.fp8;
+  p.kv_scale = 1.f;
+  p.num_pages = pool_pages;
+  p.page_size = kPage;
+  p.block_table = tables[0];
+  p.block_table_stride = pages_per_seq;
+  p.seq_lens = dlens;
+  p.positions = dpos;
+  p.topk = dtopk;
+  p.topk_width = s.topk;
+  p.token_seq = s.topk ? dseq : nullptr;
+  p.out = out;
+  p.out_token_stride = static_cast<int64_t>(s.heads) * kLat;
+  p.n_seqs = s.batch;
+  p.heads = s.heads;
+  p.softmax_scale = 0.0625f;
+  const auto cfg = gpu::mla_decode_sm90_choose(p, gpu::limits_of(caps));
+  void* ws = nullptr;
+  if (cfg.workspace) CUDA_CHECK(cudaMalloc(&ws, cfg.workspace));
+  p.workspace = ws;
+  int which = 0;
+  const float t = time_graph_ms(
+      [&](cudaStream_t st) {
+        p.block_table = tables[which];
+        gpu::mla_decode_sm90(cfg, p, st);
+        which = (which + 1) % reps;
+      },
+      20);
+  // Tuning data: 16-row configurations run two blocks per multiprocessor with a two-tile ring; time also one
+  // block with the deepest ring that fits (more bytes in flight, no second block to overlap with).
+  float t_alt = 0;
+  int alt_stages = 0;
+  if (cfg.blocks_per_sm == 2) {
+    gpu::mla_sm90::Config alt = cfg;
+    for (int st = gpu::mla_sm90::kMaxStages; st > cfg.stages && alt_stages == 0; --st)
+      if (gpu::mla_sm90::smem_bytes(16 * cfg.row_groups, s.fp8, st) <= caps.smem_per_block_optin)
+        alt_stages = st;
+    if (alt_stages) {
+      alt.stages = alt_stages;
+      alt.smem = gpu::mla_sm90::smem_bytes(16 * cfg.row_groups, s.fp8, alt_stages);
+      alt.blocks_per_sm = 1;
+      alt.max_splits =
+          std::clamp(caps.multiprocessors / (alt.units * alt.head_groups), 1, gpu::mla_sm90::kMaxSplits);
+      alt.workspace =
+          alt.max_splits > 1 ? gpu::mla_sm90::workspace_bytes(alt.units, alt.max_splits, s.heads) : 0;
+      void* aws = nullptr;
+      if (alt.workspace) CUDA_CHECK(cudaMalloc(&aws, alt.workspace));
+      gpu::MlaDecodeSm90Params pa = p;
+      pa.workspace = aws;
+      t_alt = time_graph_ms(
+          [&](cudaStream_t st) {
+            pa.block_table = tables[which];
+            gpu::mla_decode_sm90(alt, pa, st);
+            which = (which + 1) % reps;
+          },
+          20);
+      cudaFree(aws);
+    }
+  }
+
+  // The kernel used before: the older fp8 kernel (fp8, dense), else the general kernel.
+  float t_old = 0;
+  const bool old_fp8 = s.fp8 && !s.topk;
+  void* ows = nullptr;
+  if (old_fp8) {
+    gpu::MlaDecodeParams o;
+    o.q = static_cast<const __nv_bfloat16*>(qb);
+    o.q_batch_stride = static_cast<int64_t>(s.heads) * kDim;
+    o.kv = static_cast<const uint8_t*>(pool);
+    o.block_table = tables[0];
+    o.block_table_stride = pages_per_seq;
+    o.seq_lens = dlens;
+    o.out = out;
+    o.out_batch_stride = static_cast<int64_t>(s.heads) * kLat;
+    o.batch = s.batch;
+    o.heads = s.heads;
+    o.num_pages = pool_pages;
+    o.softmax_scale = 0.0625f;
+    o.split_target = caps.multiprocessors;
+    CUDA_CHECK(cudaMalloc(&ows, gpu::mla_decode_workspace_bytes(s.batch, s.heads, caps.multiprocessors)));
+    o.workspace = ows;
+    gpu::mla_decode_plan(o, nullptr);  // once per step, shared by every layer: not in the timing
+    CUDA_CHECK(cudaDeviceSynchronize());
+    t_old = time_graph_ms(
+        [&](cudaStream_t st) {
+          o.block_table = tables[which];
+          gpu::mla_decode(o, st);
+          which = (which + 1) % reps;
+        },
+        20);
+  } else {
+    gpu::MlaAttentionShape sh;
+    sh.m = tokens;
+    sh.heads = s.heads;
+    sh.kv_lora_rank = kLat;
+    sh.rope = kDim - kLat;
+    sh.page_size = kPage;
+    sh.format = s.fp8 ? gpu::KvFormat::FP8E4M3 : gpu::KvFormat::BF16;
+    sh.has_topk = s.topk > 0;
+    sh.decode_only = true;
+    sh.n_seqs = s.batch;
+    sh.prefer = gpu::MlaAttentionPrefer::General;
+    const auto oc = gpu::mla_attention_choose(sh, caps);
+    gpu::MlaAttentionParams a;
+    a.q_cat = static_cast<const float*>(qf);
+    a.kv = {pool, sh.format, 1.f, pool_pages, kPage, kDim};
+    a.meta.token_seq = dseq;
+    a.meta.positions = dpos;
+    a.meta.block_table = tables[0];
+    a.meta.max_blocks = pages_per_seq;
+    a.meta.seq_lens = dlens;
+    a.meta.n_seqs = s.batch;
+    a.topk = dtopk;
+    a.topk_width = s.topk;
+    a.lat = static_cast<float*>(out);
+    a.m = tokens;
+    a.heads = s.heads;
+    a.kv_lora_rank = kLat;
+    a.softmax_scale = 0.0625f;
+    if (oc.workspace_bytes) CUDA_CHECK(cudaMalloc(&ows, oc.workspace_bytes));
+    a.workspace = ows;
+    const bool slow = !s.topk && static_cast<double>(s.batch) * s.ctx * s.heads > 64.0 * 32768 * 64;
+    t_old = time_graph_ms(
+        [&](cudaStream_t st) {
+          a.meta.block_table = tables[which];
+          gpu::mla_attention(oc, a, st);
+          which = (which + 1) % reps;
+        },
+        slow ? 2 : 5, 1);
+  }
+
+  const double keys = s.topk ? s.topk : s.ctx;
+  const double bytes = tokens * keys * kDim * eb + q_elems * 2.0 + out_elems * 4.0;
+  const double flops = 2.0 * tokens * s.heads * keys * (kDim + kLat);
+  const double mem_us = bytes / (bw * 1e9) * 1e6, math_us = flops / (tflops * 1e12) * 1e6;
+  const double roof_us = std::max(mem_us, math_us), t_us = t * 1e3;
+  char name[64];
+  std::snprintf(name, sizeof name, "h%d b%d %s %s%s", s.heads, s.batch,
+                s.ctx >= 1024 ? (std::to_string(s.ctx / 1024) + "k").c_str() : std::to_string(s.ctx).c_str(),
+                s.fp8 ? "fp8" : "bf16", s.topk ? (" dsa" + std::to_string(s.topk)).c_str() : "");
+  std::printf(
+      "%-26s %9.1f %8.2f %9.2f %9.2f %9.2f %9.2f %8.0f %8.1f %6.0f%% %10.2f %6.2fx  splits %d stages %d hb "
+      "%d\n",
+      name, bytes / 1e6, flops / 1e9, mem_us, math_us, roof_us, t_us, bytes / (t * 1e-3) / 1e9,
+      flops / (t * 1e-3) / 1e12, 100.0 * roof_us / t_us, t_old * 1e3, t_old / t, cfg.max_splits, cfg.stages,
+      cfg.heads_per_block);
+  if (t_alt > 0)
+    std::printf("%-26s   one block per SM, %d-tile ring: %.2f us (%.0f%% of roofline)\n", "", alt_stages,
+                t_alt * 1e3, 100.0 * roof_us / (t_alt * 1e3));
+  std::fflush(stdout);
+  for (auto* tb : tables) cudaFree(tb);
+  cudaFree(pool);
+  cudaFree(dlens);
+  cudaFree(dpos);
+  cudaFree(dseq);
+  cudaFree(dtopk);
+  cudaFree(qb);
+  cudaFree(qf);
+  cudaFree(out);
+  cudaFree(ws);
+  cudaFree(ows);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (gpu::device_count() == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";  // the four headline shapes only
+  const auto caps = gpu::query_device(0);
+  const double bw = measure_copy_gbs(), tflops = measure_bf16_tflops();
+  std::printf("device: %s (sm_%d, %d SMs, %zu KiB smem/block opt-in)\n", caps.name.c_str(), caps.arch(),
+              caps.multiprocessors, caps.smem_per_block_optin / 1024);
+  std::printf(
+      "ceilings (this run): device-to-device copy %.0f GB/s (read + write); bf16 GEMM (cuBLASLt 8192^3) "
+      "%.0f TFLOP/s\n",
+      bw, tflops);
+  std::printf(
+      "times: per call, replayed from a CUDA graph; pages of 64 tokens; old = previous kernel "
+      "(fp8 dense: mla_decode, else mla_attention_general)\n\n");
+  std::printf("%-26s %9s %8s %9s %9s %9s %9s %8s %8s %7s %10s %7s\n", "shape", "MB", "GFLOP", "mem us",
+              "math us", "roof us", "time us", "GB/s", "TFLOP/s", "%roof", "old us", "speedup");
+  std::vector<Shape> shapes;
+  if (quick) {
+    shapes = {{64, 32, 4096, true, 0},
+              {64, 1, 32768, true, 0},
+              {8, 64, 4096, true, 0},
+              {64, 32, 32768, true, 2048}};
+  } else {
+    for (bool fp8 : {true, false})
+      for (int heads : {8, 16, 64, 128})
+        for (int batch : {1, 32, 64})
+          for (int ctx : {4096, 32768}) shapes.push_back({heads, batch, ctx, fp8, 0});
+    for (bool fp8 : {true, false})
+      for (int heads : {8, 16, 64, 128})
+        for (int batch : {1, 8, 32, 64}) shapes.push_back({heads, batch, 32768, fp8, 2048});
+  }
+  for (const auto& s : shapes) run(s, caps, bw, tflops);
+  return 0;
+}

@@ -1,0 +1,574 @@
+// Tensor-core MLA decode (see mla_decode_sm90.h): split pass and log-sum-exp combine pass.
+//
+// Split pass, one block = (split, head group, unit), 8 warps, per tile of 32 keys:
+//   the keys' rows (page, slot looked up by warp 0 one tile ahead, from positions or the DSA selection) are
+//   copied raw with cp.async into a ring of `stages` tiles; rows a token may not see are zero-filled by the
+//   copy (src-size 0), so NaN bytes of page tails never reach shared memory;
+//   fp8: the tile is widened once to bf16 (exact: e4m3 is a subset of bf16) into a padded tile;
+//   S[rows, 32] = Q K^T    warp w: row group w % RG, all 32 keys, a 1/KS share of the 576-long k range
+//                          (KS = 8 / RG), the KS partials summed by the softmax;
+//   softmax: 4 threads per row, 8 keys each, online in f32 with exp2 (scores pre-scaled by log2 e);
+//   O[rows, 512] += P V    warp w owns output columns 64w..64w+63 of every row (V read once per block),
+//                          O = 2 * rows f32 registers per lane.
+//
+// mma.sync.m16n8k16.row.col (bf16 in, f32 accumulate), per lane g = lane / 4, t = lane % 4:
+//   A (16 x 16, row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+//   B (16 x 8, k x n):      b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+//   C (16 x 8):             c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+// ldmatrix.x4 gives lane l the row l/4, columns 2(l%4)..+1 of each of 4 8x8 matrices (.trans: the transpose),
+// matrix k's row addresses taken from lanes 8k..8k+7:
+//   A from row-major [row][k]:  lane -> row (l & 15), column 8 (l >> 4)      => a0..a3
+//   B = K^T from [key][k]:      lane -> key (l & 7) + 8 (l >> 4), k 8((l >> 3) & 1)
+//                               => r0,r1 = b0,b1 of keys 0-7, r2,r3 = b0,b1 of keys 8-15
+//   B = V from [key][dim], .trans: lane -> key (l & 7) + 8((l >> 3) & 1), dim 8 (l >> 4)
+//                               => r0,r1 = b0,b1 of dims 0-7, r2,r3 = b0,b1 of dims 8-15
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/mla_decode/mla_decode_sm90.h"
+
+namespace ms::cuda {
+namespace {
+
+using namespace mla_sm90;
+using bf16 = __nv_bfloat16;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kNoKey = 0x7fffffff;  // key position of a row that is not loaded: above every query position
+constexpr int kSStride = kTileKeys + 4;  // floats per row of the partial score tile
+constexpr int kPStride = kTileKeys + 8;  // bf16 per row of P: 80 bytes, ldmatrix conflict-free
+
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most n groups are pending (n < kMaxStages).
+__device__ __forceinline__ void cp_async_wait(int n) {
+  switch (n) {
+    case 0:
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      break;
+    case 1:
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      break;
+    case 2:
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+      break;
+    case 3:
+      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+      break;
+    default:
+      asm volatile("cp.async.wait_group 4;\n" ::: "memory");
+      break;
+  }
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// Two fp8 e4m3 values (low byte first) -> bf16x2, exact.
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return pack_bf16(f.x, f.y);
+}
+
+__device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
+  if (p.topk) return p.topk_width;
+  return min(max(p.seq_lens[u], 0), p.block_table_stride * p.page_size);
+}
+
+// Tiles per split: the same in every block of both passes (the longest unit's tiles over max_splits, at
+// least min_tiles). `red` is 32 ints of shared memory; contains a __syncthreads.
+__device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int min_tiles, int* red) {
+  int mk = 0;
+  if (p.topk) {
+    mk = p.topk_width;
+  } else {
+    for (int b = threadIdx.x; b < p.n_seqs; b += blockDim.x) mk = max(mk, unit_keys(p, b));
+    mk = __reduce_max_sync(0xffffffffu, mk);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mk;
+    __syncthreads();
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) mk = max(mk, red[w]);
+  }
+  const int tiles = (mk + kTileKeys - 1) / kTileKeys;
+  return max(min_tiles, (tiles + max_splits - 1) / max_splits);
+}
+
+__device__ __forceinline__ int unit_splits(int keys, int tps) {
+  return max(1, ((keys + kTileKeys - 1) / kTileKeys + tps - 1) / tps);
+}
+
+template <int RG, bool FP8>
+__global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
+    mla_sm90_split(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits, int min_tiles,
+                   float* __restrict__ part, float* __restrict__ lse) {
+  constexpr int M = 16 * RG;  // rows of the block
+  constexpr int KS = 8 / RG;  // k-range shares of the score product (8 warps / RG row groups)
+  constexpr int CPR = FP8 ? kDim / 16 : kDim / 8;  // 16-byte chunks per cache row
+  constexpr size_t kStageBytes = FP8 ? size_t{kTileKeys} * kDim : size_t{2} * kTileKeys * kRowStride;
+  const int split = blockIdx.x, hg = blockIdx.y, u = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const bool dsa = p.topk != nullptr;
+
+  extern __shared__ uint4 smem_raw[];
+  unsigned char* sp = reinterpret_cast<unsigned char*>(smem_raw);
+  bf16* q_s = reinterpret_cast<bf16*>(sp);  // [M][kRowStride]
+  sp += size_t{2} * M * kRowStride;
+  bf16* conv_s = reinterpret_cast<bf16*>(sp);  // [32][kRowStride] (fp8 only)
+  if (FP8) sp += size_t{2} * kTileKeys * kRowStride;
+  unsigned char* ring = sp;  // [stages][kStageBytes]
+  sp += stages * kStageBytes;
+  float* s_part = reinterpret_cast<float*>(sp);  // [KS][M][kSStride] (KS * M = 128 rows)
+  sp += size_t{4} * kScoreRows * kSStride;
+  bf16* p_s = reinterpret_cast<bf16*>(sp);  // [M][kPStride]
+  sp += size_t{2} * M * kPStride;
+  float* corr_s = reinterpret_cast<float*>(sp);  // [64]
+  float* l_s = corr_s + kMaxRows;
+  float* m_s = l_s + kMaxRows;
+  int* rowpos_s = reinterpret_cast<int*>(m_s + kMaxRows);
+  sp += size_t{4} * 4 * kMaxRows;
+  int2* meta_s = reinterpret_cast<int2*>(sp);  // [stages + 1][32] (row slot, key position)
+  sp += size_t{8} * (stages + 1) * kTileKeys;
+  int* red = reinterpret_cast<int*>(sp);  // [16]
+
+  // The plan: this unit's splits and this split's tiles.
+  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
+  const int keys = unit_keys(p, u);
+  const int nsplit = unit_splits(keys, tps);
+  if (split >= nsplit) return;
+  const int total_tiles = (keys + kTileKeys - 1) / kTileKeys;
+  const int tile_begin = split * tps;
+  const int ntiles = max(0, min(total_tiles, tile_begin + tps) - tile_begin);
+  const int seq = dsa ? (p.token_seq ? p.token_seq[u] : u / p.q_per_seq) : u;
+  const int unit_pos = dsa ? p.positions[u] : 0;
+  const int max_pos = p.block_table_stride * p.page_size;
+  const int32_t* table = p.block_table + static_cast<int64_t>(seq) * p.block_table_stride;
+
+  // Rows: r = j * hb + local head; rows past qu * hb or past `heads` are padding (position -1: no key).
+  auto row_token = [&](int r, int& token, int& head) {
+    const int j = r / hb;
+    head = hg * hb + r % hb;
+    token = dsa ? u : u * p.q_per_seq + j;
+    return r < hb * qu && head < p.heads;
+  };
+  if (tid < M) {
+    int token, head;
+    rowpos_s[tid] = row_token(tid, token, head) ? p.positions[token] : -1;
+  }
+  for (int i = tid; i < M * (kDim / 8); i += kThreads) {
+    const int r = i / (kDim / 8), c = i % (kDim / 8);
+    int token, head;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row_token(r, token, head)) {
+      const int64_t off = token * p.q_token_stride + static_cast<int64_t>(head) * kDim + c * 8;
+      if (p.q_bf16) {
+        v = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.q) + off));
+      } else {
+        const float4* f = reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + off);
+        const float4 a = __ldg(f), b = __ldg(f + 1);
+        v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+      }
+    }
+    *reinterpret_cast<uint4*>(q_s + r * kRowStride + c * 8) = v;
+  }
+
+  // Key metadata, warp 0, lane = key of the tile: the DSA entry is read one tile before its page id, the
+  // page id one tile before it is written to shared memory, so neither load stalls the loop.
+  auto topk_entry = [&](int T) -> int {
+    const int k = (tile_begin + T) * kTileKeys + lane;
+    return (T < ntiles && k < p.topk_width) ? __ldg(p.topk + static_cast<int64_t>(u) * p.topk_width + k) : -1;
+  };
+  struct KeyMeta {
+    int page, pos;
+  };
+  auto load_meta = [&](int T, int e) -> KeyMeta {
+    int pos;
+    bool ok;
+    if (dsa) {
+      pos = e;
+      ok = e >= 0 && e <= unit_pos && e < max_pos;
+    } else {
+      pos = (tile_begin + T) * kTileKeys + lane;
+      ok = T < ntiles && pos < keys;
+    }
+    if (!ok) return {0, kNoKey};
+    return {__ldg(table + pos / p.page_size), pos};
+  };
+  auto store_meta = [&](int T, const KeyMeta& k) {
+    int2 v = make_int2(0, kNoKey);
+    if (k.pos != kNoKey) {
+      const int page = min(max(k.page, 0), p.num_pages - 1);  // a bad id reads a wrong page, never outside
+      v = make_int2(page * p.page_size + k.pos % p.page_size, k.pos);
+    }
+    meta_s[(T % (stages + 1)) * kTileKeys + lane] = v;
+  };
+  KeyMeta next{0, kNoKey};
+  int pre_e = -1;
+  if (warp == 0) {
+    int e = dsa ? topk_entry(0) : 0;
+    for (int T = 0; T < stages; ++T) {
+      const int en = dsa ? topk_entry(T + 1) : 0;
+      store_meta(T, load_meta(T, e));
+      e = en;
+    }
+    next = load_meta(stages, e);
+    pre_e = dsa ? topk_entry(stages + 1) : 0;
+  }
+  __syncthreads();
+
+  const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
+  constexpr int kRowBytes = FP8 ? kDim : 2 * kDim;
+  auto issue = [&](int T) {
+    if (T < ntiles) {
+      const int2* m = meta_s + (T % (stages + 1)) * kTileKeys;
+      unsigned char* dst = ring + (T % stages) * kStageBytes;
+      constexpr int kDstRow = FP8 ? kDim : 2 * kRowStride;
+      for (int c = tid; c < kTileKeys * CPR; c += kThreads) {
+        const int key = c / CPR, col = c % CPR;
+        const int2 mk = m[key];
+        cp_async16_zfill(dst + key * kDstRow + col * 16,
+                         kv + static_cast<int64_t>(mk.x) * kRowBytes + col * 16, mk.y != kNoKey ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int T = 0; T < stages - 1; ++T) issue(T);
+
+  const float score_scale = p.softmax_scale * (FP8 ? p.kv_scale : 1.f) * kLog2e;
+  float o[RG][8][4];
+#pragma unroll
+  for (int a = 0; a < RG; ++a)
+#pragma unroll
+    for (int b = 0; b < 8; ++b) o[a][b][0] = o[a][b][1] = o[a][b][2] = o[a][b][3] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;  // softmax state of row tid / 4 (threads tid < 4M)
+  const int srow = tid >> 2, sq = tid & 3;
+
+  for (int i = 0; i < ntiles; ++i) {
+    cp_async_wait(stages - 2);
+    __syncthreads();  // tile i landed; every warp is done with tile i - 1 (its stage, S, P, meta)
+    issue(i + stages - 1);
+    const bf16* tile;
+    if (FP8) {
+      const uint4* raw = reinterpret_cast<const uint4*>(ring + (i % stages) * kStageBytes);
+      for (int c = tid; c < kTileKeys * CPR; c += kThreads) {
+        const int key = c / CPR, col = c % CPR;
+        const uint4 v = raw[c];
+        uint4* d = reinterpret_cast<uint4*>(conv_s + key * kRowStride + col * 16);
+        d[0] = make_uint4(fp8x2_to_bf16x2(v.x), fp8x2_to_bf16x2(v.x >> 16), fp8x2_to_bf16x2(v.y),
+                          fp8x2_to_bf16x2(v.y >> 16));
+        d[1] = make_uint4(fp8x2_to_bf16x2(v.z), fp8x2_to_bf16x2(v.z >> 16), fp8x2_to_bf16x2(v.w),
+                          fp8x2_to_bf16x2(v.w >> 16));
+      }
+      tile = conv_s;
+      __syncthreads();
+    } else {
+      tile = reinterpret_cast<const bf16*>(ring + (i % stages) * kStageBytes);
+    }
+    if (warp == 0) {
+      store_meta(i + stages, next);
+      next = load_meta(i + stages + 1, pre_e);
+      if (dsa) pre_e = topk_entry(i + stages + 2);
+    }
+
+    // Partial scores: row group rg x all 32 keys over k share ks (36 / KS k-steps, rounded per share).
+    {
+      const int rg = warp % RG, ks = warp / RG;
+      float acc[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+      const bf16* qa = q_s + (16 * rg + (lane & 15)) * kRowStride + (lane >> 4) * 8;
+      const bf16* kb = tile + ((lane & 7) + ((lane >> 4) << 3)) * kRowStride + ((lane >> 3) & 1) * 8;
+      const int k_begin = ks * (kDim / 16) / KS, k_end = (ks + 1) * (kDim / 16) / KS;
+#pragma unroll 3
+      for (int kk = k_begin; kk < k_end; ++kk) {
+        uint32_t a[4], r0[4], r1[4];
+        ldsm_x4(a, qa + 16 * kk);
+        ldsm_x4(r0, kb + 16 * kk);                    // keys 0-15
+        ldsm_x4(r1, kb + 16 * kRowStride + 16 * kk);  // keys 16-31
+        mma_bf16(acc[0], a, r0[0], r0[1]);
+        mma_bf16(acc[1], a, r0[2], r0[3]);
+        mma_bf16(acc[2], a, r1[0], r1[1]);
+        mma_bf16(acc[3], a, r1[2], r1[3]);
+      }
+      float* dst = s_part + ks * M * kSStride;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int col = 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(dst + (16 * rg + g) * kSStride + col) =
+            make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2*>(dst + (16 * rg + g + 8) * kSStride + col) =
+            make_float2(acc[nt][2], acc[nt][3]);
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: row srow, keys 8sq..8sq+7 (the 4 threads of a row are lanes of one warp).
+    if (srow < M) {
+      const int rp = rowpos_s[srow];
+      const int2* mk = meta_s + (i % (stages + 1)) * kTileKeys;
+      float s[8], mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int key = 8 * sq + c;
+        float v = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) v += s_part[(ks * M + srow) * kSStride + key];
+        s[c] = mk[key].y <= rp ? v * score_scale : -INFINITY;
+        mx = fmaxf(mx, s[c]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run, mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+      const float corr = exp2f(m_run - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        s[c] = exp2f(s[c] - m_use);
+        sum += s[c];
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l_run = l_run * corr + sum;
+      m_run = m_new;
+      *reinterpret_cast<uint4*>(p_s + srow * kPStride + 8 * sq) = make_uint4(
+          pack_bf16(s[0], s[1]), pack_bf16(s[2], s[3]), pack_bf16(s[4], s[5]), pack_bf16(s[6], s[7]));
+      if (sq == 0) corr_s[srow] = corr;
+    }
+    __syncthreads();
+
+    // O[:, 64 warp .. 64 warp + 63] = corr * O + P V.
+#pragma unroll
+    for (int rg = 0; rg < RG; ++rg) {
+      const float c0 = corr_s[16 * rg + g], c1 = corr_s[16 * rg + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        o[rg][nt][0] *= c0;
+        o[rg][nt][1] *= c0;
+        o[rg][nt][2] *= c1;
+        o[rg][nt][3] *= c1;
+      }
+    }
+    const bf16* vb = tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowStride + 64 * warp + (lane >> 4) * 8;
+#pragma unroll
+    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+      uint32_t b[8][2];
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t r[4];
+        ldsm_x4_trans(r, vb + kk * 16 * kRowStride + np * 16);
+        b[2 * np][0] = r[0];
+        b[2 * np][1] = r[1];
+        b[2 * np + 1][0] = r[2];
+        b[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int rg = 0; rg < RG; ++rg) {
+        uint32_t a[4];
+        ldsm_x4(a, p_s + (16 * rg + (lane & 15)) * kPStride + (lane >> 4) * 8 + 16 * kk);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) mma_bf16(o[rg][nt], a, b[nt][0], b[nt][1]);
+      }
+    }
+  }
+  cp_async_wait(0);  // no copy may still target shared memory when the block exits
+
+  if (srow < M && sq == 0) {
+    l_s[srow] = l_run;
+    m_s[srow] = m_run;
+  }
+  __syncthreads();
+  const float out_scale = FP8 ? p.kv_scale : 1.f;
+  const int rows_per_unit = qu * p.heads;
+#pragma unroll
+  for (int rg = 0; rg < RG; ++rg)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = 16 * rg + g + 8 * hf;
+      int token, head;
+      if (!row_token(r, token, head)) continue;
+      const float l = l_s[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      if (nsplit == 1) {
+        const int64_t base =
+            token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + 64 * warp + 2 * t;
+        const float f = inv * out_scale;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const float x = o[rg][nt][2 * hf] * f, y = o[rg][nt][2 * hf + 1] * f;
+          if (p.out_bf16)
+            *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.out) + base + 8 * nt) = pack_bf16(x, y);
+          else
+            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + 8 * nt) = make_float2(x, y);
+        }
+      } else {
+        const int row_id = (r / hb) * p.heads + head;
+        const size_t slot = (static_cast<size_t>(u) * max_splits + split) * rows_per_unit + row_id;
+        float* dst = part + slot * kLatent + 64 * warp + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<float2*>(dst + 8 * nt) =
+              make_float2(o[rg][nt][2 * hf] * inv, o[rg][nt][2 * hf + 1] * inv);
+        if (warp == 0 && t == 0) lse[slot] = l > 0.f ? m_s[r] + log2f(l) : -INFINITY;
+      }
+    }
+}
+
+// One block per (unit, row of the unit): weights 2^(lse_s - max) over the unit's splits, in split order.
+__global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, int min_tiles,
+                                 const float* __restrict__ lse, const float* __restrict__ part) {
+  __shared__ int red[32];
+  const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
+  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
+  const int nsplit = unit_splits(unit_keys(p, u), tps);
+  if (nsplit <= 1) return;  // the split pass wrote this unit's output
+  const int j = row_id / p.heads, head = row_id % p.heads;
+  const int token = p.topk ? u : u * p.q_per_seq + j;
+  const int rows_per_unit = qu * p.heads;
+  const size_t first = static_cast<size_t>(u) * max_splits * rows_per_unit + row_id;
+  float mx = -INFINITY;
+  for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, lse[first + static_cast<size_t>(s) * rows_per_unit]);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;
+  if (mx != -INFINITY)
+    for (int s = 0; s < nsplit; ++s) {
+      const size_t slot = first + static_cast<size_t>(s) * rows_per_unit;
+      const float w = exp2f(lse[slot] - mx);
+      const float4 v = *reinterpret_cast<const float4*>(part + slot * kLatent + d);
+      wsum += w;
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    }
+  const float f = wsum > 0.f ? (p.kv_fp8 ? p.kv_scale : 1.f) / wsum : 0.f;
+  const int64_t o = token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + d;
+  if (p.out_bf16) {
+    *reinterpret_cast<uint2*>(static_cast<bf16*>(p.out) + o) =
+        make_uint2(pack_bf16(acc.x * f, acc.y * f), pack_bf16(acc.z * f, acc.w * f));
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(p.out) + o) =
+        make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
+  }
+}
+
+void check_params(const mla_sm90::Config& c, const MlaDecodeSm90Params& p) {
+  MS_CHECK(p.n_seqs > 0 && p.heads > 0, "mla_decode_sm90: n_seqs = {} and heads = {} must be positive",
+           p.n_seqs, p.heads);
+  MS_CHECK(p.q_per_seq >= 1 && p.q_per_seq <= 4, "mla_decode_sm90: q_per_seq = {} must be 1..4", p.q_per_seq);
+  MS_CHECK(p.page_size > 0 && p.num_pages > 0 && p.block_table_stride > 0,
+           "mla_decode_sm90: page_size {}, num_pages {} and block_table_stride {} must be positive",
+           p.page_size, p.num_pages, p.block_table_stride);
+  MS_CHECK(p.q && p.kv && p.block_table && p.positions && p.out,
+           "mla_decode_sm90: q, kv, block_table, positions and out must all be set");
+  MS_CHECK(p.topk != nullptr || p.seq_lens != nullptr, "mla_decode_sm90: a dense launch needs seq_lens");
+  MS_CHECK((p.topk == nullptr) == (p.topk_width == 0) && p.topk_width >= 0,
+           "mla_decode_sm90: topk pointer and topk_width {} disagree", p.topk_width);
+  MS_CHECK(
+      reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_token_stride % 8 == 0 &&
+          p.q_token_stride >= static_cast<int64_t>(p.heads) * kDim,
+      "mla_decode_sm90: q must be 16-byte aligned with q_token_stride (= {}) a multiple of 8 and >= heads * "
+      "576",
+      p.q_token_stride);
+  MS_CHECK(reinterpret_cast<uintptr_t>(p.kv) % 16 == 0, "mla_decode_sm90: kv pool must be 16-byte aligned");
+  MS_CHECK(reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_token_stride % 4 == 0 &&
+               p.out_token_stride >= static_cast<int64_t>(p.heads) * kLatent,
+           "mla_decode_sm90: out must be 16-byte aligned with out_token_stride (= {}) a multiple of 4 and >= "
+           "heads * 512",
+           p.out_token_stride);
+  MS_CHECK(c.heads_per_block > 0 && c.stages >= 2 && c.stages <= kMaxStages && c.max_splits >= 1 &&
+               c.max_splits <= kMaxSplits && c.min_tiles_per_split >= 1,
+           "mla_decode_sm90: no configuration (heads_per_block {}, stages {}): shared memory of {} bytes "
+           "does not fit",
+           c.heads_per_block, c.stages, c.smem);
+  const int units = p.topk ? p.n_seqs * p.q_per_seq : p.n_seqs;
+  MS_CHECK(c.units == units && c.q_per_unit == (p.topk ? 1 : p.q_per_seq),
+           "mla_decode_sm90: config made for {} units of {} tokens, params have {} of {}", c.units,
+           c.q_per_unit, units, p.topk ? 1 : p.q_per_seq);
+  MS_CHECK(c.max_splits == 1 || (p.workspace && reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0),
+           "mla_decode_sm90: workspace of {} bytes must be set and 256-byte aligned", c.workspace);
+}
+
+template <int RG, bool FP8>
+void launch(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part, float* lse,
+            cudaStream_t stream) {
+  auto* k = mla_sm90_split<RG, FP8>;
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem)));
+  const dim3 grid(c.max_splits, c.head_groups, c.units);
+  k<<<grid, kThreads, c.smem, stream>>>(p, c.heads_per_block, c.q_per_unit, c.stages, c.max_splits,
+                                        c.min_tiles_per_split, part, lse);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+mla_sm90::Config mla_decode_sm90_choose(const MlaDecodeSm90Params& p, const DeviceLimits& dev) {
+  const bool dsa = p.topk != nullptr;
+  return mla_sm90::choose(dsa ? p.n_seqs * p.q_per_seq : p.n_seqs, dsa ? 1 : p.q_per_seq, p.heads, p.kv_fp8,
+                          dev);
+}
+
+void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cudaStream_t stream) {
+  check_params(c, p);
+  check_smem(current_device_caps(), "mla_decode_sm90", c.smem);
+  MS_CHECK(c.units <= 65535, "mla_decode_sm90: {} units exceed the grid's z limit 65535", c.units);
+  const size_t n = static_cast<size_t>(c.units) * c.max_splits * c.q_per_unit * p.heads;
+  float* part = static_cast<float*>(p.workspace);
+  float* lse = part ? part + (n * kLatent * 4 + 255) / 256 * 64 : nullptr;
+  switch (c.row_groups * 2 + (p.kv_fp8 ? 1 : 0)) {
+    case 2:
+      launch<1, false>(c, p, part, lse, stream);
+      break;
+    case 3:
+      launch<1, true>(c, p, part, lse, stream);
+      break;
+    case 4:
+      launch<2, false>(c, p, part, lse, stream);
+      break;
+    case 5:
+      launch<2, true>(c, p, part, lse, stream);
+      break;
+    case 8:
+      launch<4, false>(c, p, part, lse, stream);
+      break;
+    case 9:
+      launch<4, true>(c, p, part, lse, stream);
+      break;
+    default:
+      MS_THROW("mla_decode_sm90: row_groups {} must be 1, 2 or 4", c.row_groups);
+  }
+  if (c.max_splits > 1) {
+    mla_sm90_combine<<<dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0, stream>>>(
+        p, c.q_per_unit, c.max_splits, c.min_tiles_per_split, lse, part);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace ms::cuda

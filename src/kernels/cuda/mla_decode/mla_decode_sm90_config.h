@@ -1,0 +1,119 @@
+// Tile and split choice of the tensor-core MLA decode kernel (mla_decode_sm90.h), free of CUDA types so that
+// its fit on a device is decided and tested without a GPU.
+//
+// A block owns one unit (a sequence with its 1-4 query tokens, or one token attending to its DSA selection),
+// one group of heads and one split of the unit's keys. Its rows (the M dimension of the matrix products) are
+// heads_per_block x query tokens, padded to 16 x row_groups. Keys go through shared memory 32 at a time in a
+// ring of `stages` tiles.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "kernels/cuda/common/kernel_fit.h"
+
+namespace ms::cuda {
+
+namespace mla_sm90 {
+
+constexpr int kDim = 576;             // latent 512 + rope 64: what a KV row holds and q is dotted with
+constexpr int kLatent = 512;          // the value part and the output width
+constexpr int kTileKeys = 32;         // keys per pipeline tile
+constexpr int kThreads = 256;         // 8 warps
+constexpr int kRowStride = kDim + 8;  // bf16 elements per shared row (1168 bytes: ldmatrix conflict-free)
+constexpr int kMaxRows = 64;          // rows of one block: O of 64 rows x 512 f32 is half the register file
+constexpr int kMaxSplits = 128;
+constexpr int kMaxStages = 6;
+constexpr int kScoreRows = 128;  // partial score rows: 8 warps / row groups k-shares x 16 rows each
+
+// Shared memory of one block: q [rows][584] bf16, the bf16 tile an fp8 tile is widened into, the ring of raw
+// tiles, partial scores [128][36] f32, P [rows][40] bf16, per-row state and the key metadata ring.
+constexpr size_t smem_bytes(int rows, bool fp8, int stages) {
+  const size_t q = size_t{2} * rows * kRowStride;
+  const size_t conv = fp8 ? size_t{2} * kTileKeys * kRowStride : 0;
+  const size_t stage = fp8 ? size_t{kTileKeys} * kDim : size_t{2} * kTileKeys * kRowStride;
+  const size_t scores = size_t{4} * kScoreRows * (kTileKeys + 4);
+  const size_t p = size_t{2} * rows * (kTileKeys + 8);
+  const size_t rowstate = size_t{4} * 4 * kMaxRows;
+  const size_t meta = size_t{8} * (stages + 1) * kTileKeys;
+  return q + conv + stages * stage + scores + p + rowstate + meta + 64;
+}
+
+struct Config {
+  int q_per_unit = 1;       // query tokens per unit (1 for DSA)
+  int heads_per_block = 0;  // heads of one block; rows = heads_per_block * q_per_unit
+  int row_groups = 0;       // 1, 2 or 4: rows padded to 16 * row_groups
+  int head_groups = 0;      // blocks along the heads
+  int stages = 0;
+  int blocks_per_sm = 0;  // what the shared memory and registers allow
+  int units = 0;
+  int max_splits = 0;  // grid = (max_splits, head_groups, units); the device plan uses up to this many
+  // Fewest 32-key tiles in a split: a split writes rows x 512 f32 of partial output, so it must read several
+  // times that in keys (rows / 8 tiles of fp8 keys = 2.25x) to be worth its partials.
+  int min_tiles_per_split = 2;
+  size_t smem = 0;
+  size_t workspace = 0;  // partial outputs and log-sum-exps, bytes
+};
+
+inline size_t workspace_bytes(int units, int max_splits, int rows_per_unit) {
+  const size_t n = size_t(units) * max_splits * rows_per_unit;
+  return (n * kLatent * 4 + 255) / 256 * 256 + (n * 4 + 255) / 256 * 256;
+}
+
+// units: sequences (dense) or tokens (DSA); q_per_unit: query tokens of a unit. Returns heads_per_block = 0
+// when nothing fits (the caller names the limit).
+inline Config choose(int units, int q_per_unit, int heads, bool fp8, const DeviceLimits& dev) {
+  Config c;
+  c.q_per_unit = q_per_unit;
+  c.units = units;
+  if (units <= 0 || q_per_unit < 1 || q_per_unit > 4 || heads <= 0 || dev.arch < 80) return c;
+  int hb = 64;
+  while (hb > 1 && (hb * q_per_unit > kMaxRows || hb >= 2 * heads)) hb /= 2;
+  const int rows = hb * q_per_unit;
+  c.heads_per_block = hb;
+  c.row_groups = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+  c.head_groups = (heads + hb - 1) / hb;
+  const int padded = 16 * c.row_groups;
+  // Two blocks per multiprocessor for 16 rows (the kernel is built for two within the register file there)
+  // when two rings of two stages fit; else one block with the deepest ring that fits.
+  c.stages = 0;
+  if (c.row_groups == 1) {
+    for (int s = kMaxStages; s >= 2; --s)
+      if (smem_bytes(padded, fp8, s) + 1024 <= dev.smem_per_block_optin / 2) {
+        c.stages = s;
+        c.blocks_per_sm = 2;
+        break;
+      }
+  }
+  if (c.stages == 0)
+    for (int s = kMaxStages; s >= 2; --s)
+      if (smem_bytes(padded, fp8, s) <= dev.smem_per_block_optin) {
+        c.stages = s;
+        c.blocks_per_sm = 1;
+        break;
+      }
+  if (c.stages == 0) {
+    c.heads_per_block = 0;
+    c.smem = smem_bytes(padded, fp8, 2);
+    return c;
+  }
+  c.smem = smem_bytes(padded, fp8, c.stages);
+  // One wave: at most as many blocks as the multiprocessors hold at once (a second, partial wave of splits
+  // would cost a whole split's time for a few blocks).
+  const int slots = std::max(1, dev.multiprocessors) * c.blocks_per_sm;
+  const int base = units * c.head_groups;
+  c.max_splits = std::clamp(slots / base, 1, kMaxSplits);
+  c.min_tiles_per_split = std::max(2, padded / 8);
+  c.workspace = c.max_splits > 1 ? workspace_bytes(units, c.max_splits, q_per_unit * heads) : 0;
+  return c;
+}
+
+// The smallest configuration (16 rows, two stages, the larger of fp8 and bf16): what `moeserve backends`
+// judges a device by; mla_attention_choose checks each shape's own configuration.
+inline KernelNeed need() {
+  return {"mla_decode_sm90 (tensor cores, 512 + 64 wide)",
+          std::max(smem_bytes(16, true, 2), smem_bytes(16, false, 2)), 80, false};
+}
+
+}  // namespace mla_sm90
+}  // namespace ms::cuda

@@ -1,0 +1,308 @@
+// The tensor-core MLA decode kernel (kernels/cuda/mla_decode/mla_decode_sm90.h) against a reference written
+// here in double: ragged sequences over shuffled pages whose unused rows hold NaN bytes, every head count of
+// the issue (8..128), 1-4 query tokens per sequence, pages of 64 and 32, fp8 (with a layer scale) and bf16
+// pages, dense and DSA selections (with -1 entries, entries past the token and repeats), f32 / bf16 q and
+// outputs, with the split plan the chooser makes and with one split forced (the direct-write path).
+// Outputs are NaN-poisoned before each run; every element must be written and finite.
+//
+// Tolerance: q and P enter the tensor cores as bf16 (relative 2^-9 each), scores and sums are f32; the output
+// is a convex combination of rows, so each output row is judged against its largest |reference| value:
+// max error < 1e-2 of it (the older fp8 kernel's bound), mean error < 2e-3 of it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/mla_decode/mla_decode_sm90.h"
+#include "quant/float_formats.h"
+
+namespace {
+
+namespace gpu = ms::cuda;
+constexpr int kDim = gpu::mla_sm90::kDim, kLat = gpu::mla_sm90::kLatent;
+
+template <typename T>
+struct Dev {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)));
+    if (n) CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  explicit Dev(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
+  ~Dev() { cudaFree(ptr); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+struct Case {
+  int heads;
+  std::vector<int> lens;  // keys of each sequence after this step (its query tokens are the last ones)
+  int q_per_seq = 1;
+  int page_size = 64;
+  bool fp8 = true;
+  int topk = 0;  // DSA selection width; 0 = dense
+  bool q_bf16 = false, out_bf16 = false;
+};
+
+std::string describe(const Case& c) {
+  std::string s = "heads " + std::to_string(c.heads) + " q/seq " + std::to_string(c.q_per_seq) + " page " +
+                  std::to_string(c.page_size) + (c.fp8 ? " fp8" : " bf16") + " topk " +
+                  std::to_string(c.topk) + (c.q_bf16 ? " q bf16" : " q f32") +
+                  (c.out_bf16 ? " out bf16" : " out f32") + " lens";
+  for (int l : c.lens) s += " " + std::to_string(l);
+  return s;
+}
+
+void run_case(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(describe(c));
+  const int n_seqs = static_cast<int>(c.lens.size()), Q = c.q_per_seq, H = c.heads, ps = c.page_size;
+  const int tokens = n_seqs * Q;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const float kv_scale = c.fp8 ? 0.5f : 1.f, softmax_scale = 1.f / std::sqrt(192.f);
+
+  // Pages: every sequence's pages in a shuffled order, plus spare pages; the pool starts as NaN bytes and
+  // only the rows of existing tokens are written, so page tails and spare pages stay NaN.
+  int max_pages = 1, used = 0;
+  for (int l : c.lens) {
+    max_pages = std::max(max_pages, (l + ps - 1) / ps);
+    used += (l + ps - 1) / ps;
+  }
+  const int num_pages = used + 3;
+  const int eb = c.fp8 ? 1 : 2;
+  std::vector<uint8_t> pool(static_cast<size_t>(num_pages) * ps * kDim * eb, c.fp8 ? 0x7f : 0xff);
+  std::vector<int> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(static_cast<size_t>(n_seqs) * max_pages, -1);
+  std::vector<std::vector<double>> keys(n_seqs);  // [seq][pos * 576 + d] as the kernel should see them
+  int next = 0;
+  for (int b = 0; b < n_seqs; ++b) {
+    keys[b].resize(static_cast<size_t>(c.lens[b]) * kDim);
+    for (int pg = 0; pg * ps < c.lens[b]; ++pg) table[static_cast<size_t>(b) * max_pages + pg] = perm[next++];
+    for (int t = 0; t < c.lens[b]; ++t) {
+      const size_t row =
+          static_cast<size_t>(table[static_cast<size_t>(b) * max_pages + t / ps]) * ps + t % ps;
+      for (int d = 0; d < kDim; ++d) {
+        const float v = dist(rng);
+        double x;
+        if (c.fp8) {
+          const uint8_t e = ms::quant::f32_to_fp8_e4m3(v);
+          pool[row * kDim + d] = e;
+          x = static_cast<double>(ms::quant::fp8_e4m3_to_f32(e)) * kv_scale;
+        } else {
+          const uint16_t h = ms::quant::f32_to_bf16(v);
+          std::memcpy(&pool[(row * kDim + d) * 2], &h, 2);
+          x = ms::quant::bf16_to_f32(h);
+        }
+        keys[b][static_cast<size_t>(t) * kDim + d] = x;
+      }
+    }
+  }
+  // Queries: token b * Q + j at position len_b - Q + j (negative: it sees nothing, output zeros).
+  std::vector<int32_t> positions(tokens), seq_lens(c.lens.begin(), c.lens.end());
+  for (int b = 0; b < n_seqs; ++b)
+    for (int j = 0; j < Q; ++j) positions[b * Q + j] = c.lens[b] - Q + j;
+  std::vector<float> qf(static_cast<size_t>(tokens) * H * kDim);
+  std::vector<uint16_t> qb(qf.size());
+  for (size_t i = 0; i < qf.size(); ++i) {
+    qb[i] = ms::quant::f32_to_bf16(2.f * dist(rng));
+    qf[i] = c.q_bf16 ? ms::quant::bf16_to_f32(qb[i]) : 2.f * dist(rng);
+  }
+  // Selection: visible positions, -1, positions past the token (ignored) and repeats.
+  std::vector<int32_t> topk(static_cast<size_t>(tokens) * c.topk);
+  for (int i = 0; i < tokens; ++i) {
+    const int b = i / Q, pos = positions[i];
+    for (int k = 0; k < c.topk; ++k) {
+      const int kind = static_cast<int>(rng() % 10);
+      int32_t e = pos >= 0 ? static_cast<int32_t>(rng() % static_cast<uint32_t>(pos + 1)) : -1;
+      if (kind == 0) e = -1;
+      if (kind == 1) e = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.lens[b] + ps));  // may be > pos
+      if (kind == 2 && k > 0) e = topk[static_cast<size_t>(i) * c.topk + k - 1];
+      topk[static_cast<size_t>(i) * c.topk + k] = e;
+    }
+  }
+
+  // Reference: q rounded to bf16 as the kernel reads it.
+  std::vector<double> q_ref(qf.size());
+  for (size_t i = 0; i < qf.size(); ++i) q_ref[i] = ms::quant::bf16_to_f32(ms::quant::f32_to_bf16(qf[i]));
+  std::vector<double> ref(static_cast<size_t>(tokens) * H * kLat, 0.0);
+  std::vector<int> sel;
+  std::vector<double> s;
+  for (int i = 0; i < tokens; ++i) {
+    const int b = i / Q, pos = positions[i];
+    sel.clear();
+    if (c.topk) {
+      for (int k = 0; k < c.topk; ++k) {
+        const int e = topk[static_cast<size_t>(i) * c.topk + k];
+        if (e >= 0 && e <= pos) sel.push_back(e);
+      }
+    } else {
+      for (int t = 0; t <= pos && t < c.lens[b]; ++t) sel.push_back(t);
+    }
+    if (sel.empty()) continue;
+    s.resize(sel.size());
+    for (int h = 0; h < H; ++h) {
+      const size_t qo = (static_cast<size_t>(i) * H + h) * kDim;
+      double mx = -1e300;
+      for (size_t k = 0; k < sel.size(); ++k) {
+        const double* kr = &keys[b][static_cast<size_t>(sel[k]) * kDim];
+        double acc = 0;
+        for (int d = 0; d < kDim; ++d) acc += q_ref[qo + d] * kr[d];
+        s[k] = acc * softmax_scale;
+        mx = std::max(mx, s[k]);
+      }
+      double sum = 0;
+      for (double& v : s) sum += (v = std::exp(v - mx));
+      double* out = &ref[(static_cast<size_t>(i) * H + h) * kLat];
+      for (size_t k = 0; k < sel.size(); ++k) {
+        const double* kr = &keys[b][static_cast<size_t>(sel[k]) * kDim];
+        const double w = s[k] / sum;
+        for (int d = 0; d < kLat; ++d) out[d] += w * kr[d];
+      }
+    }
+  }
+
+  Dev<uint8_t> dpool(pool);
+  Dev<int32_t> dtable(table), dlens(seq_lens), dpos(positions), dtopk(topk);
+  Dev<float> dqf(qf);
+  Dev<uint16_t> dqb(qb);
+  const size_t out_elems = ref.size();
+  Dev<uint8_t> dout(out_elems * (c.out_bf16 ? 2 : 4));
+  gpu::MlaDecodeSm90Params p;
+  p.q = c.q_bf16 ? static_cast<const void*>(dqb.ptr) : static_cast<const void*>(dqf.ptr);
+  p.q_bf16 = c.q_bf16;
+  p.q_token_stride = static_cast<int64_t>(H) * kDim;
+  p.kv = dpool.ptr;
+  p.kv_fp8 = c.fp8;
+  p.kv_scale = kv_scale;
+  p.num_pages = num_pages;
+  p.page_size = ps;
+  p.block_table = dtable.ptr;
+  p.block_table_stride = max_pages;
+  p.seq_lens = dlens.ptr;
+  p.positions = dpos.ptr;
+  p.topk = c.topk ? dtopk.ptr : nullptr;
+  p.topk_width = c.topk;
+  p.out = dout.ptr;
+  p.out_bf16 = c.out_bf16;
+  p.out_token_stride = static_cast<int64_t>(H) * kLat;
+  p.n_seqs = n_seqs;
+  p.q_per_seq = Q;
+  p.heads = H;
+  p.softmax_scale = softmax_scale;
+
+  const auto caps = gpu::query_device(0);
+  const gpu::mla_sm90::Config chosen = gpu::mla_decode_sm90_choose(p, gpu::limits_of(caps));
+  ASSERT_GT(chosen.heads_per_block, 0);
+  std::vector<gpu::mla_sm90::Config> configs = {chosen};
+  if (chosen.max_splits > 1) {  // also the direct-write path
+    gpu::mla_sm90::Config one = chosen;
+    one.max_splits = 1;
+    one.workspace = 0;
+    configs.push_back(one);
+  } else {  // also the split and combine path
+    gpu::mla_sm90::Config many = chosen;
+    many.max_splits = 3;
+    many.workspace = gpu::mla_sm90::workspace_bytes(many.units, 3, many.q_per_unit * H);
+    configs.push_back(many);
+  }
+  for (const auto& cfg : configs) {
+    SCOPED_TRACE("max_splits " + std::to_string(cfg.max_splits) + " stages " + std::to_string(cfg.stages) +
+                 " heads/block " + std::to_string(cfg.heads_per_block));
+    Dev<uint8_t> ws(cfg.workspace);
+    p.workspace = cfg.workspace ? ws.ptr : nullptr;
+    CUDA_CHECK(cudaMemset(dout.ptr, 0xff, dout.n));  // NaN in f32 and in bf16
+    if (cfg.workspace) CUDA_CHECK(cudaMemset(ws.ptr, 0xff, cfg.workspace));
+    gpu::mla_decode_sm90(cfg, p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got(out_elems);
+    if (c.out_bf16) {
+      std::vector<uint16_t> raw(out_elems);
+      CUDA_CHECK(cudaMemcpy(raw.data(), dout.ptr, out_elems * 2, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < out_elems; ++i) got[i] = ms::quant::bf16_to_f32(raw[i]);
+    } else {
+      CUDA_CHECK(cudaMemcpy(got.data(), dout.ptr, out_elems * 4, cudaMemcpyDeviceToHost));
+    }
+    for (int i = 0; i < tokens; ++i)
+      for (int h = 0; h < H; ++h) {
+        const size_t base = (static_cast<size_t>(i) * H + h) * kLat;
+        double scale = 0, worst = 0, mean = 0;
+        for (int d = 0; d < kLat; ++d) scale = std::max(scale, std::fabs(ref[base + d]));
+        for (int d = 0; d < kLat; ++d) {
+          ASSERT_TRUE(std::isfinite(got[base + d]))
+              << "unwritten or NaN at token " << i << " head " << h << " dim " << d;
+          const double e = std::fabs(got[base + d] - ref[base + d]);
+          worst = std::max(worst, e);
+          mean += e / kLat;
+        }
+        if (scale == 0) {
+          ASSERT_EQ(worst, 0.0) << "token " << i << " sees no key: zeros expected, head " << h;
+          continue;
+        }
+        ASSERT_LT(worst, 1e-2 * scale) << "token " << i << " (pos " << positions[i] << ") head " << h;
+        ASSERT_LT(mean, 2e-3 * scale) << "token " << i << " (pos " << positions[i] << ") head " << h;
+      }
+  }
+}
+
+bool skip() {
+  return gpu::device_count() == 0 || gpu::query_device(0).arch() < 80;
+}
+
+const std::vector<int> kRagged = {1, 31, 32, 33, 64, 65, 200, 1500};
+
+}  // namespace
+
+TEST(MlaDecodeSm90, DenseEveryHeadCountFp8Page64) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  uint32_t seed = 1;
+  for (int heads : {8, 16, 32, 64, 128}) run_case({heads, kRagged, 1, 64, true, 0}, seed++);
+}
+
+TEST(MlaDecodeSm90, DenseEveryHeadCountBf16Page32) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  uint32_t seed = 20;
+  for (int heads : {8, 16, 32, 64, 128}) run_case({heads, kRagged, 1, 32, false, 0}, seed++);
+}
+
+TEST(MlaDecodeSm90, SeveralQueryTokensPerSequence) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  uint32_t seed = 40;
+  for (int q : {2, 3, 4})
+    for (int heads : {8, 16, 64, 128})
+      for (bool fp8 : {true, false}) run_case({heads, {2, 4, 33, 97, 700}, q, fp8 ? 32 : 64, fp8, 0}, seed++);
+  run_case({8, {1, 2, 50}, 3, 64, true, 0}, seed++);  // a sequence shorter than its query tokens
+}
+
+TEST(MlaDecodeSm90, DsaSelections) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  uint32_t seed = 80;
+  for (int heads : {8, 16, 32, 64, 128})
+    for (bool fp8 : {true, false}) run_case({heads, {1, 40, 300, 2100}, 1, fp8 ? 64 : 32, fp8, 100}, seed++);
+  run_case({64, {3000}, 1, 64, true, 2048}, seed++);        // GLM-5's index_topk at batch 1: splits
+  run_case({16, {90, 2500, 7}, 2, 32, false, 64}, seed++);  // two tokens per sequence, own selections
+  run_case({32, {5, 6}, 1, 64, true, 33}, seed++);          // width not a multiple of the tile
+}
+
+TEST(MlaDecodeSm90, LongSequencesSplitAndMixedDtypes) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  run_case({64, {9000}, 1, 64, true, 0, true, true}, 100);  // batch 1: many splits, bf16 q and out
+  run_case({16, {6000, 10}, 1, 32, false, 0, false, true}, 101);
+  run_case({128, {4100, 0, 4096}, 1, 64, true, 0, true, false}, 102);  // an empty sequence: zeros
+}
+
+TEST(MlaDecodeSm90, RefusesBadParams) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  gpu::MlaDecodeSm90Params p;
+  gpu::mla_sm90::Config c;
+  EXPECT_THROW(gpu::mla_decode_sm90(c, p, nullptr), ms::Error);
+}
