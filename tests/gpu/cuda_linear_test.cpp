@@ -338,7 +338,9 @@ TEST(CudaBlasLt, F32GemmMatchesReference) {
 }
 
 // FP8 e4m3 x e4m3 through cuBLASLt (the FP8 matrix-rate ceiling's GEMM) against the same decoded values
-// multiplied in double: f32 accumulation, relative to sum |x w| 1e-5; the scale multiplies the product.
+// multiplied in double, relative to sum |x w|; the scale multiplies the product. Hopper's FP8 tensor cores
+// accumulate with fewer mantissa bits than f32 (measured on an H200: worst 1.1e-4 at k = 128, 3.4e-5 at
+// k = 1024), so the bound is 5e-4; a wrong layout or scale gives errors of order 1.
 TEST(CudaBlasLt, Fp8GemmMatchesReference) {
   MS_REQUIRE_GPU();
   int dev = 0, major = 0, minor = 0;
@@ -389,7 +391,7 @@ TEST(CudaBlasLt, Fp8GemmMatchesReference) {
         ASSERT_TRUE(std::isfinite(got)) << "row " << i << " col " << j << " not written";
         worst = std::max(worst, std::fabs(got - 0.5 * ref) / (0.5 * mag + 1e-30));
       }
-    EXPECT_LT(worst, 1e-5) << "gemm_fp8 m=" << c.m << " n=" << c.n << " k=" << c.k;
+    EXPECT_LT(worst, 5e-4) << "gemm_fp8 m=" << c.m << " n=" << c.n << " k=" << c.k;
   }
 }
 

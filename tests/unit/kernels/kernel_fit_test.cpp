@@ -161,11 +161,20 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
             }
   }
   EXPECT_EQ(checked, 3 * 5 * 3 * 2 * 2 * 2);
-  // On sm_120 the tensor-core decode kernels do not fit, so a GLM-5 decode batch goes to the general kernel.
+  // A dense decode batch over fp8 pages of 64 with 64 heads: the older split-KV kernel (measured faster
+  // there); with 8 heads, or over a DSA selection, the sm90 kernel. On sm_120 neither tensor-core decode
+  // kernel fits, so the general kernel.
   const MlaAttentionShape glm{8, 64, 512, 64, 64, KvFormat::FP8E4M3, false, true, 8};
-  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::Sm90Decode);
-  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_b200())).kernel, MlaAttentionKernel::Sm90Decode);
+  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::Fp8Decode);
+  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_b200())).kernel, MlaAttentionKernel::Fp8Decode);
   EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_rtx_pro_6000())).kernel, MlaAttentionKernel::General);
+  MlaAttentionShape few = glm;
+  few.heads = 8;
+  EXPECT_EQ(mla_attention_choose(few, caps_of(limits_h200())).kernel, MlaAttentionKernel::Sm90Decode);
+  MlaAttentionShape sel = glm;
+  sel.has_topk = true;
+  EXPECT_EQ(mla_attention_choose(sel, caps_of(limits_h200())).kernel, MlaAttentionKernel::Sm90Decode);
+  EXPECT_EQ(mla_attention_choose(sel, caps_of(limits_b200())).kernel, MlaAttentionKernel::Sm90Decode);
   // Asked for, the older fp8 kernel is still chosen; the general kernel too.
   MlaAttentionShape old = glm;
   old.prefer = MlaAttentionPrefer::Fp8Decode;

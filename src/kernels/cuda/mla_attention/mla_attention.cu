@@ -140,8 +140,15 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const Device
   const bool sm90_shape = s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim &&
                           (s.format == KvFormat::FP8E4M3 || s.format == KvFormat::BF16);
   const bool sm90_batch = s.m > 0 && ((s.decode_only && s.n_seqs == s.m) || s.has_topk);
+  const bool fast_shape = s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim &&
+                          s.page_size == kMlaPageSize && s.format == KvFormat::FP8E4M3;
+  // Measured on an H200 (docs/PERFORMANCE.md, 2026-12-01): over dense fp8 pages of 64 with 32+ heads the
+  // older split-KV kernel is faster (64 heads, batch 32 x 4k: 104 us against 139 us; batch 1 x 32k: 53 us
+  // against 60 us); with few heads (8: 119 us against 185 us) and over a DSA selection the new one is.
+  const bool older_fp8_faster = s.prefer == MlaAttentionPrefer::Auto && fast_shape && !s.has_topk &&
+                                s.heads >= 32 && kFp8DecodeSmem <= caps.smem_per_block_optin;
   if ((s.prefer == MlaAttentionPrefer::Auto || s.prefer == MlaAttentionPrefer::Sm90Decode) && sm90_shape &&
-      sm90_batch && caps.arch() >= 80 && caps.multiprocessors > 0) {
+      sm90_batch && !older_fp8_faster && caps.arch() >= 80 && caps.multiprocessors > 0) {
     const mla_sm90::Config k = mla_sm90::choose(s.has_topk ? s.m : s.n_seqs, 1, s.heads,
                                                 s.format == KvFormat::FP8E4M3, limits_of(caps));
     if (k.heads_per_block > 0 && k.units <= 65535 && k.smem <= caps.smem_per_block_optin) {
@@ -154,8 +161,6 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const Device
       return c;
     }
   }
-  const bool fast_shape = s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim &&
-                          s.page_size == kMlaPageSize && s.format == KvFormat::FP8E4M3;
   if (s.prefer != MlaAttentionPrefer::General && s.prefer != MlaAttentionPrefer::Sm90Decode && fast_shape &&
       s.decode_only && !s.has_topk && s.n_seqs == s.m && s.m > 0 && caps.arch() >= 80 &&
       caps.multiprocessors > 0 && kFp8DecodeSmem <= caps.smem_per_block_optin) {
@@ -163,7 +168,9 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const Device
     c.smem_bytes = kFp8DecodeSmem;
     c.split_target = caps.multiprocessors;
     c.workspace_bytes = q_bf16_bytes(s.m, s.heads) + mla_decode_workspace_bytes(s.m, s.heads, c.split_target);
-    c.why = "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection";
+    c.why = older_fp8_faster ? "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection, 32+ "
+                               "heads (faster there than the sm90 kernel)"
+                             : "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection";
     return c;
   }
   if (s.prefer == MlaAttentionPrefer::General)

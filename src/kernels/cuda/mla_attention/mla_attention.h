@@ -14,10 +14,11 @@
 //   Sm90Decode: the tensor-core kernel of kernels/cuda/mla_decode/mla_decode_sm90.h (bf16 q and P, f32
 //              accumulation, split plan on the device) when r = 512, rope = 64, the pages are fp8 or bf16 of
 //              any size, and the batch is decode only (one token per sequence, token i of sequence i) or
-//              attends over a DSA selection (any batch: one unit per token). The default where it fits.
+//              attends over a DSA selection (any batch: one unit per token). The default where it fits,
+//              except dense fp8 pages of 64 with 32+ heads, where Fp8Decode measured faster.
 //   Fp8Decode: the older tensor-core kernel of kernels/cuda/mla_decode (decode only, fp8 pages of 64, no
-//              selection; q_cat cast to bf16 into the workspace first), kept as a fallback and chosen when
-//              asked for (prefer = Fp8Decode).
+//              selection; q_cat cast to bf16 into the workspace first): the default for 32+ heads there,
+//              and chosen when asked for (prefer = Fp8Decode).
 #pragma once
 
 #include <cuda_runtime.h>
