@@ -83,9 +83,29 @@ void check_bf16(LinearIsa isa, const Case& c, std::mt19937& rng) {
 TEST(CpuLinear, Bf16MatchesDoubleReferenceOnEveryIsa) {
   std::mt19937 rng(7);
   const std::vector<Case> cases = {
-      {1, 37, 131, 0}, {1, 64, 1024, 5}, {2, 13, 40, 1},   {3, 9, 17, 0},   {4, 21, 128, 2}, {5, 8, 200, 0},
-      {6, 30, 64, 3},  {7, 5, 9, 0},     {8, 33, 256, 0},  {9, 12, 100, 4}, {17, 19, 77, 1}, {1, 3, 5, 0},
-      {12, 10, 48, 0}, {24, 7, 33, 2},   {16, 64, 300, 0}, {8, 2, 16, 0},   {1, 21, 96, 3},  {1, 16, 64, 0}};
+      {1, 37, 131, 0},
+      {1, 64, 1024, 5},
+      {2, 13, 40, 1},
+      {3, 9, 17, 0},
+      {4, 21, 128, 2},
+      {5, 8, 200, 0},
+      {6, 30, 64, 3},
+      {7, 5, 9, 0},
+      {8, 33, 256, 0},
+      {9, 12, 100, 4},
+      {17, 19, 77, 1},
+      {1, 3, 5, 0},
+      {12, 10, 48, 0},
+      {24, 7, 33, 2},
+      {16, 64, 300, 0},
+      {8, 2, 16, 0},
+      {1, 21, 96, 3},
+      {1, 16, 64, 0},
+      // Batches of 8+ in 32-row chunk tiles: several chunks, a partial last chunk, leftover tokens.
+      {40, 70, 1030, 3},
+      {13, 67, 128, 0},
+      {8, 32, 48, 0},
+      {11, 33, 17, 1}};
   for (LinearIsa isa : isas_here())
     for (const Case& c : cases) check_bf16(isa, c, rng);
 }
@@ -161,7 +181,7 @@ TEST(CpuLinear, Fp8BlockMatchesDequantisedRowsOnEveryIsa) {
 TEST(CpuLinear, Bf16RowsAreBatchInvariant) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const int64_t n = 21, k = 200, m = 19;
+  const int64_t n = 45, k = 200, m = 19;
   std::vector<uint16_t> w(static_cast<size_t>(n * k));
   for (auto& v : w) v = ms::quant::f32_to_bf16(nd(rng));
   std::vector<float> x(static_cast<size_t>(m * k));
@@ -184,7 +204,7 @@ TEST(CpuLinear, Bf16RowsAreBatchInvariant) {
     force_linear_isa(isa);
     std::vector<float> all(static_cast<size_t>(m * n)), part(static_cast<size_t>(m * n));
     run(0, m, all.data());
-    for (int64_t chunk : {1, 3, 8}) {
+    for (int64_t chunk : {1, 3, 4, 8}) {
       for (int64_t i = 0; i < m; i += chunk) run(i, std::min(chunk, m - i), part.data() + i * n);
       EXPECT_EQ(std::memcmp(all.data(), part.data(), all.size() * 4), 0)
           << linear_isa_name(isa) << ": batch of " << m << " vs chunks of " << chunk;
