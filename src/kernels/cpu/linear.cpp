@@ -317,11 +317,20 @@ void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R
     return;
   }
   int64_t i = 0;
+  // The first token block also requests the next chunk into L2, two rows per kernel call (the pair it will
+  // read there), so the chunk after this one does not start on cold memory: an expert's matrix is streamed
+  // from memory once per call and each chunk is worth only ~8-16 tokens of arithmetic.
+  const bool prefetch_next = R == kRowsChunk && p.row0 + j0 + 2 * R <= p.w.rows && j0 + R < p.n;
   if (R == kRowsChunk)
     for (; i + kTokensWide <= p.m; i += kTokensWide)
-      for (int r0 = 0; r0 < rows; r0 += kRowsWide)
+      for (int r0 = 0; r0 < rows; r0 += kRowsWide) {
+        if (i == 0 && prefetch_next) {
+          const char* nx = reinterpret_cast<const char*>(base + (R + r0) * k);
+          for (int64_t b = 0; b < kRowsWide * k * 2; b += 64) _mm_prefetch(nx + b, _MM_HINT_T1);
+        }
         kern.wide(w + r0 * k, k, p.x + i * p.x_stride, p.x_stride, k, p.y + i * p.y_stride + j0 + r0,
                   p.y_stride, rows - r0 < kRowsWide ? rows - r0 : kRowsWide);
+      }
   // Leftover tokens (fewer than 8) of a chunk tile, or a whole batch of 2..7: 4-row kernels.
   for (int64_t ii = i; ii < p.m; ii += kTokens) {
     const int tok = static_cast<int>(p.m - ii < kTokens ? p.m - ii : kTokens);
