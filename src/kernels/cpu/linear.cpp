@@ -340,26 +340,34 @@ void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R
   }
 }
 
-// ---- FP8 (e4m3) weights with 128x128 block scales, f32 activations, AVX-512
-// --------------------------------
+// ---- FP8 (e4m3) weights with 128x128 block scales, f32 activations, AVX-512 ----------------------------
 //
-// The checkpoint's FP8 kept as is: one byte per weight, half the bytes of bf16. A byte widens to f32 exactly
-// without a table: its exponent and mantissa bits (b & 0x7f) shifted left by 20 land in f32's exponent and
-// mantissa fields, which is the value times 2^-120 (the bias difference 127 - 7; subnormals come out right
-// too), and the sign bit moves to bit 31. The 2^120 is folded into the block scale. R rows x T tokens per
-// pass as for bf16; each widened weight vector is multiplied by its block's scale once and then feeds T FMAs.
+// The checkpoint's FP8 kept as is: one byte per weight, half the bytes of bf16. A byte becomes an f16 with
+// two integer ops and then f32 with the hardware conversion, exactly: sign-extended to 16 bits and shifted
+// left by 7, its exponent and mantissa bits land in f16's exponent and mantissa fields and its sign in bits
+// 15 and 14; clearing bit 14 leaves the f16 whose value is the e4m3 value times 2^-8 (the bias difference
+// 15 - 7; subnormals map to subnormals). The 2^8 is folded into the block scale. That is four vector ops
+// per 16 weights before the scale, against six for the bit moves straight to f32 used before. R rows x T
+// tokens per pass as for bf16; each widened weight vector is multiplied by its block's scale once and then
+// feeds T FMAs.
+
+#define MS_AVX512_F16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,fma")))
+
+MS_AVX512_F16_TARGET inline __m512 fp8_to_f32_scaled(__m128i raw) {
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
+                                     _mm256_set1_epi16(static_cast<short>(0xbf80)));
+  return _mm512_cvtph_ps(h);
+}
 
 template <int R, int T>
-MS_AVX512_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_t ldw,
-                                           const float* const* __restrict__ srow, int block,
-                                           const float* __restrict__ x, int64_t ldx, int64_t k,
-                                           float* __restrict__ y, int64_t ldy, int rows) {
+MS_AVX512_F16_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_t ldw,
+                                               const float* const* __restrict__ srow, int block,
+                                               const float* __restrict__ x, int64_t ldx, int64_t k,
+                                               float* __restrict__ y, int64_t ldy, int rows) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  const __m512i mag_mask = _mm512_set1_epi32(0x7f);
-  const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
-  constexpr float kBias = 0x1p120f;
+  constexpr float kBias = 0x1p8f;
   for (int64_t c0 = 0; c0 < k; c0 += block) {
     const int64_t c1 = c0 + block < k ? c0 + block : k;
     __m512 sv[R];
@@ -373,10 +381,7 @@ MS_AVX512_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_
       for (int r = 0; r < R; ++r) {
         const __m128i raw = full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * ldw + c))
                                  : _mm_maskz_loadu_epi8(mask, w + r * ldw + c);
-        const __m512i b = _mm512_cvtepu8_epi32(raw);
-        const __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b, mag_mask), 20),
-                                             _mm512_and_si512(_mm512_slli_epi32(b, 24), sign_mask));
-        wv[r] = _mm512_mul_ps(_mm512_castsi512_ps(bits), sv[r]);
+        wv[r] = _mm512_mul_ps(fp8_to_f32_scaled(raw), sv[r]);
       }
       for (int t = 0; t < T; ++t) {
         const __m512 xv =
@@ -385,8 +390,12 @@ MS_AVX512_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_
       }
     }
   }
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < rows; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+  if constexpr (R * T == 16) {
+    store_sums16<R, T>(acc, y, ldy, rows);
+  } else {
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < rows; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+  }
 }
 
 using Fp8Kernel = void (*)(const uint8_t*, int64_t, const float* const*, int, const float*, int64_t, int64_t,
@@ -447,7 +456,9 @@ struct Plan {
 };
 
 Plan plan(const LinearParams& p) {
-  if (p.w.format == WeightFormat::FP8Block && linear_isa() == LinearIsa::Avx512 && p.w.block % 16 == 0)
+  static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+  if (p.w.format == WeightFormat::FP8Block && linear_isa() == LinearIsa::Avx512 && f16c &&
+      p.w.block % 16 == 0)
     return {Path::Fp8, p.m == 1 ? kRowsM1 : kRowsMT, nullptr};
   if (const Bf16Kernels* kern = p.w.format == WeightFormat::BF16 ? bf16_kernels() : nullptr)
     return {Path::Bf16, p.m == 1 ? kRowsM1 : p.m >= kTokensWide ? kRowsChunk : kRowsMT, kern};
