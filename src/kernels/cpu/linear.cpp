@@ -353,12 +353,17 @@ void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R
 
 #define MS_AVX512_F16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,fma")))
 
-MS_AVX512_F16_TARGET inline __m512 fp8_to_f32_scaled(__m128i raw) {
+MS_AVX512_F16_TARGET inline __m512 fp8_to_f32(__m128i raw) {
   const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
                                      _mm256_set1_epi16(static_cast<short>(0xbf80)));
   return _mm512_cvtph_ps(h);
 }
 
+// Widened weights are not scaled: the activations are, y_r = sum_c w[r, c] * (x[c] * s(r, c)), with x[c] *
+// s computed once per 16 columns when all R rows of the tile share the block scale (the usual case: tiles of
+// 4 or 8 rows inside 128-row blocks) and per row otherwise, the same product either way, so a row's sums do
+// not depend on its tile. Columns go 32 at a time (one sign-extend, shift and mask for 32 weights), each
+// half into the same accumulator in turn, which is the order of 16-column steps; block tails take 16.
 template <int R, int T>
 MS_AVX512_F16_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_t ldw,
                                                const float* const* __restrict__ srow, int block,
@@ -368,11 +373,43 @@ MS_AVX512_F16_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, in
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   constexpr float kBias = 0x1p8f;
+  const __m512i f16_mask = _mm512_set1_epi16(static_cast<short>(0xbf80));
   for (int64_t c0 = 0; c0 < k; c0 += block) {
     const int64_t c1 = c0 + block < k ? c0 + block : k;
-    __m512 sv[R];
-    for (int r = 0; r < R; ++r) sv[r] = _mm512_set1_ps(srow[r][c0 / block] * kBias);
-    for (int64_t c = c0; c < c1; c += 16) {
+    const int64_t cb = c0 / block;
+    float sc[R];
+    bool shared = true;
+    for (int r = 0; r < R; ++r) {
+      sc[r] = srow[r][cb] * kBias;
+      shared = shared && sc[r] == sc[0];
+    }
+    // acc[r][t] += wv * x_t[c..c+16) * sc[r]
+    const auto step16 = [&](const __m512* wv, int64_t c, __mmask16 mask, bool full) MS_AVX512_F16_TARGET {
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv =
+            full ? _mm512_loadu_ps(x + t * ldx + c) : _mm512_maskz_loadu_ps(mask, x + t * ldx + c);
+        if (shared) {
+          const __m512 xs = _mm512_mul_ps(xv, _mm512_set1_ps(sc[0]));
+          for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xs, acc[r][t]);
+        } else {
+          for (int r = 0; r < R; ++r)
+            acc[r][t] = _mm512_fmadd_ps(wv[r], _mm512_mul_ps(xv, _mm512_set1_ps(sc[r])), acc[r][t]);
+        }
+      }
+    };
+    int64_t c = c0;
+    for (; c + 32 <= c1; c += 32) {
+      __m512 lo[R], hi[R];
+      for (int r = 0; r < R; ++r) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + c));
+        const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 7), f16_mask);
+        lo[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        hi[r] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+      }
+      step16(lo, c, 0xffff, true);
+      step16(hi, c + 16, 0xffff, true);
+    }
+    for (; c < c1; c += 16) {
       // Full vectors load unmasked: a masked byte load in the main loop cost 5x the time on this kernel.
       const bool full = c1 - c >= 16;
       const __mmask16 mask =
@@ -381,13 +418,9 @@ MS_AVX512_F16_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, in
       for (int r = 0; r < R; ++r) {
         const __m128i raw = full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * ldw + c))
                                  : _mm_maskz_loadu_epi8(mask, w + r * ldw + c);
-        wv[r] = _mm512_mul_ps(fp8_to_f32_scaled(raw), sv[r]);
+        wv[r] = fp8_to_f32(raw);
       }
-      for (int t = 0; t < T; ++t) {
-        const __m512 xv =
-            full ? _mm512_loadu_ps(x + t * ldx + c) : _mm512_maskz_loadu_ps(mask, x + t * ldx + c);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
-      }
+      step16(wv, c, mask, full);
     }
   }
   if constexpr (R * T == 16) {
