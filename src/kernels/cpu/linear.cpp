@@ -368,11 +368,13 @@ template <int R, int T>
 MS_AVX512_F16_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, int64_t ldw,
                                                const float* const* __restrict__ srow, int block,
                                                const float* __restrict__ x, int64_t ldx, int64_t k,
-                                               float* __restrict__ y, int64_t ldy, int rows) {
+                                               float* __restrict__ y, int64_t ldy, int rows,
+                                               const char* next) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   constexpr float kBias = 0x1p8f;
+  constexpr int kStepBytes = R * 32;  // the next tile's bytes per 32-column step (see gemv_bf16_avx512)
   const __m512i f16_mask = _mm512_set1_epi16(static_cast<short>(0xbf80));
   for (int64_t c0 = 0; c0 < k; c0 += block) {
     const int64_t c1 = c0 + block < k ? c0 + block : k;
@@ -399,6 +401,8 @@ MS_AVX512_F16_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, in
     };
     int64_t c = c0;
     for (; c + 32 <= c1; c += 32) {
+      if (next != nullptr)
+        for (int l = 0; l < kStepBytes; l += 64) _mm_prefetch(next + (c / 32) * kStepBytes + l, _MM_HINT_T0);
       __m512 lo[R], hi[R];
       for (int r = 0; r < R; ++r) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + c));
@@ -432,10 +436,11 @@ MS_AVX512_F16_TARGET inline void mk_fp8_avx512(const uint8_t* __restrict__ w, in
 }
 
 using Fp8Kernel = void (*)(const uint8_t*, int64_t, const float* const*, int, const float*, int64_t, int64_t,
-                           float*, int64_t, int);
+                           float*, int64_t, int, const char*);
 #define MS_FP8_KERNEL(R, T)                                                                                  \
   [](const uint8_t* w, int64_t ldw, const float* const* sr, int blk, const float* x, int64_t ldx, int64_t k, \
-     float* y, int64_t ldy, int rows) { mk_fp8_avx512<R, T>(w, ldw, sr, blk, x, ldx, k, y, ldy, rows); }
+     float* y, int64_t ldy, int rows,                                                                        \
+     const char* next) { mk_fp8_avx512<R, T>(w, ldw, sr, blk, x, ldx, k, y, ldy, rows, next); }
 const Fp8Kernel kFp8M1 = MS_FP8_KERNEL(kRowsM1, 1);
 const Fp8Kernel kFp8Mt[kTokens] = {MS_FP8_KERNEL(kRowsMT, 1), MS_FP8_KERNEL(kRowsMT, 2),
                                    MS_FP8_KERNEL(kRowsMT, 3), MS_FP8_KERNEL(kRowsMT, 4)};
@@ -463,13 +468,16 @@ void fp8_tile(const LinearParams& p, int64_t j0, int R) {
     w = pad.data();
   }
   if (p.m == 1) {
-    kFp8M1(w, k, srow, p.w.block, p.x, p.x_stride, k, p.y + j0, p.y_stride, rows);
+    // The next tile's block (R x k bytes, contiguous) requested one tile ahead, as for bf16.
+    const bool has_next = p.row0 + j0 + 2 * R <= p.w.rows && j0 + R < p.n;
+    kFp8M1(w, k, srow, p.w.block, p.x, p.x_stride, k, p.y + j0, p.y_stride, rows,
+           has_next ? reinterpret_cast<const char*>(wbase + (p.row0 + j0 + R) * k) : nullptr);
     return;
   }
   for (int64_t i = 0; i < p.m; i += kTokens) {
     const int tok = static_cast<int>(p.m - i < kTokens ? p.m - i : kTokens);
     kFp8Mt[tok - 1](w, k, srow, p.w.block, p.x + i * p.x_stride, p.x_stride, k, p.y + i * p.y_stride + j0,
-                    p.y_stride, rows);
+                    p.y_stride, rows, nullptr);
   }
 }
 
