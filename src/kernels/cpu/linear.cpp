@@ -112,15 +112,21 @@ MS_AVX512_TARGET inline void store_sums16(const __m512 (&acc)[R][T], float* __re
     if (idx / T < rows) y[(idx % T) * ldy + idx / T] = sums[idx];
 }
 
+// `next`, when set, is the block of the tile after this one (R rows, contiguous): each 16-column step
+// requests R x 32 bytes of it, as gemv_bf16_avx512 does (small batches stream their weights from memory too).
 template <int R, int T>
 MS_AVX512_TARGET inline void mk_bf16_avx512(const uint16_t* __restrict__ w, int64_t ldw,
                                             const float* __restrict__ x, int64_t ldx, int64_t k,
-                                            float* __restrict__ y, int64_t ldy, int rows) {
+                                            float* __restrict__ y, int64_t ldy, int rows,
+                                            const char* next = nullptr) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  constexpr int kStepBytes = R * 32;
   int64_t c = 0;
   for (; c + 16 <= k; c += 16) {
+    if (next != nullptr)
+      for (int l = 0; l < kStepBytes; l += 64) _mm_prefetch(next + (c / 16) * kStepBytes + l, _MM_HINT_T0);
     __m512 wv[R];
     for (int r = 0; r < R; ++r) {
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + c));
@@ -331,7 +337,26 @@ void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R
         kern.wide(w + r0 * k, k, p.x + i * p.x_stride, p.x_stride, k, p.y + i * p.y_stride + j0 + r0,
                   p.y_stride, rows - r0 < kRowsWide ? rows - r0 : kRowsWide);
       }
-  // Leftover tokens (fewer than 8) of a chunk tile, or a whole batch of 2..7: 4-row kernels.
+  // Leftover tokens (fewer than 8) of a chunk tile, or a whole batch of 2..7: 4-row kernels. A batch of 2..7
+  // on AVX-512 requests the next tile's block during its first token pass.
+  if (R == kRowsMT && &kern == &kAvx512 && p.row0 + j0 + 2 * R <= p.w.rows && j0 + R < p.n) {
+    const char* nx = reinterpret_cast<const char*>(base + R * k);
+    const int tok = static_cast<int>(p.m < kTokens ? p.m : kTokens);
+    const float* x = p.x;
+    float* y = p.y + j0;
+    switch (tok) {
+      case 2:
+        mk_bf16_avx512<kRowsMT, 2>(w, k, x, p.x_stride, k, y, p.y_stride, rows, nx);
+        break;
+      case 3:
+        mk_bf16_avx512<kRowsMT, 3>(w, k, x, p.x_stride, k, y, p.y_stride, rows, nx);
+        break;
+      default:
+        mk_bf16_avx512<kRowsMT, 4>(w, k, x, p.x_stride, k, y, p.y_stride, rows, nx);
+        break;
+    }
+    i = tok;
+  }
   for (int64_t ii = i; ii < p.m; ii += kTokens) {
     const int tok = static_cast<int>(p.m - ii < kTokens ? p.m - ii : kTokens);
     for (int r0 = 0; r0 < rows; r0 += kRowsMT)
