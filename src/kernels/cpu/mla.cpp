@@ -4,15 +4,42 @@
 
 #include <omp.h>
 
+// GCC 12 reports the intrinsics' own placeholders as (maybe-)uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.h"
+
 namespace ms::kernels::cpu {
 
 namespace {
+// scores[h * ld] = scale * (q[h] . row) for hn <= 8 heads (q rows w apart) over w columns, AVX-512: one
+// pass over the row for all heads, each head its own accumulator (lane j takes columns j, j + 16, ..., then
+// one horizontal sum). The per-head `omp simd` reduction it replaces summed its 16 lanes one by one.
+// HN heads at once (a compile-time count, so the accumulators stay in registers).
+template <int HN>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void scores_avx512(
+    const float* __restrict__ q, int64_t w, const float* __restrict__ row, float scale,
+    float* __restrict__ scores, int64_t ld) {
+  __m512 acc[HN];
+  for (int h = 0; h < HN; ++h) acc[h] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < w; c += 16) {
+    const __mmask16 mask =
+        w - c >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (w - c)) - 1u);
+    const __m512 rv = _mm512_maskz_loadu_ps(mask, row + c);
+    for (int h = 0; h < HN; ++h)
+      acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, q + h * w + c), rv, acc[h]);
+  }
+  for (int h = 0; h < HN; ++h) scores[h * ld] = _mm512_reduce_add_ps(acc[h]) * scale;
+}
+
 float* row_buffer(int64_t floats) {
   static thread_local std::vector<float> buf;
   if (static_cast<int64_t>(buf.size()) < floats) buf.resize(static_cast<size_t>(floats));
@@ -65,7 +92,10 @@ void mla_attention(const MlaAttentionParams& p) {
   const int threads = omp_get_max_threads();
   // Split heads into groups so that even one decode token keeps every thread busy; each group decodes the
   // token's cache rows once for all its heads.
-  const int64_t groups = std::min<int64_t>(p.heads, std::max<int64_t>(1, (2 * threads + p.m - 1) / p.m));
+  // One thread: one group (each group decodes the token's cache rows again).
+  const int64_t groups =
+      threads == 1 ? 1 : std::min<int64_t>(p.heads, std::max<int64_t>(1, (2 * threads + p.m - 1) / p.m));
+  const bool avx512 = linear_isa() == LinearIsa::Avx512;
   const int64_t per_group = (p.heads + groups - 1) / groups;
   const int64_t tasks = p.m * groups;
   const int64_t per_thread = p.heads * std::max<int64_t>(p.max_keys, 1) + w;
@@ -88,6 +118,16 @@ void mla_attention(const MlaAttentionParams& p) {
         continue;
       }
       cache_read_row(p.kv, cache_slot(p.block_table, p.max_blocks, seq, j, p.kv.page_size), row);
+      if (avx512) {
+        int64_t h = 0;
+        for (; h + 8 <= hn; h += 8)
+          scores_avx512<8>(p.q_cat + (i * p.heads + h0 + h) * w, w, row, p.softmax_scale,
+                           scores + h * n_keys + kk, n_keys);
+        for (; h < hn; ++h)
+          scores_avx512<1>(p.q_cat + (i * p.heads + h0 + h) * w, w, row, p.softmax_scale,
+                           scores + h * n_keys + kk, n_keys);
+        continue;
+      }
       for (int64_t h = 0; h < hn; ++h) {
         const float* q = p.q_cat + (i * p.heads + h0 + h) * w;
         float s = 0.0f;
