@@ -189,7 +189,13 @@ MS_AVX512_TARGET inline void gemv_bf16_avx512(const uint16_t* __restrict__ w, in
           _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), xv, acc[r]);
     }
   }
-  for (int r = 0; r < rows; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
+  if constexpr (R == 16) {
+    __m512 v[16];
+    for (int s = 0; s < 16; ++s) v[s] = acc[(s % 4) * 4 + s / 4];
+    _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << rows) - 1u), reduce16_avx512(v));
+  } else {
+    for (int r = 0; r < rows; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
+  }
 }
 
 MS_AVX2_TARGET inline float hsum256(__m256 v) {
@@ -235,6 +241,11 @@ using MicroKernel = void (*)(const uint16_t*, int64_t, const float*, int64_t, in
 // Tables indexed by T - 1. A batch of one uses 8 rows per pass (8 independent FMA chains and 8 weight
 // streams in flight); batches use 4 rows x up to 4 tokens (16 accumulators, within the 32 / 16 registers).
 constexpr int kRowsM1 = 8;
+// A batch of one with short bf16 rows (k <= kShortK, e.g. an expert's down projection, k = 128) takes 16 rows
+// per tile on AVX-512: the per-tile cost (a call chain, a pad check, the horizontal sums) is paid once per 16
+// rows, and the 16 sums come out of one transposed reduction, bit-identical to 16 single ones.
+constexpr int kRowsM1Short = 16;
+constexpr int64_t kShortK = 256;
 constexpr int kRowsMT = 4;
 constexpr int kTokens = 4;
 constexpr int kRowsWide = 2;    // batches of 8+ tokens: 2 rows x 8 tokens, each widened weight vector feeds 8
@@ -315,8 +326,11 @@ void bf16_tile(const Bf16Kernels& kern, const LinearParams& p, int64_t j0, int R
       // The next tile's block, when it lies inside the matrix (a prefetch past it would be harmless but
       // useless).
       const bool has_next = p.row0 + j0 + 2 * R <= p.w.rows && j0 + R < p.n;
-      gemv_bf16_avx512<kRowsM1>(w, k, p.x, k, p.y + j0, rows,
-                                has_next ? reinterpret_cast<const char*>(base + R * k) : nullptr);
+      const char* nx = has_next ? reinterpret_cast<const char*>(base + R * k) : nullptr;
+      if (R == kRowsM1Short)
+        gemv_bf16_avx512<kRowsM1Short>(w, k, p.x, k, p.y + j0, rows, nx);
+      else
+        gemv_bf16_avx512<kRowsM1>(w, k, p.x, k, p.y + j0, rows, nx);
     } else {
       m1(w, k, p.x, p.x_stride, k, p.y + j0, p.y_stride, rows);
     }
@@ -527,7 +541,11 @@ Plan plan(const LinearParams& p) {
       p.w.block % 16 == 0)
     return {Path::Fp8, p.m == 1 ? kRowsM1 : kRowsMT, nullptr};
   if (const Bf16Kernels* kern = p.w.format == WeightFormat::BF16 ? bf16_kernels() : nullptr)
-    return {Path::Bf16, p.m == 1 ? kRowsM1 : p.m >= kTokensWide ? kRowsChunk : kRowsMT, kern};
+    return {Path::Bf16,
+            p.m == 1             ? (kern == &kAvx512 && p.w.cols <= kShortK ? kRowsM1Short : kRowsM1)
+            : p.m >= kTokensWide ? kRowsChunk
+                                 : kRowsMT,
+            kern};
   return {Path::Reference, kTile, nullptr};
 }
 
