@@ -5,6 +5,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -576,6 +577,31 @@ int linear_tile_rows(const LinearParams& p) {
 
 void linear_tile(const LinearParams& p, int64_t t) {
   run_tile(plan(p), p, t);
+}
+
+void linear_prefetch_tile(const LinearParams& p, int64_t t) {
+  const int rows = plan(p).rows;
+  const int64_t r0 = p.row0 + t * rows;
+  const int64_t r1 = std::min(r0 + rows, p.row0 + p.n);
+  if (r0 >= r1 || p.w.data == nullptr) return;
+  double bytes_per_weight = 4.0;
+  switch (p.w.format) {
+    case WeightFormat::BF16:
+      bytes_per_weight = 2.0;
+      break;
+    case WeightFormat::FP8Block:
+      bytes_per_weight = 1.0;
+      break;
+    case WeightFormat::NVFP4:
+      bytes_per_weight = 0.5;
+      break;
+    case WeightFormat::F32:
+      break;
+  }
+  const auto row_bytes = static_cast<int64_t>(static_cast<double>(p.w.cols) * bytes_per_weight);
+  const char* b = static_cast<const char*>(p.w.data) + r0 * row_bytes;
+  const int64_t len = (r1 - r0) * row_bytes;
+  for (int64_t off = 0; off < len; off += 64) _mm_prefetch(b + off, _MM_HINT_T1);
 }
 
 void linear(const LinearParams& p) {

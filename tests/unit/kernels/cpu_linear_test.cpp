@@ -56,6 +56,8 @@ void check_bf16(LinearIsa isa, const Case& c, std::mt19937& rng) {
   p.y_stride = ys;
   p.m = c.m;
   force_linear_isa(isa);
+  // A hint only: every tile, and one past the last, must stay inside the matrix and change nothing.
+  for (int64_t t = 0; t <= linear_tiles(p); ++t) linear_prefetch_tile(p, t);
   linear(p);
   clear_forced_linear_isa();
 
