@@ -13,6 +13,7 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
@@ -72,6 +73,46 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void absorb_bf
   }
 }
 
+// lat[h][0, r) = sum over the visible keys kk (ascending) of probs[h * ld + kk] * row_kk[0, r), for HN heads,
+// reading the bf16 cache rows in place (widened in registers): 32 columns x HN heads of accumulators stay in
+// registers over all keys, where the row-by-row loop loaded and stored every head's lat row per key.
+// slots[kk] < 0 marks a key that is not visible.
+template <int HN>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void weighted_rows_bf16_avx512(
+    const float* __restrict__ probs, int64_t ld, const int64_t* __restrict__ slots, int64_t n_keys,
+    const uint16_t* __restrict__ cache, int64_t width, int64_t r, float* __restrict__ lat, int64_t lat_ld) {
+  for (int64_t c0 = 0; c0 < r; c0 += 32) {
+    const int64_t left = r - c0;
+    const __mmask16 m0 =
+        left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+    const __mmask16 m1 = left >= 32   ? static_cast<__mmask16>(0xffff)
+                         : left <= 16 ? static_cast<__mmask16>(0)
+                                      : static_cast<__mmask16>((1u << (left - 16)) - 1u);
+    const bool full = left >= 32;
+    __m512 acc[HN][2];
+    for (int h = 0; h < HN; ++h) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < n_keys; ++kk) {
+      if (slots[kk] < 0) continue;
+      const uint16_t* src = cache + slots[kk] * width + c0;
+      const __m256i b0 = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
+                              : _mm256_maskz_loadu_epi16(m0, src);
+      const __m256i b1 = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16))
+                              : _mm256_maskz_loadu_epi16(m1, src + 16);
+      const __m512 r0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b0), 16));
+      const __m512 r1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b1), 16));
+      for (int h = 0; h < HN; ++h) {
+        const __m512 pv = _mm512_set1_ps(probs[h * ld + kk]);
+        acc[h][0] = _mm512_fmadd_ps(pv, r0, acc[h][0]);
+        acc[h][1] = _mm512_fmadd_ps(pv, r1, acc[h][1]);
+      }
+    }
+    for (int h = 0; h < HN; ++h) {
+      _mm512_mask_storeu_ps(lat + h * lat_ld + c0, m0, acc[h][0]);
+      _mm512_mask_storeu_ps(lat + h * lat_ld + c0 + 16, m1, acc[h][1]);
+    }
+  }
+}
+
 float* row_buffer(int64_t floats) {
   static thread_local std::vector<float> buf;
   if (static_cast<int64_t>(buf.size()) < floats) buf.resize(static_cast<size_t>(floats));
@@ -128,7 +169,10 @@ void mla_absorb_q(const MlaAbsorbQParams& p) {
 }
 
 int64_t mla_attention_scratch_floats(int64_t heads, int64_t max_keys, int64_t width, int threads) {
-  return static_cast<int64_t>(threads) * (heads * std::max<int64_t>(max_keys, 1) + width);
+  // Per thread: scores [heads, max_keys], one decoded row [width], the keys' slots (int64: 2 floats each,
+  // plus 2 to align them).
+  const int64_t keys = std::max<int64_t>(max_keys, 1);
+  return static_cast<int64_t>(threads) * (heads * keys + width + 2 * keys + 2);
 }
 
 void mla_attention(const MlaAttentionParams& p) {
@@ -142,7 +186,8 @@ void mla_attention(const MlaAttentionParams& p) {
   const bool avx512 = linear_isa() == LinearIsa::Avx512;
   const int64_t per_group = (p.heads + groups - 1) / groups;
   const int64_t tasks = p.m * groups;
-  const int64_t per_thread = p.heads * std::max<int64_t>(p.max_keys, 1) + w;
+  const int64_t per_thread =
+      p.heads * std::max<int64_t>(p.max_keys, 1) + w + 2 * std::max<int64_t>(p.max_keys, 1) + 2;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < tasks; ++t) {
     float* scores = p.scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread;
@@ -195,6 +240,23 @@ void mla_attention(const MlaAttentionParams& p) {
       for (int64_t c = 0; c < r; ++c) o[c] = 0.0f;
     }
     // Pass 2: lat = sum_j p_j * latent_j.
+    if (avx512 && p.kv.format == CacheFormat::BF16) {
+      // The keys' slots (-1: not visible), after the decoded row in this thread's scratch.
+      auto* slots = reinterpret_cast<int64_t*>((reinterpret_cast<uintptr_t>(row + w) + 7) & ~uintptr_t{7});
+      for (int64_t kk = 0; kk < n_keys; ++kk) {
+        const int64_t j = sel ? sel[kk] : kk;
+        slots[kk] = j < 0 || j > pos ? -1 : cache_slot(p.block_table, p.max_blocks, seq, j, p.kv.page_size);
+      }
+      const auto* cache = static_cast<const uint16_t*>(p.kv.data);
+      int64_t h = 0;
+      for (; h + 8 <= hn; h += 8)
+        weighted_rows_bf16_avx512<8>(scores + h * n_keys, n_keys, slots, n_keys, cache, w, r,
+                                     p.lat + (i * p.heads + h0 + h) * r, r);
+      for (; h < hn; ++h)
+        weighted_rows_bf16_avx512<1>(scores + h * n_keys, n_keys, slots, n_keys, cache, w, r,
+                                     p.lat + (i * p.heads + h0 + h) * r, r);
+      continue;
+    }
     for (int64_t kk = 0; kk < n_keys; ++kk) {
       const int64_t j = sel ? sel[kk] : kk;
       if (j < 0 || j > pos) continue;
