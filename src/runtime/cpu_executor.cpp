@@ -1,12 +1,70 @@
 #include "runtime/cpu_executor.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 
 #include "core/error.h"
 
 namespace ms::runtime {
 
 namespace {
+
+// Step inputs and the workspace are written once here: fresh pages fault on their first touch (thousands of
+// 4 KB faults for a 128-token prefill's buffers), which would otherwise land in the first steps served.
+TensorAlloc touched_alloc() {
+  return [](const Shape& shape, DType dtype) { return Tensor::zeros(shape, dtype); };
+}
+
+// The weights' pages mapped into this process before the first step. A checkpoint's tensors borrow its mmap:
+// each page not yet in the page table faults on its first read (fault-around maps ~64 KB at a time), so a
+// step that touches experts no earlier step used (every prefill of a fresh process) paid thousands of faults.
+// MADV_POPULATE_READ (Linux 5.14+) maps them in one call; elsewhere one read per page does it. Owned host
+// memory is already mapped and costs a walk over its pages.
+void populate(const Tensor& t) {
+  if (t.raw() == nullptr || t.nbytes() == 0) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<uintptr_t>(t.raw());
+  const uintptr_t begin = start & ~(page - 1), end = start + t.nbytes();
+#ifdef MADV_POPULATE_READ
+  if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) == 0) return;
+#endif
+  for (uintptr_t a = start; a < end; a = (a & ~(page - 1)) + page)
+    (void)*reinterpret_cast<const volatile unsigned char*>(a);  // a volatile read is never dropped
+}
+
+void populate(const ops::LinearWeight& w) {
+  if (!w.defined()) return;
+  populate(w.weight);
+  populate(w.scale);
+}
+
+void populate(const model::MlpWeights& m) {
+  populate(m.gate);
+  populate(m.up);
+  populate(m.down);
+}
+
+void populate_weights(const model::ModelWeights& w) {
+  populate(w.embed);
+  populate(w.lm_head);
+  for (const model::LayerWeights& l : w.layers) {
+    const model::AttentionWeights& a = l.attn;
+    for (const ops::LinearWeight* lw :
+         {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj, &a.kv_b_proj, &a.o_proj})
+      populate(*lw);
+    populate(l.mlp);
+    populate(l.moe.router);
+    for (const ops::ExpertWeights& e : l.moe.experts) {
+      populate(e.gate);
+      populate(e.up);
+      populate(e.down);
+    }
+    populate(l.moe.shared);
+  }
+}
 
 model::WorkspaceLimits workspace_limits(const model::Model& m, const ExecutorConfig& c) {
   model::WorkspaceLimits l;
@@ -36,9 +94,11 @@ CpuExecutor::CpuExecutor(std::shared_ptr<const model::Model> model, ExecutorConf
       cfg_(resolve_executor_config(model_->config(), cfg, false)),
       ctx_(ops::Ctx::cpu()),
       pool_(model_->kv_pool_config(cfg_.num_pages, cfg_.page_size, cfg_.kv_cache_dtype)),
-      steps_(step_limits(cfg_), ops::cpu_alloc()),
+      steps_(step_limits(cfg_), touched_alloc()),
       ws_(model::Workspace::make(model_->config(), workspace_limits(*model_, cfg_), Device::CPU,
-                                 ops::cpu_alloc())) {}
+                                 touched_alloc())) {
+  populate_weights(model_->weights());
+}
 
 KvCapacity CpuExecutor::kv_capacity() const {
   return {pool_.config().num_pages, pool_.config().page_size, pool_.config().dtype, pool_.bytes()};

@@ -28,4 +28,9 @@ int64_t linear_tiles(const LinearParams& p);
 int linear_tile_rows(const LinearParams& p);  // R
 void linear_tile(const LinearParams& p, int64_t t);
 
+// Requests tile t's weight bytes into L2 (a hint, no effect on results): for callers about to move from one
+// matrix to another, whose first tile would otherwise start on cold memory (the kernels prefetch only
+// within a matrix).
+void linear_prefetch_tile(const LinearParams& p, int64_t t);
+
 }  // namespace ms::kernels::cpu

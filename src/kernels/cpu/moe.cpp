@@ -134,9 +134,14 @@ void moe_experts(const MoeExpertsParams& p) {
       }
       size_t b = 0, end = 0;
       my_range(cost_gu, tid, nt, &b, &end);
-      for (size_t i = b; i < end; ++i) linear_tile(*items_gu[i].lp, items_gu[i].tile);
+      for (size_t i = b; i < end; ++i) {
+        // The next matrix's first tile requested while this matrix's last one runs.
+        if (i + 1 < end && items_gu[i + 1].lp != items_gu[i].lp)
+          linear_prefetch_tile(*items_gu[i + 1].lp, items_gu[i + 1].tile);
+        linear_tile(*items_gu[i].lp, items_gu[i].tile);
+      }
 #pragma omp barrier
-        // SiLU-and-mul, as kernels/cpu silu_mul computes it.
+      // SiLU-and-mul, as kernels/cpu silu_mul computes it.
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         const float* gr = p.gate_up + r * 2 * inter;
@@ -145,10 +150,14 @@ void moe_experts(const MoeExpertsParams& p) {
         for (int64_t j = 0; j < inter; ++j) o[j] = gr[j] / (1.0f + std::exp(-gr[j])) * ur[j];
       }
       my_range(cost_dn, tid, nt, &b, &end);
-      for (size_t i = b; i < end; ++i) linear_tile(*items_dn[i].lp, items_dn[i].tile);
+      for (size_t i = b; i < end; ++i) {
+        if (i + 1 < end && items_dn[i + 1].lp != items_dn[i].lp)
+          linear_prefetch_tile(*items_dn[i + 1].lp, items_dn[i + 1].tile);
+        linear_tile(*items_dn[i].lp, items_dn[i].tile);
+      }
 #pragma omp barrier
-        // Each token adds its slots of this pass in ascending expert order (the order the experts' groups
-        // come in), whatever order the router listed them in.
+      // Each token adds its slots of this pass in ascending expert order (the order the experts' groups
+      // come in), whatever order the router listed them in.
 #pragma omp for schedule(static)
       for (int64_t tok = 0; tok < p.m; ++tok) {
         int32_t slots[kMoeMaxTopK];
