@@ -78,8 +78,10 @@ SERVERS = {
         "builtin",
         # KV pool sized by --mem-fraction-static (the default), capped at 64 requests x 1024 tokens.
         # --expert-stats: the /metrics histograms on the GPU as well (always on for the CPU).
+        # --generation-config none: the API's own sampling defaults (the trained model's generation_config.json
+        # adds a repetition penalty that would move greedy picks away from the top logprob).
         ["serve", "--context-length", "1024", "--max-running-requests", "64", "--reasoning-parser", "glm45",
-         "--max-body-bytes", "1000000", "--expert-stats"],
+         "--max-body-bytes", "1000000", "--expert-stats", "--generation-config", "none"],
     ),
 }
 
