@@ -1,5 +1,8 @@
 #include "model/load_model.h"
 
+#include <algorithm>
+
+#include "core/error.h"
 #include "io/quant_config.h"
 #include "model/builtin_model.h"
 #include "model/checkpoint_source.h"
@@ -24,6 +27,40 @@ LoadedModel load_model(const std::filesystem::path& dir) {
   out.description = "checkpoint " + dir.string() + " (" + cfg.model_type + ", " + fmt + ")";
   out.kv_auto = q.kv_cache_fp8 ? kv::KvCacheDType::FP8E4M3 : kv::KvCacheDType::BF16;
   out.model = std::make_shared<Model>(std::move(cfg), std::move(w));
+  return out;
+}
+
+dist::ShardSpec shard_for_rank(int tp_size, int ep_size, int rank) {
+  MS_CHECK(tp_size >= 1 && ep_size >= 1, "--tp-size {} and --ep-size {} must be at least 1", tp_size,
+           ep_size);
+  MS_CHECK(
+      tp_size == 1 || ep_size == 1 || tp_size == ep_size,
+      "--tp-size {} and --ep-size {}: with both above 1 they must be equal (one group of ranks serves both)",
+      tp_size, ep_size);
+  const int world = std::max(tp_size, ep_size);
+  MS_CHECK(rank >= 0 && rank < world, "rank {} outside a group of {}", rank, world);
+  dist::ShardSpec s;
+  s.tp_size = tp_size;
+  s.ep_size = ep_size;
+  s.tp_rank = tp_size > 1 ? rank : 0;
+  s.ep_rank = ep_size > 1 ? rank : 0;
+  return s;
+}
+
+std::vector<std::shared_ptr<Model>> load_model_shards(const io::ModelConfig& cfg, const TensorSource& src,
+                                                      int tp_size, int ep_size,
+                                                      const std::vector<std::vector<int>>& rank_experts,
+                                                      const ModelOptions& opt) {
+  const int world = std::max(tp_size, ep_size);
+  MS_CHECK(rank_experts.empty() || static_cast<int>(rank_experts.size()) == ep_size,
+           "expert placement for {} ranks, --ep-size is {}", rank_experts.size(), ep_size);
+  std::vector<std::shared_ptr<Model>> out;
+  for (int r = 0; r < world; ++r) {
+    WeightShard ws;
+    ws.spec = shard_for_rank(tp_size, ep_size, r);
+    if (!rank_experts.empty()) ws.local_experts = rank_experts[static_cast<size_t>(r)];
+    out.push_back(std::make_shared<Model>(cfg, load_weights(cfg, src, ws), opt));
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 #include "kv/kv_pool.h"
 #include "model/model.h"
@@ -22,5 +23,15 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const std::filesystem::path& dir);
+
+// Rank r's ShardSpec in a group of max(tp, ep) ranks: tp rank r when tp > 1, ep rank r when ep > 1. Throws
+// when both are > 1 and differ (one group serves both) or a size is below 1.
+dist::ShardSpec shard_for_rank(int tp_size, int ep_size, int rank);
+// Every rank's model, each loading only its shard from `src` (model/weight_loader: WeightShard).
+// rank_experts: EP placement, rank -> logical experts (empty: contiguous blocks).
+std::vector<std::shared_ptr<Model>> load_model_shards(const io::ModelConfig& cfg, const TensorSource& src,
+                                                      int tp_size, int ep_size,
+                                                      const std::vector<std::vector<int>>& rank_experts = {},
+                                                      const ModelOptions& opt = {});
 
 }  // namespace ms::model

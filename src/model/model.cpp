@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/cpu/paged_cache.h"
 #include "model/op_costs.h"
+#include "model/weight_loader.h"
 #include "moe/route_step.h"
 #include "moe/router.h"
 #include "ops/attention.h"
@@ -109,6 +110,23 @@ double cache_elem_bytes(const Tensor& t) {
 
 Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
     : cfg_(std::move(cfg)), w_(std::move(weights)), opt_(opt) {
+  if (w_.shard.sharded()) {
+    check_shard(cfg_, w_.shard);
+    cfg_ = shard_config(cfg_, w_.shard);
+  }
+  if (w_.shard.ep_size > 1) {
+    expert_slot_ = Tensor::empty({cfg_.n_routed_experts}, DType::I32);
+    int32_t* slot = expert_slot_.data<int32_t>();
+    std::fill(slot, slot + cfg_.n_routed_experts, -1);
+    for (size_t i = 0; i < w_.local_experts.size(); ++i) {
+      const int e = w_.local_experts[i];
+      MS_CHECK(e >= 0 && e < cfg_.n_routed_experts && slot[e] < 0,
+               "model: local expert {} (slot {}) is out "
+               "of range or held twice",
+               e, i);
+      slot[e] = static_cast<int32_t>(i);
+    }
+  }
   scales_ =
       make_attention_scales(cfg_, opt_.indexer_rope_interleaved.value_or(default_indexer_interleaved(cfg_)));
   router_ = make_router_config(cfg_);
@@ -145,6 +163,11 @@ void Model::place_tables(const ops::Ctx& ctx, const TensorAlloc& alloc) {
     Tensor dev = alloc(host.shape(), DType::F32);
     ops::copy_from_host(ctx, host.data<float>(), dev, host.nbytes());
     t->inv_freq = dev;
+  }
+  if (expert_slot_.defined() && expert_slot_.device() != ctx.device) {
+    const Tensor host = expert_slot_;
+    expert_slot_ = alloc(host.shape(), DType::I32);
+    ops::copy_from_host(ctx, host.data<int32_t>(), expert_slot_, host.nbytes());
   }
 }
 
@@ -214,6 +237,19 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
   MS_CHECK(ws.device == ctx.device, "forward: workspace and context on different devices");
   const kv::ForwardBatch& b = *in.host;
   const ops::AttentionMeta& meta = in.meta;
+  // Sharded: attention heads and dense MLPs over tp ranks, routed experts over ep ranks, one group of
+  // max(tp, ep) ranks (both > 1 only as tp == ep). Each sum below is where the ranks meet.
+  const dist::ShardSpec& sp = w_.shard;
+  dist::Communicator* comm = ws.comm;
+  if (sp.sharded())
+    MS_CHECK(comm != nullptr && comm->size() == std::max(sp.tp_size, sp.ep_size),
+             "forward: a model split over tp {} x ep {} needs its group's communicator (got {})", sp.tp_size,
+             sp.ep_size, comm ? comm->describe() : "none");
+  auto all_reduce = [&](int layer, std::string_view kind, const Tensor& t) {
+    NamedOp op(sink, layer, kind,
+               [&] { return costs::elementwise(static_cast<double>(t.numel()), 1, 1, 1); });
+    comm->all_reduce_sum(t.raw(), t.numel(), t.dtype(), ctx.stream);
+  };
   // Host-side shape of the step for the cost models, computed only when a profiler listens.
   costs::StepShape shape;
   if (sink) shape = costs::StepShape::of(b);
@@ -340,6 +376,7 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
     }
     const Tensor attn_out = rows(ws.attn_out, m);
     run_linear(ctx, sink, l, "attn.o_proj", o, a.o_proj, attn_out);
+    if (sp.tp_size > 1) all_reduce(l, "attn.all_reduce", attn_out);  // each rank's heads' share of o_proj
     {
       // h += attn_out, fused with ffn_norm.
       NamedOp op(sink, l, "attn.residual", [&] { return costs::add_rms_norm(m, H); });
@@ -373,17 +410,27 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
           return costs::moe_experts(c, mw.experts, m, distinct);
         });
         ops::fill_zero(ctx, ffn);
-        ops::moe_experts(ctx, xn, ids, wts, mw.experts, ffn, ws.moe);
+        if (sp.ep_size > 1) {
+          // Routing is the same on every rank; each runs only its own experts (other ranks' slots -> -1).
+          const Tensor local = rows(ws.local_ids, m);
+          ops::remap_ids(ctx, ids, expert_slot_, local);
+          ops::moe_experts(ctx, xn, local, wts, mw.experts, ffn, ws.moe);
+        } else {
+          ops::moe_experts(ctx, xn, ids, wts, mw.experts, ffn, ws.moe);
+        }
       }
-      if (mw.has_shared) {
+      // The shared expert is replicated: under EP one rank adds it before the sum.
+      if (mw.has_shared && (sp.ep_size == 1 || sp.ep_rank == 0)) {
         const Tensor sh = rows(ws.shared, m);
         run_mlp(ctx, sink, l, "moe.shared", xn, mw.shared, ws, sh);
         NamedOp op(sink, l, "moe.shared_add",
                    [&] { return costs::elementwise(static_cast<double>(m * H), 2, 1, 1); });
         ops::add_inplace(ctx, ffn, sh);
       }
+      if (sp.ep_size > 1) all_reduce(l, "moe.all_reduce", ffn);  // tokens are replicated: combine = sum
     } else {
       run_mlp(ctx, sink, l, "mlp", xn, L.mlp, ws, ffn);
+      if (sp.tp_size > 1) all_reduce(l, "mlp.all_reduce", ffn);  // each rank's rows of the intermediate
     }
     if (l + 1 < c.num_hidden_layers) {
       // h += ffn, fused with the next layer's attn_norm.

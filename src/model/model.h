@@ -67,7 +67,11 @@ class Model {
  public:
   Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt = {});
 
+  // The config as this rank computes it: under TP, num_attention_heads and intermediate_size are the rank's
+  // share (model/weight_loader: shard_config); otherwise the checkpoint's.
   const io::ModelConfig& config() const { return cfg_; }
+  // How the weights are split; a sharded model's forward needs Workspace::comm (all ranks of the group).
+  const dist::ShardSpec& shard() const { return w_.shard; }
   const ModelWeights& weights() const { return w_; }
   const AttentionScales& scales() const { return scales_; }
 
@@ -101,6 +105,7 @@ class Model {
   ModelOptions opt_;
   AttentionScales scales_;
   moe::RouterConfig router_;
+  Tensor expert_slot_;  // EP: i32 [n_routed_experts] logical expert -> local slot, -1 elsewhere
 };
 
 }  // namespace ms::model

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/communicator.h"
 #include "ops/linear_weight.h"
 #include "ops/moe_experts.h"
 
@@ -41,7 +42,7 @@ struct MlpWeights {
 struct MoeWeights {
   ops::LinearWeight router;                 // [E, H] mlp.gate (run in fp32)
   Tensor correction_bias;                   // f32 [E] e_score_correction_bias, or undefined
-  std::vector<ops::ExpertWeights> experts;  // [E]: gate/up [I, H], down [H, I]
+  std::vector<ops::ExpertWeights> experts;  // [E] (EP: [local slots]): gate/up [I, H], down [H, I]
   bool has_shared = false;
   MlpWeights shared;  // [I * n_shared_experts, H]
 };
@@ -65,6 +66,10 @@ struct ModelWeights {
   // latent, then rotated k_pe), so a layer's k_scale applies to all of it; v_scale only when k_scale is
   // absent.
   std::vector<float> kv_scales;
+  // How these weights are split (model/weight_loader: WeightShard). Under TP, attention holds Hn/tp heads and
+  // dense MLPs I/tp; under EP, MoeWeights::experts holds local_experts (slot -> logical expert).
+  dist::ShardSpec shard;
+  std::vector<int> local_experts;
 };
 
 }  // namespace ms::model

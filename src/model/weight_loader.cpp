@@ -85,7 +85,97 @@ MlpWeights load_mlp(const TensorSource& src, const std::string& prefix, int64_t 
   return m;
 }
 
+// Part `part` of `parts` of a dense MLP: rows of gate / up, the same columns of down.
+MlpWeights shard_mlp(MlpWeights m, int part, int parts) {
+  if (parts == 1) return m;
+  const int64_t n = m.gate.out / parts, r0 = n * part;
+  m.gate = slice_rows(m.gate, r0, r0 + n);
+  m.up = slice_rows(m.up, r0, r0 + n);
+  m.down = slice_cols(m.down, r0, r0 + n);
+  return m;
+}
+
+// The quantization block a cut must fall on, along rows (dim 0) or columns (dim 1).
+int64_t cut_block(const ops::LinearWeight& w, int dim) {
+  switch (w.format) {
+    case ops::WeightFormat::FP8Block:
+      return w.block;
+    case ops::WeightFormat::NVFP4:
+      return dim == 0 ? 1 : quant::kNvfp4Block;
+    default:
+      return 1;
+  }
+}
+
+void check_cut(const ops::LinearWeight& w, int dim, int64_t a, int64_t b) {
+  const int64_t n = dim == 0 ? w.out : w.in, blk = cut_block(w, dim);
+  MS_CHECK(0 <= a && a < b && b <= n, "{}: slice [{}, {}) of {} {}", w.name, a, b, n,
+           dim == 0 ? "rows" : "columns");
+  MS_CHECK(a % blk == 0 && (b % blk == 0 || b == n),
+           "{}: a {} weight cannot be split at {} [{}, {}): cuts must fall on its {}-wide blocks", w.name,
+           ops::weight_format_name(w.format), dim == 0 ? "rows" : "columns", a, b, blk);
+}
+
 }  // namespace
+
+ops::LinearWeight slice_rows(const ops::LinearWeight& w, int64_t r0, int64_t r1) {
+  check_cut(w, 0, r0, r1);
+  ops::LinearWeight s = w;
+  s.out = r1 - r0;
+  s.weight = w.weight.slice(0, r0, r1);
+  if (w.format == ops::WeightFormat::FP8Block)
+    s.scale = w.scale.slice(0, r0 / w.block, (r1 + w.block - 1) / w.block);
+  else if (w.format == ops::WeightFormat::NVFP4)
+    s.scale = w.scale.slice(0, r0, r1);
+  return s;
+}
+
+ops::LinearWeight slice_cols(const ops::LinearWeight& w, int64_t c0, int64_t c1) {
+  check_cut(w, 1, c0, c1);
+  ops::LinearWeight s = w;
+  s.in = c1 - c0;
+  switch (w.format) {
+    case ops::WeightFormat::FP8Block:
+      s.weight = w.weight.slice(1, c0, c1).clone();
+      s.scale = w.scale.slice(1, c0 / w.block, (c1 + w.block - 1) / w.block).clone();
+      break;
+    case ops::WeightFormat::NVFP4:
+      s.weight = w.weight.slice(1, c0 / 2, c1 / 2).clone();
+      s.scale = w.scale.slice(1, c0 / quant::kNvfp4Block, c1 / quant::kNvfp4Block).clone();
+      break;
+    default:
+      s.weight = w.weight.slice(1, c0, c1).clone();
+  }
+  return s;
+}
+
+void check_shard(const io::ModelConfig& c, const dist::ShardSpec& s) {
+  MS_CHECK(s.tp_size >= 1 && s.tp_rank >= 0 && s.tp_rank < s.tp_size, "shard: tp rank {} of {}", s.tp_rank,
+           s.tp_size);
+  MS_CHECK(s.ep_size >= 1 && s.ep_rank >= 0 && s.ep_rank < s.ep_size, "shard: ep rank {} of {}", s.ep_rank,
+           s.ep_size);
+  if (s.tp_size > 1) {
+    if (c.num_attention_heads % s.tp_size != 0)
+      MS_THROW("--tp-size {} does not divide num_attention_heads {} (attention is split by heads)", s.tp_size,
+               c.num_attention_heads);
+    bool dense = false;
+    for (bool moe : c.layer_is_moe) dense = dense || !moe;
+    if (dense && c.intermediate_size % s.tp_size != 0)
+      MS_THROW("--tp-size {} does not divide intermediate_size {} (dense MLPs are split by rows)", s.tp_size,
+               c.intermediate_size);
+  }
+  if (s.ep_size > 1 && c.n_routed_experts % s.ep_size != 0)
+    MS_THROW(
+        "--ep-size {} does not divide n_routed_experts {} (use --ep-num-redundant-experts or another size)",
+        s.ep_size, c.n_routed_experts);
+}
+
+io::ModelConfig shard_config(const io::ModelConfig& cfg, const dist::ShardSpec& s) {
+  io::ModelConfig c = cfg;
+  c.num_attention_heads = cfg.num_attention_heads / s.tp_size;
+  c.intermediate_size = cfg.intermediate_size / s.tp_size;
+  return c;
+}
 
 ops::LinearWeight load_linear(const TensorSource& src, const std::string& prefix, int64_t out, int64_t in) {
   ops::LinearWeight w;
@@ -132,7 +222,9 @@ ops::LinearWeight load_linear(const TensorSource& src, const std::string& prefix
   return w;
 }
 
-ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
+ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src, const WeightShard& shard) {
+  const dist::ShardSpec& sp = shard.spec;
+  if (sp.sharded()) check_shard(c, sp);
   MS_CHECK(
       c.hidden_size > 0 && c.vocab_size > 0 && c.num_hidden_layers > 0 && c.num_attention_heads > 0,
       "model config: hidden_size, vocab_size, num_hidden_layers and num_attention_heads must be positive");
@@ -142,6 +234,22 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
   const int64_t H = c.hidden_size, Hn = c.num_attention_heads;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank;
   ModelWeights w;
+  w.shard = sp;
+  if (sp.ep_size > 1) {
+    w.local_experts = shard.local_experts;
+    if (w.local_experts.empty()) {
+      const int per = c.n_routed_experts / sp.ep_size;
+      for (int e = 0; e < per; ++e) w.local_experts.push_back(sp.ep_rank * per + e);
+    }
+    for (int e : w.local_experts)
+      MS_CHECK(e >= 0 && e < c.n_routed_experts, "shard: local expert {} outside [0, {})", e,
+               c.n_routed_experts);
+  }
+  // Heads [h0, h0 + hl) of this rank.
+  const int64_t hl = Hn / sp.tp_size, h0 = hl * sp.tp_rank;
+  auto heads_rows = [&](ops::LinearWeight lw, int64_t per_head) {
+    return sp.tp_size == 1 ? lw : slice_rows(lw, h0 * per_head, (h0 + hl) * per_head);
+  };
   w.embed = load_linear(src, "model.embed_tokens", c.vocab_size, H);
   bool seen_full_indexer = false;
   MS_CHECK(w.embed.format == ops::WeightFormat::BF16 || w.embed.format == ops::WeightFormat::F32,
@@ -156,14 +264,15 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
     if (c.q_lora_rank) {
       a.q_a_proj = load_linear(src, ap + ".q_a_proj", *c.q_lora_rank, H);
       a.q_a_norm = load_vector(src, ap + ".q_a_layernorm.weight", *c.q_lora_rank);
-      a.q_b_proj = load_linear(src, ap + ".q_b_proj", Hn * (dn + dr), *c.q_lora_rank);
+      a.q_b_proj = heads_rows(load_linear(src, ap + ".q_b_proj", Hn * (dn + dr), *c.q_lora_rank), dn + dr);
     } else {
-      a.q_proj = load_linear(src, ap + ".q_proj", Hn * (dn + dr), H);
+      a.q_proj = heads_rows(load_linear(src, ap + ".q_proj", Hn * (dn + dr), H), dn + dr);
     }
     a.kv_a_proj = load_linear(src, ap + ".kv_a_proj_with_mqa", r + dr, H);
     a.kv_a_norm = load_vector(src, ap + ".kv_a_layernorm.weight", r);
-    a.kv_b_proj = load_linear(src, ap + ".kv_b_proj", Hn * (dn + dv), r);
+    a.kv_b_proj = heads_rows(load_linear(src, ap + ".kv_b_proj", Hn * (dn + dv), r), dn + dv);
     a.o_proj = load_linear(src, ap + ".o_proj", H, Hn * dv);
+    if (sp.tp_size > 1) a.o_proj = slice_cols(a.o_proj, h0 * dv, (h0 + hl) * dv);
     // A `shared` indexer layer reuses the last full layer's selection and has no indexer weights of its own
     // (unless no full layer precedes it).
     const bool shared = c.has_indexer && !c.indexer_types.empty() &&
@@ -191,8 +300,12 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
       else
         MS_CHECK(c.topk_method != "noaux_tc", "{}: tensor '{}' is missing (noaux_tc routing needs it)",
                  src.describe(), mp + ".gate.e_score_correction_bias");
-      m.experts.reserve(static_cast<size_t>(c.n_routed_experts));
-      for (int e = 0; e < c.n_routed_experts; ++e) {
+      std::vector<int> all;
+      if (sp.ep_size == 1)
+        for (int e = 0; e < c.n_routed_experts; ++e) all.push_back(e);
+      const std::vector<int>& mine = sp.ep_size == 1 ? all : w.local_experts;
+      m.experts.reserve(mine.size());
+      for (int e : mine) {
         MlpWeights x = load_mlp(src, fmt::format("{}.experts.{}", mp, e), H, c.moe_intermediate_size);
         m.experts.push_back({std::move(x.gate), std::move(x.up), std::move(x.down)});
       }
@@ -201,7 +314,7 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src) {
         m.shared = load_mlp(src, mp + ".shared_experts", H, c.moe_intermediate_size * c.n_shared_experts);
       }
     } else {
-      L.mlp = load_mlp(src, p + ".mlp", H, c.intermediate_size);
+      L.mlp = shard_mlp(load_mlp(src, p + ".mlp", H, c.intermediate_size), sp.tp_rank, sp.tp_size);
     }
     w.layers.push_back(std::move(L));
     if (const std::optional<float> ks = load_kv_scale(src, l)) {

@@ -2,13 +2,39 @@
 // dtype; errors name the tensor. Multi-token-prediction layers (index >= num_hidden_layers) are not loaded.
 #pragma once
 
+#include <vector>
+
+#include "dist/communicator.h"
 #include "io/model_config.h"
 #include "model/model_weights.h"
 #include "model/tensor_source.h"
 
 namespace ms::model {
 
-ModelWeights load_weights(const io::ModelConfig& cfg, const TensorSource& src);
+// What one rank of a tensor / expert parallel group loads. Under TP (tp_size > 1) rank t keeps heads
+// [t * Hn/tp, (t + 1) * Hn/tp): those rows of q_b_proj (or q_proj) and kv_b_proj and those columns of o_proj,
+// and rows [t * I/tp, ...) of the dense MLPs' gate / up with those columns of down. Under EP (ep_size > 1) it
+// keeps only the routed experts `local_experts` lists (slot order; empty: the contiguous block of ep_rank).
+// Everything else is loaded whole on every rank: embedding, norms, q_a / kv_a, the DSA indexer, the router,
+// the shared expert, lm_head. Only the kept bytes of the checkpoint are read (row slices borrow the
+// mapping; column slices are copied out of it).
+struct WeightShard {
+  dist::ShardSpec spec;
+  std::vector<int> local_experts;
+};
+
+// Throws naming the field and the sizes when heads, the dense intermediate or the experts do not divide.
+void check_shard(const io::ModelConfig& cfg, const dist::ShardSpec& s);
+// The config as one rank computes it: num_attention_heads / tp and intermediate_size / tp.
+io::ModelConfig shard_config(const io::ModelConfig& cfg, const dist::ShardSpec& s);
+
+ModelWeights load_weights(const io::ModelConfig& cfg, const TensorSource& src, const WeightShard& shard = {});
+
+// Rows [r0, r1) (output features) / columns [c0, c1) (input features) of a loaded linear. Row slices borrow;
+// column slices own a copy. Throws when a cut falls inside a quantization block (fp8-block 128, nvfp4 16
+// columns).
+ops::LinearWeight slice_rows(const ops::LinearWeight& w, int64_t r0, int64_t r1);
+ops::LinearWeight slice_cols(const ops::LinearWeight& w, int64_t c0, int64_t c1);
 
 // One linear layer `prefix` ("model.layers.0.self_attn.o_proj") of [out, in]: bf16 / f32 `weight`, fp8 e4m3
 // `weight` + `weight_scale_inv`, or nvfp4 u8 `weight` + `weight_scale` + `weight_scale_2`.

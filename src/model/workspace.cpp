@@ -46,6 +46,7 @@ Workspace Workspace::make(const io::ModelConfig& c, const WorkspaceLimits& lim, 
     w.topk_ids = alloc({T, K}, DType::I32);
     w.topk_weights = alloc({T, K}, DType::F32);
     w.plain_ids = alloc({T, K}, DType::I32);
+    w.local_ids = alloc({T, K}, DType::I32);
     w.moe = ops::MoeScratch::make(alloc, T, K, E, H, c.moe_intermediate_size);
     w.route = moe::RouteScratch::make(alloc, T, E, K);
     w.host_ids.resize(static_cast<size_t>(T * K));
@@ -88,6 +89,7 @@ size_t Workspace::bytes() const {
                           &topk_ids,
                           &topk_weights,
                           &plain_ids,
+                          &local_ids,
                           &last,
                           &logits,
                           &attn_scratch,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/communicator.h"
 #include "io/model_config.h"
 #include "moe/route_step.h"
 #include "ops/moe_experts.h"
@@ -42,13 +43,17 @@ struct Workspace {
   Tensor topk_ids;       // i32 [., top_k]
   Tensor topk_weights;   // f32 [., top_k]
   Tensor plain_ids;      // i32 [., top_k] plain routing, the expert-stats baseline
-  Tensor last;           // [max_logit_rows, hidden] rows that produce logits
-  Tensor logits;         // [max_logit_rows, vocab]
+  Tensor local_ids;  // i32 [., top_k] EP: topk_ids as this rank's expert slots, -1 for other ranks' experts
+  Tensor last;       // [max_logit_rows, hidden] rows that produce logits
+  Tensor logits;     // [max_logit_rows, vocab]
   // Scratch, sized by the worst case: attention and indexer over max_context keys (or index_topk selected
   // keys) per query; MoE groups of up to max_tokens rows per expert; routing with every row a decode row.
   Tensor attn_scratch, indexer_scratch;  // f32 flat
   Tensor pool_cast;                      // f32 flat, debug_pool_floats
   ops::MoeScratch moe;
+  // The rank's group when the model is sharded (set by the executor that owns this workspace); null: one
+  // rank.
+  dist::Communicator* comm = nullptr;
   moe::RouteScratch route;
   // Host staging for what must be read on the host (expert stats, router probes, cost of moe.experts): each
   // read copies back and so forces a sync on a device.

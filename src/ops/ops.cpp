@@ -192,6 +192,26 @@ void fill_zero(const Ctx& ctx, const Tensor& x) {
   if (x.nbytes()) std::memset(x.raw(), 0, x.nbytes());
 }
 
+void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tensor& out) {
+  check_device(ctx, "remap_ids", {&ids, &map, &out});
+  MS_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous() && out.dtype() == DType::I32 &&
+               out.is_contiguous() && out.shape() == ids.shape(),
+           "remap_ids: ids {} and out {} must be contiguous i32 of one shape", ids.desc(), out.desc());
+  MS_CHECK(map.dtype() == DType::I32 && map.dim() == 1 && map.is_contiguous(),
+           "remap_ids: map must be contiguous i32 [n], got {}", map.desc());
+  // Expert-parallel GPU ranks need a CUDA kernel for this (a one-line gather); until then it is refused.
+  MS_CHECK(ctx.device == Device::CPU,
+           "remap_ids: no CUDA backend built (expert-parallel GPU ranks need one)");
+  const int32_t* in = ids.data<int32_t>();
+  const int32_t* mp = map.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  const int64_t n = ids.numel(), nm = map.size(0);
+  for (int64_t i = 0; i < n; ++i) {
+    MS_CHECK(in[i] < nm, "remap_ids: id {} outside the map of {}", in[i], nm);
+    o[i] = in[i] < 0 ? -1 : mp[in[i]];
+  }
+}
+
 void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tensor& out) {
   check_device(ctx, "gather_rows", {&x, &rows, &out});
   MS_CHECK(x.dtype() == DType::F32 && x.dim() == 2 && x.is_contiguous(),

@@ -49,6 +49,9 @@ void add_inplace(const Ctx& ctx, const Tensor& y, const Tensor& x);
 void scale(const Ctx& ctx, const Tensor& x, float s);
 // Every byte of a contiguous tensor set to zero.
 void fill_zero(const Ctx& ctx, const Tensor& x);
+// out[i] = ids[i] < 0 ? -1 : map[ids[i]] (logical expert ids to a rank's local slots); ids, out i32 same
+// shape contiguous, map i32 [n], every id below n.
+void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tensor& out);
 // out [n, cols] = x[rows[i]] for rows i32 [n], each in [0, x.size(0)); x [m, cols] f32 contiguous.
 void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tensor& out);
 

@@ -26,6 +26,8 @@ class CpuExecutor final : public Executor {
 
   const kv::KvPool& kv_pool() const { return pool_; }
   const model::Workspace& workspace() const { return ws_; }
+  // The group of a sharded model's ranks (not owned; must outlive the executor's runs).
+  void set_comm(dist::Communicator* comm) { ws_.comm = comm; }
 
  private:
   std::shared_ptr<const model::Model> model_;
