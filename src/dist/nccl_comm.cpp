@@ -50,10 +50,20 @@ double secs(std::chrono::milliseconds t) {
   return t.count() / 1000.0;
 }
 
+// What a collective was, formatted only for a message: "all_reduce_sum of 6144 bf16".
+struct Op {
+  const char* name = "";
+  int64_t count = -1;  // -1: not a collective (watched work)
+  DType dtype = DType::F32;
+  std::string str() const {
+    return count < 0 ? name : fmt::format("{} of {} {}", name, count, dtype_name(dtype));
+  }
+};
+
 struct Pending {
   cudaEvent_t event;
   Clock::time_point queued;
-  std::string what;
+  Op op;
 };
 
 }  // namespace
@@ -111,26 +121,27 @@ struct NcclComm::Impl {
   }
 
   // After an NCCL call on the non-blocking communicator: wait until it has left ncclInProgress.
-  void settle(const char* what, ncclResult_t r) {
+  void settle(const Op& op, ncclResult_t r) {
     if (r == ncclSuccess) return;
-    if (r != ncclInProgress) fail_locked(fmt::format("{}: {} failed: {}", who(), what, nccl_message(r)));
+    if (r != ncclInProgress) fail_locked(fmt::format("{}: {} failed: {}", who(), op.str(), nccl_message(r)));
     auto deadline = Clock::now() + opt.op_timeout;
     for (;;) {
       ncclResult_t st = ncclSuccess;
       ncclResult_t q = ncclCommGetAsyncError(comm, &st);
       if (q != ncclSuccess) st = q;
       if (st == ncclSuccess) return;
-      if (st != ncclInProgress) fail_locked(fmt::format("{}: {} failed: {}", who(), what, nccl_message(st)));
+      if (st != ncclInProgress)
+        fail_locked(fmt::format("{}: {} failed: {}", who(), op.str(), nccl_message(st)));
       throw_if_failed();
       if (Clock::now() > deadline)
-        fail_locked(fmt::format("{}: {} still in progress after {} s: a rank died or hung", who(), what,
+        fail_locked(fmt::format("{}: {} still in progress after {} s: a rank died or hung", who(), op.str(),
                                 secs(opt.op_timeout)));
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
   // An event after the collective on `stream`, for the watchdog; none while the stream is capturing.
-  void track(cudaStream_t stream, std::string what) {
+  void track(cudaStream_t stream, const Op& op) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) {
       cudaGetLastError();
@@ -145,7 +156,7 @@ struct NcclComm::Impl {
     if (!ev) MS_DIST_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     MS_DIST_CUDA(cudaEventRecord(ev, stream));
     std::lock_guard lk(mu);
-    pending.push_back({ev, Clock::now(), std::move(what)});
+    pending.push_back({ev, Clock::now(), op});
   }
 
   template <class Call>
@@ -153,8 +164,9 @@ struct NcclComm::Impl {
     MS_CHECK(count >= 0, "{}: count {}", what, count);
     std::lock_guard lk(call_mu);
     throw_if_failed();
-    settle(what, call());
-    track(static_cast<cudaStream_t>(stream), fmt::format("{} of {} {}", what, count, dtype_name(dtype)));
+    Op op{what, count, dtype};
+    settle(op, call());
+    track(static_cast<cudaStream_t>(stream), op);
   }
 
   void watch_loop() {
@@ -175,11 +187,11 @@ struct NcclComm::Impl {
           continue;
         }
         if (q != cudaErrorNotReady) {
-          problem = fmt::format("{}: CUDA error while {} ran: {}", who(), pending.front().what,
+          problem = fmt::format("{}: CUDA error while {} ran: {}", who(), pending.front().op.str(),
                                 cudaGetErrorString(q));
         } else if (Clock::now() - pending.front().queued > opt.op_timeout) {
           problem = fmt::format("{}: {} has not finished after {} s: a rank died or hung", who(),
-                                pending.front().what, secs(opt.op_timeout));
+                                pending.front().op.str(), secs(opt.op_timeout));
         }
         break;
       }
@@ -372,7 +384,7 @@ void NcclComm::barrier() {
   {
     std::lock_guard lk(m.call_mu);
     m.throw_if_failed();
-    m.settle("barrier",
+    m.settle(Op{"barrier"},
              ncclAllReduce(m.barrier_buf, m.barrier_buf, 1, ncclInt32, ncclSum, m.comm, m.barrier_stream));
   }
   auto deadline = Clock::now() + m.opt.op_timeout;
@@ -397,7 +409,7 @@ void NcclComm::barrier() {
 void NcclComm::watch(void* stream) {
   std::lock_guard lk(impl_->call_mu);
   impl_->throw_if_failed();
-  impl_->track(static_cast<cudaStream_t>(stream), "work watched on the stream");
+  impl_->track(static_cast<cudaStream_t>(stream), Op{"work watched on the stream"});
 }
 
 void NcclComm::check() const {
