@@ -4,6 +4,7 @@
 #include "ops/cuda_backend.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/cuda/cuda_executor.h"
+#include "runtime/local_parallel_executor.h"
 
 namespace ms::cli {
 
@@ -92,6 +93,16 @@ std::unique_ptr<runtime::Engine> make_engine_from(std::shared_ptr<model::Model> 
   MS_CHECK(dev == "cuda" || !device_weights,
            "the model's weights are to be made on the GPU (--load-format dummy with --device cuda) but the "
            "engine runs on the cpu");
+  if (lm && !lm->shards.empty()) {
+    MS_CHECK(dev == "cpu", "a model split over ranks runs on the cpu here (ranks as threads)");
+    const int64_t ctx = cfg.max_context > 0 ? cfg.max_context : model->config().max_position_embeddings;
+    const int64_t tokens = cfg.kv_cache_tokens > 0 ? cfg.kv_cache_tokens : int64_t{cfg.max_running} * ctx;
+    runtime::ExecutorConfig ec = runtime::executor_config_for(
+        *model, cfg.page_size, tokens, cfg.kv_cache_dtype, cfg.max_running, cfg.max_prefill_tokens, ctx);
+    std::vector<std::shared_ptr<const model::Model>> ranks(lm->shards.begin(), lm->shards.end());
+    return std::make_unique<runtime::Engine>(std::make_unique<runtime::LocalParallelExecutor>(ranks, ec),
+                                             cfg);
+  }
   if (dev == "cpu") return std::make_unique<runtime::Engine>(std::move(model), cfg);
   const int64_t ctx = cfg.max_context > 0 ? cfg.max_context : model->config().max_position_embeddings;
   const int64_t tokens = cfg.kv_cache_tokens > 0 ? cfg.kv_cache_tokens : cfg.page_size;
@@ -123,6 +134,8 @@ std::unique_ptr<runtime::Engine> make_engine(const model::LoadedModel& lm, runti
 
 std::unique_ptr<runtime::Executor> make_executor(const model::Model& model,
                                                  const runtime::ExecutorConfig& cfg, const DeviceOptions& o) {
+  MS_CHECK(o.tp_size == 1 && o.ep_size == 1,
+           "--tp-size / --ep-size apply to serve, generate, bench-one-batch and profile");
   const std::string dev = checked_device(o);
   if (dev == "cpu")
     return std::make_unique<runtime::CpuExecutor>(

@@ -19,6 +19,10 @@ struct DeviceOptions {
   bool disable_cuda_graph = false;
   int cuda_graph_max_bs = 64;
   std::string attention_backend = "auto", moe_runner_backend = "auto";
+  // --tp-size / --ep-size (serve, generate, bench-one-batch, profile): the model split over ranks. On the CPU
+  // the ranks are threads of this process (runtime::LocalParallelExecutor); GPU ranks need the NCCL
+  // launcher, not yet wired into the commands.
+  int tp_size = 1, ep_size = 1;
 };
 
 void add_device_options(CLI::App& sub, DeviceOptions& o);

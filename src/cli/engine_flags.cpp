@@ -20,6 +20,16 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
                    "With --load-format dummy: nvfp4, fp8 (128x128 blocks) or bf16; the checkpoint's own "
                    "quantization config is ignored")
         ->capture_default_str();
+    sub.add_option("--tp-size", f.dev.tp_size,
+                   "Tensor parallel ranks: attention heads and dense MLPs split over them (CPU: ranks are "
+                   "threads of this process)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub.add_option("--ep-size", f.dev.ep_size,
+                   "Expert parallel ranks: routed experts split over them (equal to --tp-size when both "
+                   "are above 1)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
   }
   if (groups & kKvCacheDtype)
     sub.add_option("--kv-cache-dtype", f.kv_dtype,
@@ -57,6 +67,17 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
 }
 
 model::LoadedModel load_engine_model(const EngineFlags& f) {
+  const bool sharded = f.dev.tp_size > 1 || f.dev.ep_size > 1;
+  if (sharded) {
+    MS_CHECK(resolve_device(f.dev) == "cpu",
+             "--tp-size {} / --ep-size {} on the GPU: one process per GPU over NCCL is not wired into the "
+             "commands yet; --device cpu runs the ranks as threads",
+             f.dev.tp_size, f.dev.ep_size);
+    MS_CHECK(f.load_format == "auto", "--tp-size / --ep-size need a checkpoint (--load-format auto)");
+    MS_CHECK(!f.model_dir.empty(),
+             "--tp-size / --ep-size need a checkpoint directory (--model, or the trained built-in model)");
+    return model::load_model_sharded(f.model_dir, f.dev.tp_size, f.dev.ep_size);
+  }
   if (f.load_format == "auto") {
     MS_CHECK(f.quantization == "bf16",
              "--quantization {} applies to --load-format dummy; a checkpoint keeps its own format",

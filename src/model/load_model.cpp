@@ -30,6 +30,24 @@ LoadedModel load_model(const std::filesystem::path& dir) {
   return out;
 }
 
+LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, int ep_size) {
+  MS_CHECK(!dir.empty(), "a model split over ranks needs a checkpoint directory");
+  LoadedModel out;
+  io::ModelConfig cfg = io::load_model_config(dir);
+  io::QuantConfig q = io::load_quant_config(dir);
+  CheckpointSource src(dir);
+  out.shards = load_model_shards(cfg, src, tp_size, ep_size);
+  const char* fmt = q.format == io::WeightFormat::NVFP4      ? "nvfp4"
+                    : q.format == io::WeightFormat::FP8Block ? "fp8-block"
+                                                             : "bf16";
+  out.description = "checkpoint " + dir.string() + " (" + cfg.model_type + ", " + fmt + ") over " +
+                    std::to_string(out.shards.size()) + " ranks (tp " + std::to_string(tp_size) + ", ep " +
+                    std::to_string(ep_size) + ")";
+  out.kv_auto = q.kv_cache_fp8 ? kv::KvCacheDType::FP8E4M3 : kv::KvCacheDType::BF16;
+  out.model = out.shards.front();
+  return out;
+}
+
 dist::ShardSpec shard_for_rank(int tp_size, int ep_size, int rank) {
   MS_CHECK(tp_size >= 1 && ep_size >= 1, "--tp-size {} and --ep-size {} must be at least 1", tp_size,
            ep_size);

@@ -20,9 +20,15 @@ struct LoadedModel {
   // `model` then holds the config and no weights (layers without tensors), and the source's stored bytes.
   std::shared_ptr<const TensorSource> device_weights;
   double device_weight_bytes = 0;
+  // Set when the model is split over ranks (--tp-size / --ep-size): every rank's model, each holding only its
+  // shard; `model` is then rank 0's.
+  std::vector<std::shared_ptr<Model>> shards;
 };
 
 LoadedModel load_model(const std::filesystem::path& dir);
+// The checkpoint split over max(tp, ep) ranks (load_model_shards, contiguous expert blocks): each rank reads
+// only its tensors.
+LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, int ep_size);
 
 // Rank r's ShardSpec in a group of max(tp, ep) ranks: tp rank r when tp > 1, ep rank r when ep > 1. Throws
 // when both are > 1 and differ (one group serves both) or a size is below 1.

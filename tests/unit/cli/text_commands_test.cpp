@@ -132,3 +132,24 @@ TEST(Chat, TwoPipedLinesGiveTwoRepliesWithHistory) {
 }
 
 }  // namespace
+
+namespace {
+
+// --tp-size / --ep-size on the CPU: the ranks are threads; greedy ids equal the unsplit model's, and a split
+// that does not divide the model is refused naming the field.
+TEST(Generate, TensorAndExpertParallelRanksGiveTheSameTokens) {
+  const std::string base = "generate --prompt 'The package manager' --max-tokens 8 --print-ids --device cpu ";
+  const auto whole = run(base, false);
+  ASSERT_EQ(whole.status, 0) << whole.out;
+  if (builtin_vocab() == 512) GTEST_SKIP() << "the random built-in model has no checkpoint to split";
+  for (const char* split : {"--tp-size 2", "--ep-size 2", "--tp-size 2 --ep-size 2"}) {
+    const auto r = run(base + split, false);
+    ASSERT_EQ(r.status, 0) << split << ": " << r.out;
+    EXPECT_EQ(r.out, whole.out) << split;
+  }
+  const auto bad = run(base + "--tp-size 3");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("num_attention_heads"), std::string::npos) << bad.out;
+}
+
+}  // namespace
