@@ -15,8 +15,8 @@ struct WeightBytes {
   std::string label;              // "glm_moe_dsa nvfp4": names the model in messages
   uint64_t embedding = 0;         // replicated
   uint64_t lm_head = 0;           // replicated
-  uint64_t attention_heads = 0;   // split over TP by heads: q_b, kv_b, o_proj, indexer wq_b / weights_proj
-  uint64_t attention_shared = 0;  // every rank: q_a, kv_a, their norms, indexer wk / k_norm, biases
+  uint64_t attention_heads = 0;   // split over TP by heads: q_b, kv_b, o_proj
+  uint64_t attention_shared = 0;  // every rank: q_a, kv_a, their norms, the whole DSA indexer, biases
   uint64_t norms = 0;             // layer and final RMSNorms, replicated
   uint64_t router = 0;            // gate weight and correction bias, replicated
   uint64_t dense_mlp = 0;         // dense layers' MLPs: split over TP (replicated under DP attention)

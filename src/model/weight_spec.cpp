@@ -323,7 +323,7 @@ dist::WeightBytes parallel_weight_bytes(const ModelConfig& cfg, const QuantConfi
         const bool by_heads =
             !ends_with(s.name, ".bias") &&
             (ends_with(m, ".q_b_proj") || ends_with(m, ".q_proj") || ends_with(m, ".kv_b_proj") ||
-             ends_with(m, ".o_proj") || ends_with(m, ".wq_b") || ends_with(m, ".weights_proj"));
+             ends_with(m, ".o_proj"));
         (by_heads ? w.attention_heads : w.attention_shared) += b;
         break;
       }

@@ -149,14 +149,8 @@ TEST(ParallelLoad, EachRankLoadsThePlannersBytes) {
   if (!f) GTEST_SKIP() << "fixture glm5_tiny is absent";
   const io::QuantConfig q = io::load_quant_config(f->src->checkpoint().dir());
   const dist::WeightBytes wb = model::parallel_weight_bytes(f->cfg, q, DType::F32);
-  // The planner splits the indexer's wq_b / weights_proj by heads; the loader keeps the indexer whole.
-  uint64_t indexer_heads = 0;
-  for (const auto& s : model::model_weight_specs(f->cfg, q))
-    if (!s.mtp && s.role == model::WeightRole::Indexer &&
-        (s.name.find(".wq_b.") != std::string::npos || s.name.find(".weights_proj.") != std::string::npos))
-      indexer_heads += s.nbytes();
   const Loaded whole = loaded_bytes(model::load_weights(f->cfg, *f->src));
-  EXPECT_EQ(whole.heads + indexer_heads, wb.attention_heads);
+  EXPECT_EQ(whole.heads, wb.attention_heads);
   EXPECT_EQ(whole.dense, wb.dense_mlp);
   EXPECT_EQ(whole.routed, wb.routed_experts);
   for (const Split& s : splits(f->cfg)) {
@@ -176,9 +170,7 @@ TEST(ParallelLoad, EachRankLoadsThePlannersBytes) {
       model::WeightShard ws;
       ws.spec = model::shard_for_rank(s.tp, s.ep, r);
       const Loaded got = loaded_bytes(model::load_weights(f->cfg, *f->src, ws));
-      EXPECT_EQ(got.heads + indexer_heads,
-                role("attention") - wb.attention_shared +
-                    (s.tp > 1 ? indexer_heads - indexer_heads / static_cast<uint64_t>(s.tp) : 0));
+      EXPECT_EQ(got.heads, role("attention") - wb.attention_shared);
       EXPECT_EQ(got.dense, role("dense_mlp"));
       EXPECT_EQ(got.routed, role("routed_experts"));
       EXPECT_EQ(got.replicated, whole.replicated);
