@@ -9,7 +9,11 @@ KvCacheDType parse_kv_cache_dtype(std::string_view s) {
   if (s == "bf16" || s == "bfloat16") return KvCacheDType::BF16;
   if (s == "fp8_e4m3" || s == "fp8") return KvCacheDType::FP8E4M3;
   if (s == "f32" || s == "float32") return KvCacheDType::F32;
-  MS_THROW("--kv-cache-dtype: unknown value '{}' (expected auto, f32, bf16 or fp8_e4m3)", s);
+  if (s == "fp8_e4m3_tile128_sim") return KvCacheDType::FP8E4M3Tile128Sim;
+  MS_THROW(
+      "--kv-cache-dtype: unknown value '{}' (expected auto, f32, bf16, fp8_e4m3 or, to measure a finer "
+      "fp8 format's quality on the cpu, fp8_e4m3_tile128_sim)",
+      s);
 }
 
 std::string_view kv_cache_dtype_name(KvCacheDType d) {
@@ -22,6 +26,8 @@ std::string_view kv_cache_dtype_name(KvCacheDType d) {
       return "bf16";
     case KvCacheDType::FP8E4M3:
       return "fp8_e4m3";
+    case KvCacheDType::FP8E4M3Tile128Sim:
+      return "fp8_e4m3_tile128_sim";
   }
   return "?";
 }
@@ -36,9 +42,12 @@ KvPool::KvPool(const KvPoolConfig& cfg, const TensorAlloc& alloc) : cfg_(cfg) {
            cfg.page_size, cfg.width, cfg.num_layers);
   MS_CHECK(cfg.scales.empty() || static_cast<int>(cfg.scales.size()) == cfg.num_layers,
            "KV pool: {} scales for {} layers", cfg.scales.size(), cfg.num_layers);
-  const DType dt = cfg.dtype == KvCacheDType::F32    ? DType::F32
+  const DType dt = cfg.dtype == KvCacheDType::F32 || cfg.dtype == KvCacheDType::FP8E4M3Tile128Sim ? DType::F32
                    : cfg.dtype == KvCacheDType::BF16 ? DType::BF16
                                                      : DType::F8_E4M3;
+  MS_CHECK(
+      cfg.dtype != KvCacheDType::FP8E4M3Tile128Sim || (cfg.rope_width >= 0 && cfg.rope_width < cfg.width),
+      "KV pool: rope width {} of a row of {}", cfg.rope_width, cfg.width);
   const DType idt = cfg.dtype == KvCacheDType::F32 ? DType::F32 : DType::BF16;
   for (int l = 0; l < cfg.num_layers; ++l) {
     latent_.push_back(alloc({cfg.num_pages, cfg.page_size, cfg.width}, dt));
@@ -54,7 +63,9 @@ KvPool::KvPool(const KvPoolConfig& cfg, const TensorAlloc& alloc) : cfg_(cfg) {
 
 size_t KvPool::bytes_for(const KvPoolConfig& c) {
   const size_t slots = static_cast<size_t>(c.num_pages) * static_cast<size_t>(c.page_size);
-  const size_t e = c.dtype == KvCacheDType::F32 ? 4 : c.dtype == KvCacheDType::BF16 ? 2 : 1;
+  const size_t e = c.dtype == KvCacheDType::F32 || c.dtype == KvCacheDType::FP8E4M3Tile128Sim ? 4
+                   : c.dtype == KvCacheDType::BF16                                            ? 2
+                                                                                              : 1;
   const size_t ie = c.dtype == KvCacheDType::F32 ? 4 : 2;
   return static_cast<size_t>(c.num_layers) * slots *
          (static_cast<size_t>(c.width) * e + static_cast<size_t>(c.index_width) * ie);

@@ -14,7 +14,10 @@
 
 namespace ms::kv {
 
-enum class KvCacheDType : uint8_t { Auto, F32, BF16, FP8E4M3 };
+// FP8E4M3Tile128Sim measures a finer FP8 format's quality, not its bytes: the latent stored as e4m3 with one
+// f32 scale per token and 128-value tile (amax / 448) and the rope part as bf16 (the layout DeepSeek-V3.2's
+// kernels use, 656 bytes a row of 512 + 64), but held decoded in f32 pages. CPU only; for perplexity runs.
+enum class KvCacheDType : uint8_t { Auto, F32, BF16, FP8E4M3, FP8E4M3Tile128Sim };
 // "auto", "bf16" (also "bfloat16"), "fp8_e4m3" (also "fp8"), "f32" (the exact reference, for tests).
 KvCacheDType parse_kv_cache_dtype(std::string_view s);
 std::string_view kv_cache_dtype_name(KvCacheDType d);
@@ -27,6 +30,7 @@ struct KvPoolConfig {
   int32_t page_size = 64;
   KvCacheDType dtype = KvCacheDType::BF16;  // Auto must be resolved before
   std::vector<float> scales;                // [num_layers] fp8 scale per layer (empty: 1.0)
+  int64_t rope_width = 0;  // the row's trailing rope values (FP8E4M3Tile128Sim keeps them bf16)
 };
 
 class KvPool {
@@ -44,6 +48,10 @@ class KvPool {
     return latent_[static_cast<size_t>(layer)];
   }  // [pages, page_size, width]
   float scale(int layer) const { return scales_[static_cast<size_t>(layer)]; }
+  // FP8E4M3Tile128Sim: the rope width the writes keep in bf16; -1 for every other dtype.
+  int64_t fp8_tile_sim_rope() const {
+    return cfg_.dtype == KvCacheDType::FP8E4M3Tile128Sim ? cfg_.rope_width : -1;
+  }
   // [pages, page_size, index_width]: f32 when the pool is f32, bf16 otherwise; undefined without an indexer.
   const Tensor& index_keys(int layer) const { return index_[static_cast<size_t>(layer)]; }
   size_t bytes() const;

@@ -151,6 +151,7 @@ kv::KvPoolConfig Model::kv_pool_config(int32_t num_pages, int32_t page_size, kv:
   c.num_pages = num_pages;
   c.page_size = page_size;
   c.dtype = dtype == kv::KvCacheDType::Auto ? kv::KvCacheDType::BF16 : dtype;
+  c.rope_width = cfg_.qk_rope_head_dim;
   // Only an fp8 pool stores scaled values; the other dtypes hold the latent as is.
   if (c.dtype == kv::KvCacheDType::FP8E4M3) c.scales = w_.kv_scales;
   return c;
@@ -295,7 +296,7 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
       ops::rope(ctx, q3, dn, meta.positions, scales_.rope);
       ops::rope(ctx, kv.view({m, 1, r + dr}), r, meta.positions, scales_.rope);
     }
-    const ops::PagedCacheLayer cache{pool.latent(l), pool.scale(l)};
+    const ops::PagedCacheLayer cache{pool.latent(l), pool.scale(l), pool.fp8_tile_sim_rope()};
     {
       NamedOp op(sink, l, "attn.kv_store",
                  [&] { return costs::kv_store(c, m, cache_elem_bytes(cache.data)); });

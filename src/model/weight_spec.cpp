@@ -321,9 +321,8 @@ dist::WeightBytes parallel_weight_bytes(const ModelConfig& cfg, const QuantConfi
       case WeightRole::Indexer: {
         const std::string& m = s.module;
         const bool by_heads =
-            !ends_with(s.name, ".bias") &&
-            (ends_with(m, ".q_b_proj") || ends_with(m, ".q_proj") || ends_with(m, ".kv_b_proj") ||
-             ends_with(m, ".o_proj"));
+            !ends_with(s.name, ".bias") && (ends_with(m, ".q_b_proj") || ends_with(m, ".q_proj") ||
+                                            ends_with(m, ".kv_b_proj") || ends_with(m, ".o_proj"));
         (by_heads ? w.attention_heads : w.attention_shared) += b;
         break;
       }

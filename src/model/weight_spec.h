@@ -76,7 +76,8 @@ std::map<std::string, int64_t> params_by_role(const std::vector<WeightSpec>& spe
 
 // The main model's stored bytes split the way tensor / expert parallelism splits them (dist::plan_memory):
 // attention projections over heads (q_b / q_proj, kv_b, o_proj) apart from the attention tensors every rank
-// keeps (the DSA indexer included: its top-k needs every head's score, so every rank holds it whole); KV bytes per token at kv_dtype. MTP layers are left out.
+// keeps (the DSA indexer included: its top-k needs every head's score, so every rank holds it whole); KV
+// bytes per token at kv_dtype. MTP layers are left out.
 dist::WeightBytes parallel_weight_bytes(const io::ModelConfig& cfg, const io::QuantConfig& quant,
                                         DType kv_dtype);
 

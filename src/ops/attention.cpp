@@ -32,6 +32,10 @@ kernels::cpu::PagedCacheView cache_view(const PagedCacheLayer& c, std::string_vi
   MS_CHECK(c.scale > 0, "{} cache scale must be positive, got {}", what, c.scale);
   v.data = c.data.raw();
   v.scale = c.scale;
+  MS_CHECK(c.fp8_tile_sim_rope < 0 || c.data.dtype() == DType::F32,
+           "{} cache: the simulated tiled fp8 format needs f32 pages, got {}", what,
+           dtype_name(c.data.dtype()));
+  v.fp8_tile_sim_rope = c.fp8_tile_sim_rope;
   v.num_pages = c.data.size(0);
   v.page_size = c.data.size(1);
   v.width = c.data.size(2);

@@ -13,6 +13,9 @@ namespace ms::ops {
 struct PagedCacheLayer {
   Tensor data;         // [num_pages, page_size, width] f32, bf16 or fp8_e4m3
   float scale = 1.0f;  // fp8: value = e4m3 * scale
+  // >= 0: f32 pages holding values as a per-token, per-128-tile fp8 format would decode them, the last
+  // fp8_tile_sim_rope values of a row as bf16 (kv::KvCacheDType::FP8E4M3Tile128Sim); CPU only.
+  int64_t fp8_tile_sim_rope = -1;
 };
 
 // Per-step attention metadata: tensors on the op's device (filled once per step by the executor, at fixed

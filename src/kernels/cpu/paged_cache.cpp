@@ -1,5 +1,8 @@
 #include "kernels/cpu/paged_cache.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "quant/float_formats.h"
 
 namespace ms::kernels::cpu {
@@ -28,6 +31,23 @@ void cache_read_row(const PagedCacheView& c, int64_t slot, float* out) {
   }
 }
 
+void fp8_tile128_round_row(const float* x, int64_t width, int64_t rope, float* out) {
+  const int64_t nope = width - rope;
+  for (int64_t t0 = 0; t0 < nope; t0 += 128) {
+    const int64_t t1 = std::min(nope, t0 + 128);
+    float amax = 0.0f;
+    for (int64_t i = t0; i < t1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    if (amax == 0.0f) {
+      for (int64_t i = t0; i < t1; ++i) out[i] = 0.0f;
+      continue;
+    }
+    const float s = amax / 448.0f;
+    for (int64_t i = t0; i < t1; ++i)
+      out[i] = quant::fp8_e4m3_to_f32(quant::f32_to_fp8_e4m3(x[i] / s, true)) * s;
+  }
+  for (int64_t i = nope; i < width; ++i) out[i] = quant::bf16_to_f32(quant::f32_to_bf16(x[i]));
+}
+
 void cache_write(const CacheWriteParams& p) {
   const int64_t w = p.cache.width;
 #pragma omp parallel for schedule(static)
@@ -37,6 +57,10 @@ void cache_write(const CacheWriteParams& p) {
     switch (p.cache.format) {
       case CacheFormat::F32: {
         float* dst = static_cast<float*>(p.cache.data) + slot * w;
+        if (p.cache.fp8_tile_sim_rope >= 0) {
+          fp8_tile128_round_row(x, w, p.cache.fp8_tile_sim_rope, dst);
+          break;
+        }
         for (int64_t i = 0; i < w; ++i) dst[i] = x[i];
         break;
       }

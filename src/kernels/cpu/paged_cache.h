@@ -13,6 +13,9 @@ struct PagedCacheView {
   void* data = nullptr;  // [num_pages, page_size, width] in `format`
   CacheFormat format = CacheFormat::BF16;
   float scale = 1.0f;  // FP8E4M3: value = e4m3 * scale
+  // F32 only, >= 0: writes round each row as a per-token fp8 format would store it (the first width - rope
+  // values in tiles of 128, each e4m3 with scale amax / 448; the last `rope` values bf16); reads are plain.
+  int64_t fp8_tile_sim_rope = -1;
   int64_t num_pages = 0, page_size = 0, width = 0;
 };
 
@@ -35,5 +38,8 @@ struct CacheWriteParams {
   int64_t m = 0;
 };
 void cache_write(const CacheWriteParams& p);
+
+// One row through the tiled fp8 format: out[0..width) = what it decodes to (see fp8_tile_sim_rope).
+void fp8_tile128_round_row(const float* x, int64_t width, int64_t rope, float* out);
 
 }  // namespace ms::kernels::cpu

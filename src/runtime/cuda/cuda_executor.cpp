@@ -131,6 +131,9 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
            "--device cuda");
   I.ws = model::Workspace::make(mc, wl, Device::CUDA, arena_alloc(I.work));
 
+  MS_CHECK(cfg_.kv_cache_dtype != kv::KvCacheDType::FP8E4M3Tile128Sim,
+           "--kv-cache-dtype fp8_e4m3_tile128_sim measures a finer fp8 format's quality on the cpu; the GPU "
+           "pages take f32, bf16 or fp8_e4m3");
   // KV pages: as many as the config asks, or (num_pages 0) what --mem-fraction-static leaves after the
   // weights and the workspace.
   const kv::KvPoolConfig probe = model_->kv_pool_config(1, cfg_.page_size, cfg_.kv_cache_dtype);
