@@ -37,6 +37,10 @@ class Communicator {
   virtual void all_reduce_max(void* data, int64_t count, DType dtype, void* stream) = 0;
   // Every rank has reached this point (host-side; device work already queued is not waited for).
   virtual void barrier() = 0;
+  // Fails the group because this rank cannot go on (its step threw): the other ranks' pending and later
+  // collectives throw instead of waiting for it, and so do this rank's. `reason` says why; a host transport
+  // passes it on to the others (LocalComm), NCCL only to this rank's own later calls.
+  virtual void abort(const std::string& reason) = 0;
 };
 
 // How a model is split over ranks: heads of attention and the dense MLPs over tp_size ranks, routed experts

@@ -36,7 +36,7 @@ class LocalComm final : public Communicator {
   void barrier() override;
 
   // Fails the group: ranks waiting in (or later entering) a collective throw "rank R failed: reason".
-  void abort(const std::string& reason);
+  void abort(const std::string& reason) override;
 
  private:
   enum class Op { AllReduceSum, AllGather, ReduceScatterSum, Broadcast, AllReduceMax, Barrier };

@@ -66,7 +66,7 @@ class NcclComm final : public Communicator {
   // Throws the watchdog's error, if it has seen one.
   void check() const;
   // Aborts now (a peer is known to be gone); later calls throw `reason`.
-  void abort(const std::string& reason);
+  void abort(const std::string& reason) override;
 
   struct Impl;
 

@@ -111,6 +111,10 @@ Tensor CpuExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& rou
   return model_->forward(ctx_, in, pool_, ws_, routing, sink);
 }
 
+void CpuExecutor::check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing) const {
+  model_->check_batch(b, pool_, routing);
+}
+
 ExecutorConfig executor_config_for(const model::Model& model, int32_t page_size, int64_t kv_cache_tokens,
                                    kv::KvCacheDType dtype, int max_running, int32_t max_prefill_tokens,
                                    int64_t max_context) {

@@ -23,6 +23,7 @@ class CpuExecutor final : public Executor {
   const ExecutorConfig& config() const override { return cfg_; }
   Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
              profiler::OpSink* sink = nullptr) override;
+  void check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing = {}) const override;
 
   const kv::KvPool& kv_pool() const { return pool_; }
   const model::Workspace& workspace() const { return ws_; }

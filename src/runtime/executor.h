@@ -58,6 +58,9 @@ class Executor {
   // not fit (a page id past the pool, more tokens than max_tokens, ...), leaving the executor usable.
   virtual Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
                      profiler::OpSink* sink = nullptr) = 0;
+  // The host checks run() makes before touching the device (Model::check_batch on this executor's pool):
+  // throws ms::Error naming what in `b` cannot run. The default accepts every batch (run() still checks).
+  virtual void check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing = {}) const {}
   // The profiler's timer for this executor's work (CUDA events on a GPU); null: a steady clock.
   virtual std::unique_ptr<profiler::TimerBackend> make_timer() const { return nullptr; }
 };

@@ -29,6 +29,9 @@ class LocalParallelExecutor final : public Executor {
   // The profiler's sink and the expert stats go to rank 0 only.
   Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
              profiler::OpSink* sink = nullptr) override;
+  void check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing = {}) const override {
+    ranks_.front()->check_batch(b, routing);
+  }
 
   int world_size() const { return static_cast<int>(ranks_.size()); }
   const CpuExecutor& rank(int r) const { return *ranks_.at(static_cast<size_t>(r)); }

@@ -278,6 +278,10 @@ Tensor CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouti
   return logits_to_host(it->second.logits, n);
 }
 
+void CudaExecutor::check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing) const {
+  model_->check_batch(b, *impl_->pool, routing);
+}
+
 Tensor CudaExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& routing,
                          profiler::OpSink* sink) {
   Impl& I = *impl_;

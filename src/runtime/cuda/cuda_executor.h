@@ -58,6 +58,7 @@ class CudaExecutor final : public Executor {
   const ExecutorConfig& config() const override { return cfg_; }
   Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
              profiler::OpSink* sink = nullptr) override;
+  void check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing = {}) const override;
 
   const GraphStats& graph_stats() const { return graphs_stats_; }
   // The profiler's timer for this executor's stream (CUDA events).
