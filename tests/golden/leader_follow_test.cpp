@@ -164,14 +164,14 @@ GroupRun run_group(const std::vector<std::shared_ptr<model::Model>>& shards, con
 
 class LeaderFollow : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(LeaderFollow, EngineOverRanksMatchesOneRank) {
-  auto f = test::load_fixture(GetParam());
-  if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
-  const runtime::EngineConfig ec = engine_config();
-  const auto reqs = requests(*f);
+// Plain routing, and OEA on the decode tokens (the plan carries the decode flags and the OEA settings).
+void expect_ranks_match_one_rank(const test::Fixture& f, const std::string& name,
+                                 const runtime::EngineConfig& ec) {
+  const test::Fixture* fp = &f;
+  const auto reqs = requests(f);
   Served want;
   {
-    auto whole = std::make_shared<model::Model>(f->cfg, model::load_weights(f->cfg, *f->src));
+    auto whole = std::make_shared<model::Model>(f.cfg, model::load_weights(f.cfg, *f.src));
     runtime::Engine e(whole, ec);
     want = serve(e, reqs);
   }
@@ -184,16 +184,16 @@ TEST_P(LeaderFollow, EngineOverRanksMatchesOneRank) {
     int tp, ep;
   };
   std::vector<Split> splits{{2, 1}, {1, 2}, {2, 2}};
-  if (f->cfg.n_routed_experts % 4 == 0) splits.push_back({1, 4});
+  if (f.cfg.n_routed_experts % 4 == 0) splits.push_back({1, 4});
   for (const Split& s : splits) {
-    SCOPED_TRACE(fmt::format("{} tp {} ep {}", GetParam(), s.tp, s.ep));
-    const auto shards = model::load_model_shards(f->cfg, *f->src, s.tp, s.ep);
+    SCOPED_TRACE(fmt::format("{} tp {} ep {} oea {}", name, s.tp, s.ep, ec.oea.enabled));
+    const auto shards = model::load_model_shards(f.cfg, *f.src, s.tp, s.ep);
     Served got;
     int64_t leader_steps = -1;
     const GroupRun g = run_group(shards, ec, [&](std::unique_ptr<runtime::LeaderExecutor> leader) {
       const runtime::LeaderExecutor* l = leader.get();
       runtime::Engine e(std::move(leader), ec);  // its end broadcasts shutdown
-      EXPECT_EQ(e.model().config().num_attention_heads, f->cfg.num_attention_heads / s.tp);
+      EXPECT_EQ(e.model().config().num_attention_heads, fp->cfg.num_attention_heads / s.tp);
       got = serve(e, reqs);
       leader_steps = l->steps();
     });
@@ -207,6 +207,16 @@ TEST_P(LeaderFollow, EngineOverRanksMatchesOneRank) {
       EXPECT_EQ(g.follower_steps[r], leader_steps) << "rank " << r;
     }
   }
+}
+
+TEST_P(LeaderFollow, EngineOverRanksMatchesOneRank) {
+  auto f = test::load_fixture(GetParam());
+  if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
+  runtime::EngineConfig ec = engine_config();
+  expect_ranks_match_one_rank(*f, GetParam(), ec);
+  ec.oea.enabled = true;
+  ec.oea.k0 = std::max(1, f->cfg.num_experts_per_tok / 2);
+  expect_ranks_match_one_rank(*f, GetParam(), ec);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LeaderFollow, ::testing::Values("glm5_tiny", "deepseek_v3_tiny"));
