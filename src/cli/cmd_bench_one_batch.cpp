@@ -12,6 +12,7 @@
 #include "cli/command.h"
 #include "cli/device_options.h"
 #include "cli/engine_flags.h"
+#include "cli/rank_processes.h"
 #include "cli/synthetic_prompt.h"
 #include "core/error.h"
 #include "model/load_model.h"
@@ -125,6 +126,11 @@ int run_bench_one_batch(const OneBatchOptions& o) {
   MS_CHECK(o.output_len >= 1, "--output-len must be at least 1, got {}", o.output_len);
   MS_CHECK(o.eng.page_size >= 1, "--page-size must be at least 1, got {}", o.eng.page_size);
   const std::vector<int> batches = parse_batch_sizes(o.batch_sizes);
+  // One engine per batch size (and the warm-up's): the other ranks follow one engine's steps and then end.
+  MS_CHECK(
+      !((o.eng.dev.tp_size > 1 || o.eng.dev.ep_size > 1) && wants_rank_processes(o.eng.dev)),
+      "bench-one-batch runs one engine per batch size, and rank processes follow only one engine: run "
+      "--tp-size/--ep-size without --rank-processes (ranks as threads), or use generate / profile / serve");
   model::LoadedModel lm = load_engine_model(o.eng);
   const int64_t ctx = lm.model->config().max_position_embeddings;
   MS_CHECK(o.input_len + o.output_len <= ctx,

@@ -1,5 +1,6 @@
 #include "cli/device_options.h"
 
+#include "cli/rank_processes.h"
 #include "core/error.h"
 #include "ops/cuda_backend.h"
 #include "runtime/cpu_executor.h"
@@ -93,6 +94,17 @@ std::unique_ptr<runtime::Engine> make_engine_from(std::shared_ptr<model::Model> 
   MS_CHECK(dev == "cuda" || !device_weights,
            "the model's weights are to be made on the GPU (--load-format dummy with --device cuda) but the "
            "engine runs on the cpu");
+  if (RankProcess* rp = rank_process(); rp && lm && lm->model->shard().sharded()) {
+    MS_CHECK(dev == rp->device, "rank processes were set up for {} but the engine runs on {}", rp->device,
+             dev);
+    const int64_t ctx = cfg.max_context > 0 ? cfg.max_context : model->config().max_position_embeddings;
+    const int64_t tokens = cfg.kv_cache_tokens > 0 ? cfg.kv_cache_tokens : int64_t{cfg.max_running} * ctx;
+    runtime::ExecutorConfig ec = runtime::executor_config_for(
+        *model, cfg.page_size, tokens, cfg.kv_cache_dtype, cfg.max_running, cfg.max_prefill_tokens, ctx);
+    auto local = std::make_unique<runtime::CpuExecutor>(model, ec);
+    local->set_comm(rp->comm.get());
+    return rank_process_engine(*rp, std::move(local), cfg);
+  }
   if (lm && !lm->shards.empty()) {
     MS_CHECK(dev == "cpu", "a model split over ranks runs on the cpu here (ranks as threads)");
     const int64_t ctx = cfg.max_context > 0 ? cfg.max_context : model->config().max_position_embeddings;

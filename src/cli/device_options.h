@@ -20,9 +20,10 @@ struct DeviceOptions {
   int cuda_graph_max_bs = 64;
   std::string attention_backend = "auto", moe_runner_backend = "auto";
   // --tp-size / --ep-size (serve, generate, bench-one-batch, profile): the model split over ranks. On the CPU
-  // the ranks are threads of this process (runtime::LocalParallelExecutor); GPU ranks need the NCCL
-  // launcher, not yet wired into the commands.
+  // the ranks are threads of this process (runtime::LocalParallelExecutor) unless rank_processes.
   int tp_size = 1, ep_size = 1;
+  // --rank-processes: one process per rank (cli/rank_processes.h), as under a launcher.
+  bool rank_processes = false;
 };
 
 void add_device_options(CLI::App& sub, DeviceOptions& o);

@@ -1,5 +1,6 @@
 #include "cli/engine_flags.h"
 
+#include "cli/rank_processes.h"
 #include "core/error.h"
 #include "model/random_weights.h"
 
@@ -30,6 +31,9 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
                    "are above 1)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
+    sub.add_flag("--rank-processes", f.dev.rank_processes,
+                 "With --tp-size/--ep-size: one process per rank (this one is rank 0 and starts the others; "
+                 "CPU ranks talk over TCP), the layout of GPU runs. Implied under torchrun, mpirun or srun");
   }
   if (groups & kKvCacheDtype)
     sub.add_option("--kv-cache-dtype", f.kv_dtype,
@@ -69,13 +73,19 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
 model::LoadedModel load_engine_model(const EngineFlags& f) {
   const bool sharded = f.dev.tp_size > 1 || f.dev.ep_size > 1;
   if (sharded) {
-    MS_CHECK(resolve_device(f.dev) == "cpu",
-             "--tp-size {} / --ep-size {} on the GPU: one process per GPU over NCCL is not wired into the "
-             "commands yet; --device cpu runs the ranks as threads",
+    const std::string dev = resolve_device(f.dev);
+    MS_CHECK(dev == "cpu",
+             "--tp-size {} / --ep-size {} on the GPU: the CUDA executor takes no communicator yet; --device "
+             "cpu runs the ranks as threads, or as processes with --rank-processes",
              f.dev.tp_size, f.dev.ep_size);
     MS_CHECK(f.load_format == "auto", "--tp-size / --ep-size need a checkpoint (--load-format auto)");
     MS_CHECK(!f.model_dir.empty(),
              "--tp-size / --ep-size need a checkpoint directory (--model, or the trained built-in model)");
+    if (wants_rank_processes(f.dev)) {
+      model::shard_for_rank(f.dev.tp_size, f.dev.ep_size, 0);  // the sizes, checked before any rank starts
+      const RankProcess& rp = start_rank_process(f.dev, dev);
+      return model::load_model_shard(f.model_dir, f.dev.tp_size, f.dev.ep_size, rp.info.rank);
+    }
     return model::load_model_sharded(f.model_dir, f.dev.tp_size, f.dev.ep_size);
   }
   if (f.load_format == "auto") {

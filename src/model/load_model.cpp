@@ -48,6 +48,26 @@ LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, in
   return out;
 }
 
+LoadedModel load_model_shard(const std::filesystem::path& dir, int tp_size, int ep_size, int rank) {
+  MS_CHECK(!dir.empty(), "a model split over ranks needs a checkpoint directory");
+  WeightShard ws;
+  ws.spec = shard_for_rank(tp_size, ep_size, rank);
+  LoadedModel out;
+  io::ModelConfig cfg = io::load_model_config(dir);
+  io::QuantConfig q = io::load_quant_config(dir);
+  CheckpointSource src(dir);
+  const char* fmt = q.format == io::WeightFormat::NVFP4      ? "nvfp4"
+                    : q.format == io::WeightFormat::FP8Block ? "fp8-block"
+                                                             : "bf16";
+  out.description = "checkpoint " + dir.string() + " (" + cfg.model_type + ", " + fmt + "), rank " +
+                    std::to_string(rank) + "'s shard of " + std::to_string(std::max(tp_size, ep_size)) +
+                    " (tp " + std::to_string(tp_size) + ", ep " + std::to_string(ep_size) + ")";
+  out.kv_auto = q.kv_cache_fp8 ? kv::KvCacheDType::FP8E4M3 : kv::KvCacheDType::BF16;
+  ModelWeights w = load_weights(cfg, src, ws);
+  out.model = std::make_shared<Model>(std::move(cfg), std::move(w));
+  return out;
+}
+
 dist::ShardSpec shard_for_rank(int tp_size, int ep_size, int rank) {
   MS_CHECK(tp_size >= 1 && ep_size >= 1, "--tp-size {} and --ep-size {} must be at least 1", tp_size,
            ep_size);

@@ -30,6 +30,10 @@ LoadedModel load_model(const std::filesystem::path& dir);
 // only its tensors.
 LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, int ep_size);
 
+// Only rank `rank`'s shard of the checkpoint split over max(tp, ep) ranks (one process per rank): `model`
+// holds that shard, `shards` stays empty.
+LoadedModel load_model_shard(const std::filesystem::path& dir, int tp_size, int ep_size, int rank);
+
 // Rank r's ShardSpec in a group of max(tp, ep) ranks: tp rank r when tp > 1, ep rank r when ep > 1. Throws
 // when both are > 1 and differ (one group serves both) or a size is below 1.
 dist::ShardSpec shard_for_rank(int tp_size, int ep_size, int rank);
