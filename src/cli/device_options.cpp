@@ -5,6 +5,7 @@
 #include "ops/cuda_backend.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_plan_staging.h"
 #include "runtime/local_parallel_executor.h"
 
 namespace ms::cli {
@@ -101,9 +102,20 @@ std::unique_ptr<runtime::Engine> make_engine_from(std::shared_ptr<model::Model> 
     const int64_t tokens = cfg.kv_cache_tokens > 0 ? cfg.kv_cache_tokens : int64_t{cfg.max_running} * ctx;
     runtime::ExecutorConfig ec = runtime::executor_config_for(
         *model, cfg.page_size, tokens, cfg.kv_cache_dtype, cfg.max_running, cfg.max_prefill_tokens, ctx);
-    auto local = std::make_unique<runtime::CpuExecutor>(model, ec);
-    local->set_comm(rp->comm.get());
-    return rank_process_engine(*rp, std::move(local), cfg);
+    if (dev == "cpu") {
+      auto local = std::make_unique<runtime::CpuExecutor>(model, ec);
+      local->set_comm(rp->comm.get());
+      return rank_process_engine(*rp, std::move(local), cfg, nullptr);
+    }
+    // Every rank must have the same pages (rank 0 schedules for all); sized from free memory they may not.
+    MS_CHECK(cfg.kv_cache_tokens > 0,
+             "GPU rank processes size the KV cache from --kv-cache-tokens (every rank must hold the same "
+             "pages); give it");
+    runtime::cuda::CudaExecutorOptions co = cuda_options(o);
+    co.comm = rp->comm.get();
+    auto local = runtime::cuda::make_cuda_executor(*model, ec, co);
+    auto staging = runtime::cuda::make_cuda_plan_staging(runtime::cuda::cuda_executor_stream(*local));
+    return rank_process_engine(*rp, std::move(local), cfg, std::move(staging));
   }
   if (lm && !lm->shards.empty()) {
     MS_CHECK(dev == "cpu", "a model split over ranks runs on the cpu here (ranks as threads)");

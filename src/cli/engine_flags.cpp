@@ -74,14 +74,11 @@ model::LoadedModel load_engine_model(const EngineFlags& f) {
   const bool sharded = f.dev.tp_size > 1 || f.dev.ep_size > 1;
   if (sharded) {
     const std::string dev = resolve_device(f.dev);
-    MS_CHECK(dev == "cpu",
-             "--tp-size {} / --ep-size {} on the GPU: the CUDA executor takes no communicator yet; --device "
-             "cpu runs the ranks as threads, or as processes with --rank-processes",
-             f.dev.tp_size, f.dev.ep_size);
+    const bool processes = dev == "cuda" || wants_rank_processes(f.dev);
     MS_CHECK(f.load_format == "auto", "--tp-size / --ep-size need a checkpoint (--load-format auto)");
     MS_CHECK(!f.model_dir.empty(),
              "--tp-size / --ep-size need a checkpoint directory (--model, or the trained built-in model)");
-    if (wants_rank_processes(f.dev)) {
+    if (processes) {
       model::shard_for_rank(f.dev.tp_size, f.dev.ep_size, 0);  // the sizes, checked before any rank starts
       const RankProcess& rp = start_rank_process(f.dev, dev);
       return model::load_model_shard(f.model_dir, f.dev.tp_size, f.dev.ep_size, rp.info.rank);

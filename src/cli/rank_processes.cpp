@@ -81,18 +81,18 @@ RankProcess& start_rank_process(const DeviceOptions& o, const std::string& devic
 
 std::unique_ptr<runtime::Engine> rank_process_engine(RankProcess& rp,
                                                      std::unique_ptr<runtime::Executor> local,
-                                                     runtime::EngineConfig cfg) {
-  // The CUDA plan staging goes with the CUDA executor (make_cuda_plan_staging on its stream) once that
-  // executor takes a communicator; the host staging serves the tcp group.
+                                                     runtime::EngineConfig cfg,
+                                                     std::unique_ptr<runtime::PlanStaging> staging) {
   if (rp.info.rank == 0)
     return std::make_unique<runtime::Engine>(
-        std::make_unique<runtime::LeaderExecutor>(*rp.comm, std::move(local)), cfg);
+        std::make_unique<runtime::LeaderExecutor>(*rp.comm, std::move(local), std::move(staging)), cfg);
   if (const char* kill = std::getenv("MOESERVE_TEST_KILL_RANK"); kill && std::atoi(kill) == rp.info.rank) {
     std::fprintf(stderr, "rank %d: MOESERVE_TEST_KILL_RANK: exiting with status 3\n", rp.info.rank);
     std::_Exit(3);
   }
-  runtime::FollowStats st = runtime::follow_steps(*rp.comm, *local);
+  runtime::FollowStats st = runtime::follow_steps(*rp.comm, *local, staging.get());
   MS_LOG_INFO("rank {}: followed {} steps; rank 0 is done", rp.info.rank, st.steps);
+  staging.reset();  // its buffer lives on the executor's stream
   local.reset();
   holder().reset();
   std::fflush(nullptr);

@@ -19,6 +19,7 @@
 #include "dist/rank_info.h"
 #include "runtime/engine.h"
 #include "runtime/executor.h"
+#include "runtime/leader_executor.h"
 
 namespace ms::cli {
 
@@ -42,8 +43,11 @@ RankProcess& start_rank_process(const DeviceOptions& o, const std::string& devic
 RankProcess* rank_process();
 
 // The Engine of a rank process (see above): rank 0 gets it, ranks > 0 never return.
+// staging: where the step plan is broadcast from (null: host memory, for TcpComm; the CUDA executor's
+// stream for NCCL).
 std::unique_ptr<runtime::Engine> rank_process_engine(RankProcess& rp,
                                                      std::unique_ptr<runtime::Executor> local,
-                                                     runtime::EngineConfig cfg);
+                                                     runtime::EngineConfig cfg,
+                                                     std::unique_ptr<runtime::PlanStaging> staging);
 
 }  // namespace ms::cli

@@ -199,9 +199,8 @@ void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tenso
            "remap_ids: ids {} and out {} must be contiguous i32 of one shape", ids.desc(), out.desc());
   MS_CHECK(map.dtype() == DType::I32 && map.dim() == 1 && map.is_contiguous(),
            "remap_ids: map must be contiguous i32 [n], got {}", map.desc());
-  // Expert-parallel GPU ranks need a CUDA kernel for this (a one-line gather); until then it is refused.
-  MS_CHECK(ctx.device == Device::CPU,
-           "remap_ids: no CUDA backend built (expert-parallel GPU ranks need one)");
+  // On the GPU an id past the map gives -1 (the kernel cannot throw; the router never makes one).
+  MS_OPS_ON_CUDA(ctx, cuda_ops::remap_ids(ctx, ids, map, out));
   const int32_t* in = ids.data<int32_t>();
   const int32_t* mp = map.data<int32_t>();
   int32_t* o = out.data<int32_t>();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <random>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -409,6 +410,33 @@ TEST(CudaPointwise, GatherRowsCopiesAndMarksBadIndices) {
       const float want = c < n ? ref[i * n + c] : NAN;
       ASSERT_TRUE(ms::test::same_float(got[i * ds + c], want)) << "row " << i << " col " << c;
     }
+}
+
+// An expert-parallel rank's router ids to its local slots: against the CPU op's rule (negative id -> -1),
+// with ids past the map giving -1, and more ids than one pass of the capped grid covers.
+TEST(CudaPointwise, RemapIdsMatchesTheMap) {
+  MS_REQUIRE_GPU();
+  const int64_t n_map = 257, n = 1500007;
+  std::mt19937 rng(91);
+  std::vector<int32_t> map(static_cast<size_t>(n_map)), ids(static_cast<size_t>(n));
+  for (auto& m : map) m = static_cast<int32_t>(rng() % 5) == 0 ? -1 : static_cast<int32_t>(rng() % 64);
+  for (auto& v : ids) v = static_cast<int32_t>(rng() % (n_map + 20)) - 10;  // negatives and past the map
+  DeviceBuffer<int32_t> d_ids(ids), d_map(map), d_out(static_cast<size_t>(n));
+  // Poison that no output takes (0xff bytes would be -1, a legitimate answer).
+  CUDA_CHECK(cudaMemset(d_out.get(), 0x7b, static_cast<size_t>(n) * sizeof(int32_t)));
+  ms::cuda::RemapIdsParams p;
+  p.ids = d_ids.get();
+  p.map = d_map.get();
+  p.out = d_out.get();
+  p.n = n;
+  p.n_map = n_map;
+  ms::cuda::remap_ids(p, nullptr);
+  const auto got = d_out.download();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = ids[static_cast<size_t>(i)];
+    const int32_t want = id < 0 || id >= n_map ? -1 : map[static_cast<size_t>(id)];
+    ASSERT_EQ(got[static_cast<size_t>(i)], want) << "id " << id << " at " << i;
+  }
 }
 
 TEST(CudaPointwise, CastBf16IsBitExact) {

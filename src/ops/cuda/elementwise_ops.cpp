@@ -138,6 +138,16 @@ void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tens
   cuda::gather_rows(p, cuda_stream(ctx));
 }
 
+void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tensor& out) {
+  cuda::RemapIdsParams p;
+  p.ids = ids.data<int32_t>();
+  p.map = map.data<int32_t>();
+  p.out = out.data<int32_t>();
+  p.n = ids.numel();
+  p.n_map = map.size(0);
+  cuda::remap_ids(p, cuda_stream(ctx));
+}
+
 void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src, bytes, cudaMemcpyHostToDevice, cuda_stream(ctx)));
 }

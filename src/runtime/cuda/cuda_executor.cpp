@@ -130,6 +130,7 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
            "the planted whole-pool cast (MOESERVE_DEBUG_PLANT_POOL_CAST) is a CPU test switch; unset it for "
            "--device cuda");
   I.ws = model::Workspace::make(mc, wl, Device::CUDA, arena_alloc(I.work));
+  I.ws.comm = opt_.comm;
 
   MS_CHECK(cfg_.kv_cache_dtype != kv::KvCacheDType::FP8E4M3Tile128Sim,
            "--kv-cache-dtype fp8_e4m3_tile128_sim measures a finer fp8 format's quality on the cpu; the GPU "
@@ -304,6 +305,15 @@ std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, Exe
   return std::make_unique<CudaExecutor>(host_model, cfg, opt);
 }
 
+void* CudaExecutor::stream() const {
+  return impl_->stream;
+}
+
+void* cuda_executor_stream(const Executor& e) {
+  MS_CHECK(e.name() == "cuda", "cuda_executor_stream: the executor is '{}', not cuda", e.name());
+  return static_cast<const CudaExecutor&>(e).stream();
+}
+
 std::unique_ptr<Executor> make_cuda_executor(const io::ModelConfig& mc, const model::TensorSource& weights,
                                              double weight_bytes, ExecutorConfig cfg,
                                              CudaExecutorOptions opt) {
@@ -323,6 +333,10 @@ std::unique_ptr<Executor> make_cuda_executor(const model::Model&, ExecutorConfig
 
 std::unique_ptr<Executor> make_cuda_executor(const io::ModelConfig&, const model::TensorSource&, double,
                                              ExecutorConfig, CudaExecutorOptions) {
+  MS_THROW("--device cuda: this build of moeserve has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
+}
+
+void* cuda_executor_stream(const Executor&) {
   MS_THROW("--device cuda: this build of moeserve has no CUDA backend (configure with -DMOESERVE_CUDA=ON)");
 }
 

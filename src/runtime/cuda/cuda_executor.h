@@ -31,6 +31,9 @@ struct CudaExecutorOptions {
   std::string attention_kernel = "auto";  // auto, mla_general or mla_fp8_decode (--attention-backend)
   // f32 math in every linear layer (prefill GEMMs otherwise take bf16 activations): parity tests.
   bool exact_linear = false;
+  // The group of a model split over ranks (dist::connect_nccl's NcclComm; not owned, must outlive the
+  // executor): the forward's collectives run on the executor's stream. Null for a whole model.
+  dist::Communicator* comm = nullptr;
 };
 
 // What graphs did, for tests and /metrics: a test proves capture happened (no silent fallback).
@@ -68,6 +71,7 @@ class CudaExecutor final : public Executor {
     size_t weights = 0, kv = 0, workspace = 0, scratch = 0;
   };
   Memory memory() const;
+  void* stream() const;  // the cudaStream_t every op and collective of this executor runs on
 
   struct Impl;
 
@@ -95,6 +99,10 @@ std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, Exe
 std::unique_ptr<Executor> make_cuda_executor(const io::ModelConfig& mc, const model::TensorSource& weights,
                                              double weight_bytes, ExecutorConfig cfg,
                                              CudaExecutorOptions opt = {});
+
+// The cudaStream_t (as void*) of a CudaExecutor, for runtime::cuda::make_cuda_plan_staging; throws for
+// another executor or in a build without CUDA.
+void* cuda_executor_stream(const Executor& e);
 
 // Batch-size buckets a decode step is padded to for graph replay, up to max_bs.
 std::vector<int> cuda_graph_buckets(int max_bs);

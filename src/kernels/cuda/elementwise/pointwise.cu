@@ -1,4 +1,6 @@
 // Row-wise grid-stride kernels: blockIdx.y walks rows, x-threads walk columns (coalesced).
+#include <algorithm>
+
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/float_codecs.cuh"
 #include "kernels/cuda/common/launch.h"
@@ -59,6 +61,14 @@ __global__ void gather_rows_kernel(GatherRowsParams p) {
   }
 }
 
+__global__ void remap_ids_kernel(RemapIdsParams p) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t id = p.ids[i];
+    p.out[i] = id < 0 || id >= p.n_map ? -1 : p.map[id];
+  }
+}
+
 __global__ void cast_bf16_kernel(CastBf16Params p) {
   MS_FOR_ROWS(p.m) {
     const float* x = p.x + r * p.x_stride;
@@ -103,6 +113,16 @@ void gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
   if (p.k == 0 || p.n == 0) return;
   MS_CHECK(p.index != nullptr, "gather_rows: index is null");
   gather_rows_kernel<<<rows_grid(p.k, p.n), kElementwiseThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void remap_ids(const RemapIdsParams& p, cudaStream_t stream) {
+  MS_CHECK(p.n >= 0 && p.n_map >= 0, "remap_ids: n {} and n_map {} must not be negative", p.n, p.n_map);
+  if (p.n == 0) return;
+  MS_CHECK(p.ids != nullptr && p.out != nullptr, "remap_ids: ids or out is null");
+  MS_CHECK(p.n_map == 0 || p.map != nullptr, "remap_ids: map is null");
+  const int64_t blocks = std::min<int64_t>((p.n + kElementwiseThreads - 1) / kElementwiseThreads, 4096);
+  remap_ids_kernel<<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -49,6 +49,17 @@ struct GatherRowsParams {
 };
 void gather_rows(const GatherRowsParams& p, cudaStream_t stream);
 
+// out[i] = map[ids[i]]: an expert-parallel rank's router ids (logical experts) to its local slots (-1: held
+// by another rank). A negative id stays -1; an id at or past n_map (never made by the router) also gives -1,
+// since a kernel cannot throw: the token then skips that expert instead of reading past the map.
+struct RemapIdsParams {
+  const int32_t* __restrict__ ids = nullptr;  // [n] on the device
+  const int32_t* __restrict__ map = nullptr;  // [n_map] on the device
+  int32_t* __restrict__ out = nullptr;        // [n] on the device
+  int64_t n = 0, n_map = 0;
+};
+void remap_ids(const RemapIdsParams& p, cudaStream_t stream);
+
 // out = bf16(x), round to nearest even, NaN stays NaN: bit-exact with quant::f32_to_bf16.
 struct CastBf16Params {
   const float* __restrict__ x = nullptr;  // [m, n] rows x_stride apart
