@@ -20,7 +20,8 @@ struct DeviceOptions {
   int cuda_graph_max_bs = 64;
   std::string attention_backend = "auto", moe_runner_backend = "auto";
   // --tp-size / --ep-size (serve, generate, bench-one-batch, profile): the model split over ranks. On the CPU
-  // the ranks are threads of this process (runtime::LocalParallelExecutor) unless rank_processes.
+  // the ranks are threads of this process (runtime::LocalParallelExecutor) unless rank_processes; on the GPU
+  // they are always processes (cli/rank_processes.h).
   int tp_size = 1, ep_size = 1;
   // --rank-processes: one process per rank (cli/rank_processes.h), as under a launcher.
   bool rank_processes = false;

@@ -22,8 +22,8 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
                    "quantization config is ignored")
         ->capture_default_str();
     sub.add_option("--tp-size", f.dev.tp_size,
-                   "Tensor parallel ranks: attention heads and dense MLPs split over them (CPU: ranks are "
-                   "threads of this process)")
+                   "Tensor parallel ranks: attention heads and dense MLPs split over them (CPU: threads of "
+                   "this process, or processes with --rank-processes; GPU: one process per GPU)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
     sub.add_option("--ep-size", f.dev.ep_size,
