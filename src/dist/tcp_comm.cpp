@@ -447,25 +447,28 @@ std::vector<const unsigned char*> TcpComm::gather(const Call& c, const void* in,
       if (p.got_head < sizeof(Wire)) {
         p.got_head += static_cast<size_t>(n);
         if (p.got_head == sizeof(Wire)) {
-          if (p.head.magic != kMsg || p.head.bytes > kMaxPayload)
+          const Wire& h = p.head;
+          if (h.magic != kMsg || (h.kind == kAbort ? h.bytes > (1u << 20) : h.bytes > kMaxPayload))
             fail(fmt::format("rank {} sent rank 0 a message that is not the tcp group's", r));
-          buf.resize(p.head.bytes);
+          // A mismatched call is named before its input is read (its size may be anything).
+          if (h.kind != kAbort) {
+            if (h.kind != static_cast<uint32_t>(c.op) || h.count != c.count ||
+                h.dtype != static_cast<int32_t>(c.dtype) || h.root != c.root)
+              fail(fmt::format("rank {} called {}(count {}, {}, root {}) while rank 0 called {}", r,
+                               h.kind >= 1 && h.kind <= 6 ? op_name(static_cast<Op>(h.kind)) : "?", h.count,
+                               h.dtype >= 0 ? dtype_name(static_cast<DType>(h.dtype)) : "?", h.root,
+                               call_str(c)));
+            if (h.bytes != in_bytes(r))
+              fail(fmt::format("rank {} sent {} bytes for {}, expected {}", r, h.bytes, call_str(c),
+                               in_bytes(r)));
+          }
+          buf.resize(h.bytes);
         }
       } else {
         p.got += static_cast<size_t>(n);
       }
       if (p.got_head == sizeof(Wire) && p.got == buf.size()) {
         if (p.head.kind == kAbort) fail(std::string(buf.begin(), buf.end()));
-        const Wire& h = p.head;
-        if (h.kind != static_cast<uint32_t>(c.op) || h.count != c.count ||
-            h.dtype != static_cast<int32_t>(c.dtype) || h.root != c.root)
-          fail(fmt::format("rank {} called {}(count {}, {}, root {}) while rank 0 called {}", r,
-                           h.kind >= 1 && h.kind <= 6 ? op_name(static_cast<Op>(h.kind)) : "?", h.count,
-                           h.dtype >= 0 ? dtype_name(static_cast<DType>(h.dtype)) : "?", h.root,
-                           call_str(c)));
-        if (h.bytes != in_bytes(r))
-          fail(
-              fmt::format("rank {} sent {} bytes for {}, expected {}", r, h.bytes, call_str(c), in_bytes(r)));
         p.done = true;
         --left;
       }
