@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -169,7 +171,25 @@ int main() {
 
   std::printf("%-8s %-8s %7s %9s %10s %8s %8s %10s %10s %9s %10s %8s\n", "tokens", "routing", "experts", "MB",
               "floor us", "path", "time us", "GB/s", "% copy", "old us", "cuBLAS us", "speedup");
-  const int token_counts[] = {1, 8, 32, 128, 512, 8192};
+  // MOE_BENCH_TOKENS=1,32 runs only those token counts (e.g. under a kernel profiler); MOE_BENCH_PEERS=0
+  // leaves out the old kernels and cuBLAS.
+  std::vector<int> token_counts = {1, 8, 32, 128, 512, 8192};
+  if (const char* env = std::getenv("MOE_BENCH_TOKENS"); env && *env) {
+    token_counts.clear();
+    for (const char* c = env; *c;) {
+      char* end = nullptr;
+      const long v = std::strtol(c, &end, 10);
+      if (end == c || v <= 0) {
+        std::fprintf(stderr,
+                     "MOE_BENCH_TOKENS: expected a comma-separated list of positive counts, got '%s'\n", env);
+        return 2;
+      }
+      token_counts.push_back(static_cast<int>(v));
+      c = *end == ',' ? end + 1 : end;
+    }
+  }
+  const char* peers_env = std::getenv("MOE_BENCH_PEERS");
+  const bool peers = !(peers_env && std::string(peers_env) == "0");
   std::mt19937 rng(9);
   for (int m : token_counts)
     for (bool skewed : {false, true}) {
@@ -227,7 +247,7 @@ int main() {
         which = (which + 1) % kCopies;
       };
       const float t_new = time_graph_ms([&](cudaStream_t s) { run(s, false); }, iters);
-      const float t_old = time_graph_ms([&](cudaStream_t s) { run(s, true); }, iters);
+      const float t_old = peers ? time_graph_ms([&](cudaStream_t s) { run(s, true); }, iters) : 0.f;
       // cuBLAS BF16: per touched expert, gate_up [cnt, 2I] = x_e [cnt, H] @ W^T and down [cnt, H] = a [cnt,
       // I] @ D^T.
       __nv_bfloat16 *xb, *gub, *ab, *yb;
@@ -239,26 +259,28 @@ int main() {
       CUDA_CHECK(cudaMemset(xb, 0, rows * kH * 2));
       CUDA_CHECK(cudaMemset(ab, 0, rows * kI * 2));
       const float one = 1.f, zero = 0.f;
-      const float t_blas = time_graph_ms(
-          [&](cudaStream_t s) {
-            CUBLAS_OK(cublasSetStream(blas, s));
-            size_t r0 = 0;
-            int slot_e = 0;
-            for (int e = 0; e < kE; ++e) {
-              if (cnt[e] == 0) continue;
-              const size_t eb = static_cast<size_t>(slot_e++ % kBf16Experts);
-              CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * kI, cnt[e], kH, &one,
-                                     bw_gu + eb * 2 * kI * kH, CUDA_R_16BF, kH, xb + r0 * kH, CUDA_R_16BF, kH,
-                                     &zero, gub + r0 * 2 * kI, CUDA_R_16BF, 2 * kI, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT));
-              CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, kH, cnt[e], kI, &one,
-                                     bw_dn + eb * kH * kI, CUDA_R_16BF, kI, ab + r0 * kI, CUDA_R_16BF, kI,
-                                     &zero, yb + r0 * kH, CUDA_R_16BF, kH, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT));
-              r0 += static_cast<size_t>(cnt[e]);
-            }
-          },
-          m <= 128 ? 5 : 1);
+      const float t_blas =
+          !peers ? 0.f
+                 : time_graph_ms(
+                       [&](cudaStream_t s) {
+                         CUBLAS_OK(cublasSetStream(blas, s));
+                         size_t r0 = 0;
+                         int slot_e = 0;
+                         for (int e = 0; e < kE; ++e) {
+                           if (cnt[e] == 0) continue;
+                           const size_t eb = static_cast<size_t>(slot_e++ % kBf16Experts);
+                           CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * kI, cnt[e], kH, &one,
+                                                  bw_gu + eb * 2 * kI * kH, CUDA_R_16BF, kH, xb + r0 * kH,
+                                                  CUDA_R_16BF, kH, &zero, gub + r0 * 2 * kI, CUDA_R_16BF,
+                                                  2 * kI, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                           CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, kH, cnt[e], kI, &one,
+                                                  bw_dn + eb * kH * kI, CUDA_R_16BF, kI, ab + r0 * kI,
+                                                  CUDA_R_16BF, kI, &zero, yb + r0 * kH, CUDA_R_16BF, kH,
+                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                           r0 += static_cast<size_t>(cnt[e]);
+                         }
+                       },
+                       m <= 128 ? 5 : 1);
       std::printf("%-8d %-8s %7d %9.1f %10.2f %8s %8.2f %10.0f %9.0f%% %9.2f %10.2f %7.2fx\n", m,
                   skewed ? "skewed" : "uniform", touched, bytes / 1e6, floor_us,
                   stream ? "stream" : "grouped", t_new * 1e3, bytes / (t_new * 1e-3) / 1e9,
