@@ -4,14 +4,17 @@
 //   the keys' rows (page, slot looked up by warp 0 one tile ahead, from positions or the DSA selection) are
 //   copied raw with cp.async into a ring of `stages` tiles; rows a token may not see are zero-filled by the
 //   copy (src-size 0), so NaN bytes of page tails never reach shared memory;
-//   fp8: the tile is widened once to bf16 (exact: e4m3 is a subset of bf16) into a padded tile;
-//   S[rows, 32] = Q K^T    warp w: row group w % RG, all 32 keys, a 1/KS share of the 576-long k range
+//   fp8: the tile is widened once to f16 (exact: e4m3 is a subset of f16; one conversion instruction per
+//   pair, where bf16 would take four) into a padded tile, and the block's MMAs run on f16: Q is rounded to
+//   f16 (saturating at +-65504; 11 significant bits against bf16's 8) and so is P (in [0, 1]); S[rows, 32] =
+//   Q K^T    warp w: row group w % RG, all 32 keys, a 1/KS share of the 576-long k range
 //                          (KS = 8 / RG), the KS partials summed by the softmax;
 //   softmax: 4 threads per row, 8 keys each, online in f32 with exp2 (scores pre-scaled by log2 e);
 //   O[rows, 512] += P V    warp w owns output columns 64w..64w+63 of every row (V read once per block),
 //                          O = 2 * rows f32 registers per lane.
 //
-// mma.sync.m16n8k16.row.col (bf16 in, f32 accumulate), per lane g = lane / 4, t = lane % 4:
+// mma.sync.m16n8k16.row.col (bf16 in, or f16 over fp8 pages; f32 accumulate), per lane g = lane / 4, t = lane
+// % 4:
 //   A (16 x 16, row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
 //   B (16 x 8, k x n):      b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
 //   C (16 x 8):             c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
@@ -69,11 +72,26 @@ __device__ __forceinline__ void cp_async_wait(int n) {
       break;
   }
 }
-using tc::fp8x2_to_bf16x2;
+using tc::fp8x2_to_f16x2;
 using tc::ldsm_x4;
 using tc::ldsm_x4_trans;
-using tc::mma_bf16;
 using tc::pack_bf16;
+
+// The block's 16-bit operand type: bf16 over bf16 pages, f16 over fp8 pages (see the header comment).
+template <bool F16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (F16)
+    return tc::pack_f16_sat(lo, hi);
+  else
+    return pack_bf16(lo, hi);
+}
+template <bool F16>
+__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (F16)
+    tc::mma_f16(c, a, b0, b1);
+  else
+    tc::mma_bf16(c, a, b0, b1);
+}
 
 __device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
   if (p.topk) return p.topk_width;
@@ -164,12 +182,19 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row_token(r, token, head)) {
       const int64_t off = token * p.q_token_stride + static_cast<int64_t>(head) * kDim + c * 8;
-      if (p.q_bf16) {
+      if (p.q_bf16 && !FP8) {
         v = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.q) + off));
+      } else if (p.q_bf16) {
+        const uint4 r = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.q) + off));
+        auto cv = [](uint32_t x) {
+          return pack2<true>(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+        };
+        v = make_uint4(cv(r.x), cv(r.y), cv(r.z), cv(r.w));
       } else {
         const float4* f = reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + off);
         const float4 a = __ldg(f), b = __ldg(f + 1);
-        v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+        v = make_uint4(pack2<FP8>(a.x, a.y), pack2<FP8>(a.z, a.w), pack2<FP8>(b.x, b.y),
+                       pack2<FP8>(b.z, b.w));
       }
     }
     *reinterpret_cast<uint4*>(q_s + r * kRowStride + c * 8) = v;
@@ -257,10 +282,10 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
         const int key = c / CPR, col = c % CPR;
         const uint4 v = raw[c];
         uint4* d = reinterpret_cast<uint4*>(conv_s + key * kRowStride + col * 16);
-        d[0] = make_uint4(fp8x2_to_bf16x2(v.x), fp8x2_to_bf16x2(v.x >> 16), fp8x2_to_bf16x2(v.y),
-                          fp8x2_to_bf16x2(v.y >> 16));
-        d[1] = make_uint4(fp8x2_to_bf16x2(v.z), fp8x2_to_bf16x2(v.z >> 16), fp8x2_to_bf16x2(v.w),
-                          fp8x2_to_bf16x2(v.w >> 16));
+        d[0] = make_uint4(fp8x2_to_f16x2(v.x), fp8x2_to_f16x2(v.x >> 16), fp8x2_to_f16x2(v.y),
+                          fp8x2_to_f16x2(v.y >> 16));
+        d[1] = make_uint4(fp8x2_to_f16x2(v.z), fp8x2_to_f16x2(v.z >> 16), fp8x2_to_f16x2(v.w),
+                          fp8x2_to_f16x2(v.w >> 16));
       }
       tile = conv_s;
       __syncthreads();
@@ -288,10 +313,10 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
         ldsm_x4(a, qa + 16 * kk);
         ldsm_x4(r0, kb + 16 * kk);                    // keys 0-15
         ldsm_x4(r1, kb + 16 * kRowStride + 16 * kk);  // keys 16-31
-        mma_bf16(acc[0], a, r0[0], r0[1]);
-        mma_bf16(acc[1], a, r0[2], r0[3]);
-        mma_bf16(acc[2], a, r1[0], r1[1]);
-        mma_bf16(acc[3], a, r1[2], r1[3]);
+        mma16<FP8>(acc[0], a, r0[0], r0[1]);
+        mma16<FP8>(acc[1], a, r0[2], r0[3]);
+        mma16<FP8>(acc[2], a, r1[0], r1[1]);
+        mma16<FP8>(acc[3], a, r1[2], r1[3]);
       }
       float* dst = s_part + ks * M * kSStride;
 #pragma unroll
@@ -335,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
       l_run = l_run * corr + sum;
       m_run = m_new;
       *reinterpret_cast<uint4*>(p_s + srow * kPStride + 8 * sq) = make_uint4(
-          pack_bf16(s[0], s[1]), pack_bf16(s[2], s[3]), pack_bf16(s[4], s[5]), pack_bf16(s[6], s[7]));
+          pack2<FP8>(s[0], s[1]), pack2<FP8>(s[2], s[3]), pack2<FP8>(s[4], s[5]), pack2<FP8>(s[6], s[7]));
       if (sq == 0) corr_s[srow] = corr;
     }
     __syncthreads();
@@ -370,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
         uint32_t a[4];
         ldsm_x4(a, p_s + (16 * rg + (lane & 15)) * kPStride + (lane >> 4) * 8 + 16 * kk);
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) mma_bf16(o[rg][nt], a, b[nt][0], b[nt][1]);
+        for (int nt = 0; nt < 8; ++nt) mma16<FP8>(o[rg][nt], a, b[nt][0], b[nt][1]);
       }
     }
   }
