@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/mla_attention/mla_absorb.h"
 #include "kernels/cuda/mla_decode/mla_decode.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
 
@@ -180,6 +181,103 @@ void bench_mla_decode(const ms::cuda::DeviceCaps& caps, double bw) {
   }
 }
 
+// The two MLA weight-absorption products on GLM-5's shape (64 heads, nope 192, v 256, kv_lora_rank 512,
+// rope 64), streaming and simple kernels. Floor: W_UK (absorb_q) or W_UV (out_v) in its stored format plus
+// the f32 activations in and out. Several copies of kv_b_proj rotate so the weights come from memory, not L2.
+void bench_mla_absorb(double bw) {
+  namespace mc = ms::cuda;
+  const int heads = 64, nope = 192, rope = 64, v = 256, r = 512, reps = 4;
+  const int64_t rows = static_cast<int64_t>(heads) * (nope + v);
+  for (auto f : {mc::DenseWeightFormat::BF16, mc::DenseWeightFormat::FP8Block}) {
+    const size_t es = f == mc::DenseWeightFormat::BF16 ? 2 : 1;
+    const size_t wbytes = static_cast<size_t>(rows) * r * es,
+                 sbytes = ((rows + 127) / 128) * ((r + 127) / 128) * 4;
+    std::vector<uint8_t> hw(wbytes);
+    std::mt19937 rng(3);
+    if (es == 2) {
+      auto* h = reinterpret_cast<uint16_t*>(hw.data());
+      for (size_t i = 0; i < wbytes / 2; ++i) h[i] = static_cast<uint16_t>(0x3c00 + rng() % 0x200);  // ~0.01
+    } else {
+      for (auto& b : hw) b = static_cast<uint8_t>(0x30 + rng() % 16);
+    }
+    std::vector<float> hs(sbytes / 4, 1.f / 448.f);
+    std::vector<uint8_t*> dw(reps);
+    float* ds;
+    CUDA_CHECK(cudaMalloc(&ds, sbytes));
+    CUDA_CHECK(cudaMemcpy(ds, hs.data(), sbytes, cudaMemcpyHostToDevice));
+    for (auto& d : dw) {
+      CUDA_CHECK(cudaMalloc(&d, wbytes));
+      CUDA_CHECK(cudaMemcpy(d, hw.data(), wbytes, cudaMemcpyHostToDevice));
+    }
+    for (int m : {1, 8, 64}) {
+      float *x, *y;
+      const size_t xn = static_cast<size_t>(m) * heads * std::max(nope + rope, r);
+      const size_t yn = static_cast<size_t>(m) * heads * std::max(r + rope, v);
+      CUDA_CHECK(cudaMalloc(&x, xn * 4));
+      CUDA_CHECK(cudaMemset(x, 0, xn * 4));
+      CUDA_CHECK(cudaMalloc(&y, yn * 4));
+      for (auto kernel : {mc::MlaAbsorbKernel::Streaming, mc::MlaAbsorbKernel::Simple})
+        for (int op = 0; op < 2; ++op) {
+          int which = 0;
+          bool graphed = false;
+          const float t = time_graph_ms(
+              [&](cudaStream_t st) {
+                mc::DenseWeightView w;
+                w.format = f;
+                w.rows = rows;
+                w.cols = r;
+                w.data = dw[which];
+                w.scale = ds;
+                if (op == 0) {
+                  mc::MlaAbsorbQParams p;
+                  p.q = x;
+                  p.kv_b = w;
+                  p.q_cat = y;
+                  p.m = m;
+                  p.heads = heads;
+                  p.nope = nope;
+                  p.rope = rope;
+                  p.v = v;
+                  p.kv_lora_rank = r;
+                  p.kernel = kernel;
+                  mc::mla_absorb_q(p, st);
+                } else {
+                  mc::MlaOutVParams p;
+                  p.lat = x;
+                  p.kv_b = w;
+                  p.out = y;
+                  p.m = m;
+                  p.heads = heads;
+                  p.nope = nope;
+                  p.v = v;
+                  p.kv_lora_rank = r;
+                  p.kernel = kernel;
+                  mc::mla_out_v(p, st);
+                }
+                which = (which + 1) % reps;
+              },
+              40, graphed);
+          if (!graphed) std::printf("(graph capture refused: plain launches)\n");
+          const double weight = static_cast<double>(heads) * (op == 0 ? nope : v) * r * es;
+          const double act = op == 0 ? static_cast<double>(m) * heads * (nope + rope + r + rope) * 4.0
+                                     : static_cast<double>(m) * heads * (r + v) * 4.0;
+          const double bytes = weight + act + (es == 1 ? sbytes / 2.0 : 0.0);
+          const double floor_us = bytes / (bw * 1e9) * 1e6;
+          char name[96];
+          std::snprintf(name, sizeof name, "mla %s glm5 %s m%d %s", op == 0 ? "absorb_q" : "out_v",
+                        es == 2 ? "bf16" : "fp8", m,
+                        kernel == mc::MlaAbsorbKernel::Streaming ? "stream" : "simple");
+          std::printf("%-34s %8.1f %10.2f %10.2f %10.0f %7.0f%%\n", name, bytes / 1e6, floor_us, t * 1e3,
+                      bytes / (t * 1e-3) / 1e9, 100.0 * floor_us / (t * 1e3));
+        }
+      cudaFree(x);
+      cudaFree(y);
+    }
+    for (auto* d : dw) cudaFree(d);
+    cudaFree(ds);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -252,5 +350,6 @@ int main() {
     cudaFree(ws);
   }
   bench_mla_decode(caps, bw);
+  bench_mla_absorb(bw);
   return 0;
 }

@@ -119,35 +119,61 @@ struct AbsorbCase {
   gpu::DenseWeightFormat format;
 };
 
-void run_absorb(const AbsorbCase& c, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const int rows = c.heads * (c.nope + c.v);
-  Weight w = make_weight(rng, rows, c.r, c.format);
+// kv_b_proj of one absorb shape on both sides, and |W| dequantised (for the error bounds).
+struct AbsorbWeights {
+  Weight w;
   cpu::WeightView cv;
-  cv.format = w.cpu_format;
-  cv.rows = rows;
-  cv.cols = c.r;
-  cv.data = w.data.data();
-  cv.scale = w.scale.data();
-  DeviceBuffer<uint8_t> dw(w.data);
-  DeviceBuffer<float> dscale(w.scale);
+  DeviceBuffer<uint8_t> dw;
+  DeviceBuffer<float> dscale;
   gpu::DenseWeightView gv;
-  gv.format = w.gpu_format;
-  gv.rows = rows;
-  gv.cols = c.r;
-  gv.data = dw.ptr;
-  gv.scale = w.scale.empty() ? nullptr : dscale.ptr;
-  // Dequantised rows, for the error bound only.
-  std::vector<float> wf(static_cast<size_t>(rows) * c.r);
-  for (int r = 0; r < rows; ++r) cpu::dequantize_row(cv, r, wf.data() + static_cast<size_t>(r) * c.r);
+  std::vector<float> wabs;
+  AbsorbWeights(std::mt19937& rng, const AbsorbCase& c)
+      : w(make_weight(rng, c.heads * (c.nope + c.v), c.r, c.format)), dw(w.data), dscale(w.scale) {
+    const int rows = c.heads * (c.nope + c.v);
+    cv.format = w.cpu_format;
+    cv.rows = rows;
+    cv.cols = c.r;
+    cv.data = w.data.data();
+    cv.scale = w.scale.data();
+    gv.format = w.gpu_format;
+    gv.rows = rows;
+    gv.cols = c.r;
+    gv.data = dw.ptr;
+    gv.scale = w.scale.empty() ? nullptr : dscale.ptr;
+    wabs.resize(static_cast<size_t>(rows) * c.r);
+#pragma omp parallel for
+    for (int r = 0; r < rows; ++r) cpu::dequantize_row(cv, r, wabs.data() + static_cast<size_t>(r) * c.r);
+    for (auto& x : wabs) x = std::fabs(x);
+  }
+  // |W| as an f32 view: the CPU kernels on |a| and |W| give the bound sum_k |a_k w_k| of every output.
+  cpu::WeightView abs_view() const {
+    cpu::WeightView v = cv;
+    v.format = cpu::WeightFormat::F32;
+    v.data = wabs.data();
+    v.scale = nullptr;
+    return v;
+  }
+};
 
+std::vector<float> absolute(std::vector<float> v) {
+  for (auto& x : v) x = std::fabs(x);
+  return v;
+}
+
+// absorb_q and out_v of case `c` on the GPU (implementation `kernel`) against the CPU kernels, outputs
+// poisoned first. With `twice`, a second run must give the same bits (no run-to-run differences).
+void run_absorb_on(const AbsorbCase& c, const AbsorbWeights& aw, std::mt19937& rng,
+                   gpu::MlaAbsorbKernel kernel, bool twice = false) {
+  SCOPED_TRACE(::testing::Message() << "m " << c.m << " heads " << c.heads << " nope " << c.nope << " rope "
+                                    << c.rope << " v " << c.v << " r " << c.r << " format "
+                                    << static_cast<int>(c.format) << " kernel " << static_cast<int>(kernel));
   // absorb_q
   const int qd = c.nope + c.rope, width = c.r + c.rope;
   const auto q = normal(rng, static_cast<size_t>(c.m) * c.heads * qd, 1.f);
-  std::vector<float> ref(static_cast<size_t>(c.m) * c.heads * width);
+  std::vector<float> ref(static_cast<size_t>(c.m) * c.heads * width), bound(ref.size());
   cpu::MlaAbsorbQParams cp;
   cp.q = q.data();
-  cp.kv_b = cv;
+  cp.kv_b = aw.cv;
   cp.q_cat = ref.data();
   cp.m = c.m;
   cp.heads = c.heads;
@@ -156,11 +182,16 @@ void run_absorb(const AbsorbCase& c, uint32_t seed) {
   cp.v = c.v;
   cp.kv_lora_rank = c.r;
   cpu::mla_absorb_q(cp);
+  const auto qabs = absolute(q);
+  cp.q = qabs.data();
+  cp.kv_b = aw.abs_view();
+  cp.q_cat = bound.data();
+  cpu::mla_absorb_q(cp);
   DeviceBuffer<float> dq(q), dqcat(ref.size());
   dqcat.poison();
   gpu::MlaAbsorbQParams gp;
   gp.q = dq.ptr;
-  gp.kv_b = gv;
+  gp.kv_b = aw.gv;
   gp.q_cat = dqcat.ptr;
   gp.m = c.m;
   gp.heads = c.heads;
@@ -168,27 +199,31 @@ void run_absorb(const AbsorbCase& c, uint32_t seed) {
   gp.rope = c.rope;
   gp.v = c.v;
   gp.kv_lora_rank = c.r;
+  gp.kernel = kernel;
   gpu::mla_absorb_q(gp, nullptr);
   const auto got = dqcat.host();
   for (int i = 0; i < c.m; ++i)
     for (int h = 0; h < c.heads; ++h)
       for (int e = 0; e < width; ++e) {
         const size_t o = (static_cast<size_t>(i) * c.heads + h) * width + e;
-        double bound = 0;
-        if (e < c.r)
-          for (int d = 0; d < c.nope; ++d)
-            bound += std::fabs(static_cast<double>(q[(static_cast<size_t>(i) * c.heads + h) * qd + d]) *
-                               wf[(static_cast<size_t>(h) * (c.nope + c.v) + d) * c.r + e]);
+        const double b = e < c.r ? bound[o] : 0.0;  // the rope part is a copy
         ASSERT_TRUE(std::isfinite(got[o])) << "absorb_q unwritten at i=" << i << " h=" << h << " e=" << e;
-        ASSERT_LE(std::fabs(got[o] - ref[o]), 1e-5 * bound) << "absorb_q i=" << i << " h=" << h << " e=" << e;
+        ASSERT_LE(std::fabs(got[o] - ref[o]), 1e-5 * b) << "absorb_q i=" << i << " h=" << h << " e=" << e;
       }
+  if (twice) {
+    dqcat.poison();
+    gpu::mla_absorb_q(gp, nullptr);
+    const auto again = dqcat.host();
+    ASSERT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float)))
+        << "absorb_q not repeatable";
+  }
 
   // out_v
   const auto lat = normal(rng, static_cast<size_t>(c.m) * c.heads * c.r, 1.f);
-  std::vector<float> oref(static_cast<size_t>(c.m) * c.heads * c.v);
+  std::vector<float> oref(static_cast<size_t>(c.m) * c.heads * c.v), obound(oref.size());
   cpu::MlaOutVParams co;
   co.lat = lat.data();
-  co.kv_b = cv;
+  co.kv_b = aw.cv;
   co.out = oref.data();
   co.m = c.m;
   co.heads = c.heads;
@@ -196,31 +231,47 @@ void run_absorb(const AbsorbCase& c, uint32_t seed) {
   co.v = c.v;
   co.kv_lora_rank = c.r;
   cpu::mla_out_v(co);
+  const auto labs = absolute(lat);
+  co.lat = labs.data();
+  co.kv_b = aw.abs_view();
+  co.out = obound.data();
+  cpu::mla_out_v(co);
   DeviceBuffer<float> dlat(lat), dout(oref.size());
   dout.poison();
   gpu::MlaOutVParams go;
   go.lat = dlat.ptr;
-  go.kv_b = gv;
+  go.kv_b = aw.gv;
   go.out = dout.ptr;
   go.m = c.m;
   go.heads = c.heads;
   go.nope = c.nope;
   go.v = c.v;
   go.kv_lora_rank = c.r;
+  go.kernel = kernel;
   gpu::mla_out_v(go, nullptr);
   const auto ogot = dout.host();
   for (int i = 0; i < c.m; ++i)
     for (int h = 0; h < c.heads; ++h)
       for (int e = 0; e < c.v; ++e) {
         const size_t o = static_cast<size_t>(i) * c.heads * c.v + static_cast<size_t>(h) * c.v + e;
-        double bound = 0;
-        const float* wr = wf.data() + (static_cast<size_t>(h) * (c.nope + c.v) + c.nope + e) * c.r;
-        for (int k = 0; k < c.r; ++k)
-          bound +=
-              std::fabs(static_cast<double>(lat[(static_cast<size_t>(i) * c.heads + h) * c.r + k]) * wr[k]);
         ASSERT_TRUE(std::isfinite(ogot[o])) << "out_v unwritten at i=" << i << " h=" << h << " e=" << e;
-        ASSERT_LE(std::fabs(ogot[o] - oref[o]), 1e-5 * bound) << "out_v i=" << i << " h=" << h << " e=" << e;
+        ASSERT_LE(std::fabs(ogot[o] - oref[o]), 1e-5 * obound[o])
+            << "out_v i=" << i << " h=" << h << " e=" << e;
       }
+  if (twice) {
+    dout.poison();
+    gpu::mla_out_v(go, nullptr);
+    const auto again = dout.host();
+    ASSERT_EQ(0, std::memcmp(ogot.data(), again.data(), ogot.size() * sizeof(float)))
+        << "out_v not repeatable";
+  }
+}
+
+void run_absorb(const AbsorbCase& c, uint32_t seed,
+                gpu::MlaAbsorbKernel kernel = gpu::MlaAbsorbKernel::Auto) {
+  std::mt19937 rng(seed);
+  AbsorbWeights aw(rng, c);
+  run_absorb_on(c, aw, rng, kernel);
 }
 
 // ---- paged batches -----------------------------------------------------------------------------------
@@ -584,14 +635,79 @@ void run_indexer(const IndexerCase& c, uint32_t seed) {
 TEST(CudaMlaAbsorb, MatchesCpuEveryWeightFormat) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 1;
-  for (auto f :
-       {gpu::DenseWeightFormat::F32, gpu::DenseWeightFormat::BF16, gpu::DenseWeightFormat::FP8Block}) {
-    run_absorb({1, 4, 32, 8, 16, 64, f}, seed++);
-    run_absorb({5, 3, 40, 6, 24, 200, f},
-               seed++);  // ragged 128-blocks of the fp8 scales, r not a tile multiple
-    run_absorb({37, 2, 48, 16, 40, 160, f}, seed++);  // several token tiles
-  }
+  for (auto k : {gpu::MlaAbsorbKernel::Auto, gpu::MlaAbsorbKernel::Simple})
+    for (auto f :
+         {gpu::DenseWeightFormat::F32, gpu::DenseWeightFormat::BF16, gpu::DenseWeightFormat::FP8Block}) {
+      run_absorb({1, 4, 32, 8, 16, 64, f}, seed++, k);
+      run_absorb({5, 3, 40, 6, 24, 200, f}, seed++,
+                 k);  // ragged 128-blocks of the fp8 scales, r not a tile multiple (fp8: simple kernel)
+      run_absorb({37, 2, 48, 16, 40, 160, f}, seed++, k);  // several token tiles
+    }
   run_absorb({3, 8, 192, 64, 256, 512, gpu::DenseWeightFormat::BF16}, seed++);  // GLM-5's per-head shapes
+}
+
+// The streaming kernels (forced: no silent fallback) on the published shapes, every weight format, batch
+// sizes across the token groups and tiles (1, 3: small groups; 16, 64: one tile; 65, 200: several tiles, a
+// ragged last one), each repeated once to prove the bits do not change between runs.
+TEST(CudaMlaAbsorb, StreamingMatchesCpuOnGlm5AndDeepSeekShapes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 500;
+  const AbsorbCase shapes[] = {
+      {0, 64, 192, 64, 256, 512, gpu::DenseWeightFormat::BF16},   // GLM-5
+      {0, 128, 128, 64, 128, 512, gpu::DenseWeightFormat::BF16},  // DeepSeek-V3 / R1 / V3.2
+  };
+  for (const auto& shape : shapes)
+    for (auto f :
+         {gpu::DenseWeightFormat::F32, gpu::DenseWeightFormat::BF16, gpu::DenseWeightFormat::FP8Block}) {
+      std::mt19937 rng(seed++);
+      AbsorbCase c = shape;
+      c.format = f;
+      AbsorbWeights aw(rng, c);
+      for (int m : {1, 3, 16, 64, 65, 200}) {
+        c.m = m;
+        run_absorb_on(c, aw, rng, gpu::MlaAbsorbKernel::Streaming, m == 64 || m == 3);
+        if (HasFatalFailure()) return;
+      }
+    }
+}
+
+TEST(CudaMlaAbsorb, StreamingRefusesMisalignedShapesByField) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceBuffer<uint8_t> w(static_cast<size_t>(2) * (8 + 8) * 200);
+  DeviceBuffer<float> scale(16), x(static_cast<size_t>(2) * 200 + 64), y(static_cast<size_t>(2) * 264);
+  gpu::MlaOutVParams p;
+  p.kv_b.format = gpu::DenseWeightFormat::FP8Block;
+  p.kv_b.rows = 2 * 16;
+  p.kv_b.cols = 200;
+  p.kv_b.data = w.ptr;
+  p.kv_b.scale = scale.ptr;
+  p.lat = x.ptr;
+  p.out = y.ptr;
+  p.m = 1;
+  p.heads = 2;
+  p.nope = 8;
+  p.v = 8;
+  p.kv_lora_rank = 200;  // not a multiple of 16 fp8 weights
+  EXPECT_NE(gpu::mla_out_v_streaming_refusal(p).find("kv_lora_rank"), std::string::npos);
+  p.kernel = gpu::MlaAbsorbKernel::Streaming;
+  try {
+    gpu::mla_out_v(p, nullptr);
+    ADD_FAILURE() << "misaligned kv_lora_rank accepted";
+  } catch (const ms::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_lora_rank"), std::string::npos) << e.what();
+  }
+  gpu::MlaAbsorbQParams q;
+  q.kv_b = p.kv_b;
+  q.kv_b.data = w.ptr + 2;  // not 16-byte aligned
+  q.q = x.ptr;
+  q.q_cat = y.ptr;
+  q.m = 1;
+  q.heads = 2;
+  q.nope = 8;
+  q.rope = 0;
+  q.v = 8;
+  q.kv_lora_rank = 200;
+  EXPECT_NE(gpu::mla_absorb_q_streaming_refusal(q).find("kv_b.data"), std::string::npos);
 }
 
 TEST(CudaMlaAttention, GeneralKernelMatchesCpuDenseAndSelected) {

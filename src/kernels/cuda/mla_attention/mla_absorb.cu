@@ -1,3 +1,5 @@
+// The simple kernels (any shape; the streaming ones in mla_absorb_stream.cu take decode shapes) and the
+// launchers that choose between them.
 // mla_absorb_q: block (128-column slice of W_UK_h, head h, tile of kMlaAbsorbTokens tokens); thread c owns
 // column c and accumulates it for every token of the tile, the tile's q_nope rows staged in shared memory.
 // mla_out_v: block (32 rows of W_UV_h, head h, token tile); one warp per row reads it once, lanes across the
@@ -6,6 +8,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/mla_attention/mla_absorb.h"
+#include "kernels/cuda/mla_attention/mla_absorb_stream.h"
 #include "kernels/cuda/paged_kv/current_caps.h"
 
 namespace ms::cuda {
@@ -119,8 +122,16 @@ void mla_absorb_q(const MlaAbsorbQParams& p, cudaStream_t stream) {
   check_weight(p.kv_b, p.heads, p.nope, p.v, p.kv_lora_rank, "mla_absorb_q");
   if (p.m == 0) return;
   MS_CHECK(p.q && p.q_cat, "mla_absorb_q: q and q_cat must be set");
-  const size_t smem = sizeof(float) * kT * p.nope;
   const DeviceCaps caps = current_device_caps();
+  if (p.kernel != MlaAbsorbKernel::Simple) {
+    const std::string why = detail::absorb_q_stream_refusal(p, caps);
+    if (why.empty()) {
+      detail::absorb_q_stream(p, caps, stream);
+      return;
+    }
+    MS_CHECK(p.kernel == MlaAbsorbKernel::Auto, "{}", why);
+  }
+  const size_t smem = sizeof(float) * kT * p.nope;
   prepare_smem(caps, "mla_absorb_q", absorb_q_kernel, smem);
   const dim3 grid((p.kv_lora_rank + kAbsorbCols - 1) / kAbsorbCols, p.heads, (p.m + kT - 1) / kT);
   MS_CHECK(grid.z <= 65535u && p.heads <= 65535, "mla_absorb_q: m {} / heads {} exceed the grid", p.m,
@@ -136,13 +147,29 @@ void mla_out_v(const MlaOutVParams& p, cudaStream_t stream) {
   check_weight(p.kv_b, p.heads, p.nope, p.v, p.kv_lora_rank, "mla_out_v");
   if (p.m == 0) return;
   MS_CHECK(p.lat && p.out, "mla_out_v: lat and out must be set");
-  const size_t smem = sizeof(float) * kT * p.kv_lora_rank;
   const DeviceCaps caps = current_device_caps();
+  if (p.kernel != MlaAbsorbKernel::Simple) {
+    const std::string why = detail::out_v_stream_refusal(p, caps);
+    if (why.empty()) {
+      detail::out_v_stream(p, caps, stream);
+      return;
+    }
+    MS_CHECK(p.kernel == MlaAbsorbKernel::Auto, "{}", why);
+  }
+  const size_t smem = sizeof(float) * kT * p.kv_lora_rank;
   prepare_smem(caps, "mla_out_v", out_v_kernel, smem);
   const dim3 grid((p.v + kOutRows - 1) / kOutRows, p.heads, (p.m + kT - 1) / kT);
   MS_CHECK(grid.z <= 65535u && p.heads <= 65535, "mla_out_v: m {} / heads {} exceed the grid", p.m, p.heads);
   out_v_kernel<<<grid, kOutWarps * 32, smem, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
+}
+
+std::string mla_absorb_q_streaming_refusal(const MlaAbsorbQParams& p) {
+  return detail::absorb_q_stream_refusal(p, current_device_caps());
+}
+
+std::string mla_out_v_streaming_refusal(const MlaOutVParams& p) {
+  return detail::out_v_stream_refusal(p, current_device_caps());
 }
 
 }  // namespace ms::cuda
