@@ -116,13 +116,17 @@ TEST(CudaEmbedding, OutOfRangeIdWritesNanAndReadsNothing) {
 struct NormCase {
   int64_t m, n;
 };
-const NormCase kNormCases[] = {{1, 7}, {5, 129}, {33, 1024}, {3, 7168}, {2, 1}};
+// Rows with n % 4 == 0 and strides of whole float4s take the register kernels (up to 16384 elements); the
+// padded strides below (n + 1 .. n + 5) keep the looped kernels covered on the same rows.
+const NormCase kNormCases[] = {{1, 7},    {5, 129},  {33, 1024}, {3, 7168},  {2, 1},
+                               {1, 6144}, {4, 2048}, {3, 512},   {2, 16384}, {1, 20000}};
 
 TEST(CudaNorm, RmsNormMatchesCpu) {
   MS_REQUIRE_GPU();
   for (const NormCase c : kNormCases) {
-    for (bool in_place : {false, true}) {
-      const int64_t xs = c.n + 3, os = in_place ? xs : c.n + 5;
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool in_place = variant & 1, vec = variant & 2;  // vec: strides of whole float4s
+      const int64_t xs = vec ? c.n + 4 : c.n + 3, os = in_place ? xs : (vec ? c.n + 8 : c.n + 5);
       const auto x = random_floats(static_cast<size_t>(c.m * xs), 10, 0.3f, 2.0f);
       const auto w = random_floats(static_cast<size_t>(c.n), 11);
       std::vector<float> ref(static_cast<size_t>(c.m * c.n));
@@ -164,8 +168,10 @@ TEST(CudaNorm, RmsNormMatchesCpu) {
 TEST(CudaNorm, AddRmsNormMatchesCpuAddThenNorm) {
   MS_REQUIRE_GPU();
   for (const NormCase c : kNormCases) {
-    for (bool out_is_delta : {false, true}) {
-      const int64_t hs = c.n + 1, ds = c.n + 2, os = out_is_delta ? ds : c.n + 4;
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool out_is_delta = variant & 1, vec = variant & 2;  // vec: strides of whole float4s
+      const int64_t hs = vec ? c.n + 4 : c.n + 1, ds = vec ? c.n + 8 : c.n + 2,
+                    os = out_is_delta ? ds : c.n + 4;
       const auto h = random_floats(static_cast<size_t>(c.m * hs), 20);
       const auto d = random_floats(static_cast<size_t>(c.m * ds), 21, 0.0f, 0.5f);
       const auto w = random_floats(static_cast<size_t>(c.n), 22);
