@@ -15,6 +15,7 @@
 #include "kernels/cpu/logits_topc.h"
 #include "kernels/cuda/sampling/logits_topc.h"
 #include "model/builtin_model.h"
+#include "runtime/cpu_executor.h"
 #include "runtime/cuda/cuda_executor.h"
 #include "runtime/engine.h"
 
