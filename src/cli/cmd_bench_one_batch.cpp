@@ -34,6 +34,10 @@ struct OneBatchOptions {
 struct OneBatchResult {
   int batch = 0, input_len = 0, output_len = 0, prefill_steps = 0, decode_steps = 0;
   double prefill_s = 0, decode_step_median_s = 0, total_s = 0;
+  // Host side of a decode step (runtime::StepTimes), medians over the decode steps: waiting on the executor
+  // (forward + logits back), sampling, the rest of Engine::step (scheduling, batch building, commit).
+  double decode_executor_median_s = 0, decode_sample_median_s = 0, decode_other_median_s = 0;
+  int64_t rows_summary = 0, rows_full = 0, rows_refetched = 0;  // over the decode steps
   double prefill_tokens_per_s() const { return prefill_s > 0 ? batch * input_len / prefill_s : 0; }
   // Tokens of the whole batch per second at the median decode step.
   double decode_tokens_per_s() const { return decode_step_median_s > 0 ? batch / decode_step_median_s : 0; }
@@ -62,6 +66,12 @@ std::vector<int> parse_batch_sizes(const std::string& s) {
   return out;
 }
 
+double median(std::vector<double>& v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o, int batch) {
   const io::ModelConfig& cfg = lm.model->config();
   runtime::EngineConfig ec;
@@ -88,7 +98,7 @@ OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o,
   res.batch = batch;
   res.input_len = o.input_len;
   res.output_len = o.output_len;
-  std::vector<double> decode_steps;
+  std::vector<double> decode_steps, decode_exec, decode_sample, decode_other;
   int started = 0;
   const auto t0 = Clock::now();
   while (engine.has_work()) {
@@ -109,15 +119,21 @@ OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o,
       if (started == batch) res.prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
     } else {
       decode_steps.push_back(dt);
+      const runtime::StepTimes& st = engine.last_step_times();
+      decode_exec.push_back(st.executor_s);
+      decode_sample.push_back(st.sample_s);
+      decode_other.push_back(st.other_s());
+      res.rows_summary += st.rows_summary;
+      res.rows_full += st.rows_full;
+      res.rows_refetched += st.rows_refetched;
     }
   }
   res.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
   res.decode_steps = static_cast<int>(decode_steps.size());
-  if (!decode_steps.empty()) {
-    std::nth_element(decode_steps.begin(), decode_steps.begin() + decode_steps.size() / 2,
-                     decode_steps.end());
-    res.decode_step_median_s = decode_steps[decode_steps.size() / 2];
-  }
+  res.decode_step_median_s = median(decode_steps);
+  res.decode_executor_median_s = median(decode_exec);
+  res.decode_sample_median_s = median(decode_sample);
+  res.decode_other_median_s = median(decode_other);
   return res;
 }
 
@@ -163,7 +179,13 @@ int run_bench_one_batch(const OneBatchOptions& o) {
                    {"median_decode_step_s", r.decode_step_median_s},
                    {"decode_tokens_per_s", r.decode_tokens_per_s()},
                    {"total_latency_s", r.total_s},
-                   {"total_tokens_per_s", r.total_tokens_per_s()}});
+                   {"total_tokens_per_s", r.total_tokens_per_s()},
+                   {"median_decode_executor_s", r.decode_executor_median_s},
+                   {"median_decode_sample_s", r.decode_sample_median_s},
+                   {"median_decode_other_s", r.decode_other_median_s},
+                   {"decode_rows_summary", r.rows_summary},
+                   {"decode_rows_full", r.rows_full},
+                   {"decode_rows_refetched", r.rows_refetched}});
     std::printf("%s\n", nlohmann::json({{"model", lm.description}, {"results", j}}).dump(2).c_str());
     return 0;
   }
@@ -173,6 +195,13 @@ int run_bench_one_batch(const OneBatchOptions& o) {
     std::printf("%6d %6d %6d  %12.2f %14.1f  %16.3f %13.1f  %10.3f\n", r.batch, r.input_len, r.output_len,
                 r.prefill_s * 1e3, r.prefill_tokens_per_s(), r.decode_step_median_s * 1e3,
                 r.decode_tokens_per_s(), r.total_s);
+  std::printf(
+      "\nhost side of a decode step (medians, ms): waiting on the executor / sampling / rest of the step\n");
+  for (const auto& r : results)
+    std::printf("%6d  %8.3f / %8.3f / %8.3f   rows: %lld from summaries, %lld full, %lld refetched\n",
+                r.batch, r.decode_executor_median_s * 1e3, r.decode_sample_median_s * 1e3,
+                r.decode_other_median_s * 1e3, static_cast<long long>(r.rows_summary),
+                static_cast<long long>(r.rows_full), static_cast<long long>(r.rows_refetched));
   return 0;
 }
 

@@ -19,6 +19,11 @@ void add_device_options(CLI::App& sub, DeviceOptions& o) {
   sub.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs,
                  "Largest decode batch replayed from a CUDA graph")
       ->capture_default_str();
+  sub.add_option("--gpu-sampling", o.gpu_sampling,
+                 "on: rows whose sampling allows it come back from the GPU as their top 128 tokens and sums "
+                 "instead of full logits (the same tokens); off: every row in full")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   sub.add_option("--attention-backend", o.attention_backend,
                  "auto, or one of `moeserve backends` (attention): mla_general, mla_fp8_decode, "
                  "mla_decode_sm90")
@@ -91,6 +96,7 @@ std::unique_ptr<runtime::Engine> make_engine_from(std::shared_ptr<model::Model> 
                                                   const model::LoadedModel* lm, runtime::EngineConfig cfg,
                                                   const DeviceOptions& o, double mem_fraction) {
   const std::string dev = checked_device(o);
+  cfg.logits_summaries = o.gpu_sampling == "on";
   const bool device_weights = lm && lm->device_weights;
   MS_CHECK(dev == "cuda" || !device_weights,
            "the model's weights are to be made on the GPU (--load-format dummy with --device cuda) but the "

@@ -19,6 +19,8 @@ struct DeviceOptions {
   bool disable_cuda_graph = false;
   int cuda_graph_max_bs = 64;
   std::string attention_backend = "auto", moe_runner_backend = "auto";
+  // --gpu-sampling on|off: candidate summaries of logits rows from the GPU (EngineConfig::logits_summaries).
+  std::string gpu_sampling = "on";
   // --tp-size / --ep-size (serve, generate, bench-one-batch, profile): the model split over ranks. On the CPU
   // the ranks are threads of this process (runtime::LocalParallelExecutor) unless rank_processes; on the GPU
   // they are always processes (cli/rank_processes.h).

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -156,7 +157,71 @@ void Engine::finish(uint64_t id, FinishReason why, std::vector<RequestOutput>& o
   seqs_.erase(it);
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+void Engine::sample_step(double& executor_s) {
+  const size_t rows = step_rows_.size();
+  const StepLogits& L = step_logits_;
+  const size_t vocab = static_cast<size_t>(model().config().vocab_size);
+  MS_CHECK(L.full_index.size() == rows, "the executor returned {} logits rows for {} sampling rows",
+           L.full_index.size(), rows);
+  // Compacted rows of a [n, vocab] block, in the block's order.
+  auto sample_full = [&](const Tensor& block, std::span<const int32_t> row_of_block) {
+    const size_t n = row_of_block.size();
+    if (n == 0) return;
+    full_params_.resize(n);
+    full_states_.resize(n);
+    full_tokens_.resize(n);
+    for (size_t j = 0; j < n; ++j) {
+      full_params_[j] = step_params_[row_of_block[j]];
+      full_states_[j] = step_states_[row_of_block[j]];
+    }
+    sampler_->sample_batch(std::span<const float>(block.data<float>(), n * vocab), full_params_, full_states_,
+                           full_tokens_);
+    for (size_t j = 0; j < n; ++j) step_tokens_[row_of_block[j]] = std::move(full_tokens_[j]);
+  };
+
+  step_refetch_.clear();
+  int32_t n_summary = 0;
+  for (size_t i = 0; i < rows; ++i) {
+    if (L.full_index[i] >= 0) continue;
+    try {
+      if (sampler_->sample_summary(L.summaries[i], *step_params_[i], *step_states_[i], step_tokens_[i])) {
+        ++n_summary;
+      } else {
+        step_refetch_.push_back(static_cast<int32_t>(i));
+      }
+    } catch (const Error& e) {
+      MS_THROW("sampling row {}: {}", i, e.message());
+    }
+  }
+  // Full rows in the order of full_index (the block's order).
+  std::vector<int32_t> full_rows(static_cast<size_t>(L.full_rows()), -1);
+  for (size_t i = 0; i < rows; ++i)
+    if (L.full_index[i] >= 0) full_rows.at(static_cast<size_t>(L.full_index[i])) = static_cast<int32_t>(i);
+  sample_full(L.full, full_rows);
+  if (!step_refetch_.empty()) {
+    const auto t = Clock::now();
+    const Tensor fetched = exec_->fetch_rows(step_refetch_);
+    executor_s += seconds_since(t);
+    sample_full(fetched, step_refetch_);
+  }
+  last_times_.rows_full = L.full_rows();
+  last_times_.rows_summary = n_summary;
+  last_times_.rows_refetched = static_cast<int32_t>(step_refetch_.size());
+}
+
 std::vector<RequestOutput> Engine::step() {
+  const auto t_step = Clock::now();
+  double executor_s = 0.0;
   std::vector<RequestOutput> out;
   std::vector<uint64_t> cancelled;
   for (auto& [id, s] : seqs_)
@@ -181,7 +246,6 @@ std::vector<RequestOutput> Engine::step() {
       if (hook) hook->step_end(ok);
     }
   } bracket;
-  Tensor logits;
   try {
     const kv::ForwardBatch batch = scheduler::flatten(plan, cfg_.page_size);
     step_rows_.clear();
@@ -211,7 +275,24 @@ std::vector<RequestOutput> Engine::step() {
       bracket.hook = hook_;
       if (profiler::OpSink* s = hook_->step_begin(label)) sink = s;
     }
-    logits = exec_->run(batch, routing, sink);
+    // How each sampling row may come back (logit row i is step_rows_[i]).
+    const size_t rows = step_rows_.size();
+    MS_CHECK(batch.logit_rows.size() == rows, "the batch has {} logit rows for {} sampling sequences",
+             batch.logit_rows.size(), rows);
+    step_summary_.assign(rows, 0);
+    step_temperature_.assign(rows, 1.0f);
+    if (cfg_.logits_summaries && exec_->supports_summaries()) {
+      for (size_t i = 0; i < rows; ++i) {
+        const SamplingParams& sp = step_rows_[i]->request.sampling;
+        if (sampler_->summary_may_decide(sp)) {
+          step_summary_[i] = 1;
+          step_temperature_[i] = sp.temperature;
+        }
+      }
+    }
+    const auto t_exec = Clock::now();
+    exec_->run_rows(batch, LogitsRequest{step_summary_, step_temperature_}, step_logits_, routing, sink);
+    executor_s += seconds_since(t_exec);
   } catch (const Error& e) {
     fail_plan(e.message());
     return out;
@@ -231,7 +312,6 @@ std::vector<RequestOutput> Engine::step() {
     }
   }
 
-  const auto& mc = model().config();
   const size_t rows = step_rows_.size();
   step_params_.resize(rows);
   step_states_.resize(rows);
@@ -243,11 +323,10 @@ std::vector<RequestOutput> Engine::step() {
     row_of[step_rows_[i]->id] = i;
   }
   std::vector<scheduler::SampledToken> sampled;
+  const auto t_sample = Clock::now();
+  const double executor_before = executor_s;
   try {
-    if (rows > 0)
-      sampler_->sample_batch(
-          std::span<const float>(logits.data<float>(), rows * static_cast<size_t>(mc.vocab_size)),
-          step_params_, step_states_, step_tokens_);
+    if (rows > 0) sample_step(executor_s);
     for (size_t i = 0; i < rows; ++i) sampled.push_back({step_rows_[i]->id, step_tokens_[i].token});
   } catch (...) {
     std::string why = "unknown error";
@@ -265,6 +344,7 @@ std::vector<RequestOutput> Engine::step() {
     for (uint64_t id : ids) finish(id, FinishReason::Error, out, why);
     sampled.clear();  // the rows that sampled are gone; prefill chunks without a sample still commit
   }
+  last_times_.sample_s = seconds_since(t_sample) - (executor_s - executor_before);
 
   for (const scheduler::SequenceUpdate& u : sched_->commit(sampled)) {
     Sequence& s = *seqs_.at(u.seq_id);
@@ -276,6 +356,8 @@ std::vector<RequestOutput> Engine::step() {
     out.push_back(std::move(o));
     if (u.finish != scheduler::SeqFinish::None) seqs_.erase(u.seq_id);  // the scheduler freed its pages
   }
+  last_times_.executor_s = executor_s;
+  last_times_.total_s = seconds_since(t_step);
   bracket.ok = true;
   return out;
 }

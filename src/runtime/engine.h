@@ -46,6 +46,20 @@ struct EngineConfig {
   // Record distinct experts per MoE layer per step of decode tokens (with OEA on, the plain-routing baseline
   // costs a second routing call per layer).
   bool expert_stats = false;
+  // Rows whose sampling params allow it come back from the executor as candidate summaries (top 128 tokens
+  // and the row's sums) where the executor can make them (the CUDA executor: --gpu-sampling on), instead of
+  // full rows; the Sampler decides from them exactly as from the full row, or asks for the full row.
+  bool logits_summaries = true;
+};
+
+// Host-side time of one step that ran the model, seconds: waiting on the executor (the forward pass and
+// the logits' copy back, fetches of undecided rows included), sampling, and the whole of step().
+struct StepTimes {
+  double executor_s = 0.0, sample_s = 0.0, total_s = 0.0;
+  int32_t rows_full = 0;       // rows that came back in full
+  int32_t rows_summary = 0;    // rows sampled from a summary
+  int32_t rows_refetched = 0;  // rows whose summary could not decide (fetched in full)
+  double other_s() const { return total_s - executor_s - sample_s; }
 };
 
 class Engine {
@@ -77,6 +91,8 @@ class Engine {
   // bounds) when stats are off. Kind Oea holds observations only when OEA is on.
   moe::DistinctExpertsHistogram distinct_experts_histogram(moe::RoutingKind kind) const;
   const EngineConfig& config() const { return cfg_; }
+  // The last step that ran the model.
+  const StepTimes& last_step_times() const { return last_times_; }
   void set_op_sink(profiler::OpSink* sink) { sink_ = sink; }
   // Brackets every step that runs the model (e.g. a profiler::ProfileController); its sink, when it gives
   // one, replaces set_op_sink's for that step.
@@ -85,6 +101,9 @@ class Engine {
  private:
   void finish(uint64_t id, FinishReason why, std::vector<RequestOutput>& out, std::string error = {});
   RequestOutput output_of(const Sequence& s) const;
+  // Samples step_rows_ from step_logits_ into step_tokens_ (fetching full rows a summary cannot decide);
+  // throws ms::Error naming the row. Adds the time spent in the executor to `executor_s`.
+  void sample_step(double& executor_s);
 
   std::unique_ptr<Executor> exec_;
   EngineConfig cfg_;
@@ -105,6 +124,14 @@ class Engine {
   std::vector<const SamplingParams*> step_params_;
   std::vector<SamplerState*> step_states_;
   std::vector<GeneratedToken> step_tokens_;
+  std::vector<uint8_t> step_summary_;    // [rows] LogitsRequest::summary
+  std::vector<float> step_temperature_;  // [rows]
+  StepLogits step_logits_;
+  std::vector<int32_t> step_refetch_;  // rows whose summary could not decide
+  std::vector<const SamplingParams*> full_params_;
+  std::vector<SamplerState*> full_states_;
+  std::vector<GeneratedToken> full_tokens_;
+  StepTimes last_times_;
 };
 
 // A CpuExecutor for `model` sized by an engine config: its pages, and steps of up to max_running sequences

@@ -1,5 +1,7 @@
 #include "runtime/executor.h"
 
+#include <numeric>
+
 #include "core/error.h"
 
 namespace ms::runtime {
@@ -16,6 +18,18 @@ ExecutorConfig resolve_executor_config(const io::ModelConfig& mc, ExecutorConfig
   if (c.max_logit_rows <= 0) c.max_logit_rows = c.max_seqs;
   if (c.kv_cache_dtype == kv::KvCacheDType::Auto) c.kv_cache_dtype = kv::KvCacheDType::BF16;
   return c;
+}
+
+void Executor::run_rows(const kv::ForwardBatch& b, const LogitsRequest&, StepLogits& out,
+                        const model::StepRouting& routing, profiler::OpSink* sink) {
+  out.full = run(b, routing, sink);
+  out.full_index.resize(b.logit_rows.size());
+  std::iota(out.full_index.begin(), out.full_index.end(), 0);
+  out.summaries = {};
+}
+
+Tensor Executor::fetch_rows(std::span<const int32_t>) {
+  MS_THROW("executor '{}' returned every logits row in full; there is no row to fetch", name());
 }
 
 }  // namespace ms::runtime

@@ -7,9 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
+#include "kernels/cpu/logits_topc.h"
 #include "kv/forward_batch.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
@@ -42,6 +45,22 @@ struct ExecutorConfig {
 // sizes the pages itself (the CUDA executor, from --mem-fraction-static).
 ExecutorConfig resolve_executor_config(const io::ModelConfig& mc, ExecutorConfig cfg, bool pages_from_memory);
 
+// How the Engine wants a step's logits rows back (Executor::run_rows): per logit row, whether a candidate
+// summary (kernels/cpu/logits_topc.h) will do, and the temperature its sum_exp_t is taken at.
+struct LogitsRequest {
+  std::span<const uint8_t> summary;    // [logit rows] 1: a summary suffices; empty: every row in full
+  std::span<const float> temperature;  // [logit rows] (read for summary rows only)
+};
+
+// A step's logits rows as they came back: row i is full.row(full_index[i]) when full_index[i] >= 0, else
+// summaries[i]. Host memory, valid until the executor's next run or fetch.
+struct StepLogits {
+  Tensor full;                                          // f32 [rows in full, vocab]
+  std::vector<int32_t> full_index;                      // [logit rows]
+  std::span<const kernels::cpu::LogitsTopC> summaries;  // [logit rows], read where full_index < 0
+  int32_t full_rows() const { return full.defined() ? static_cast<int32_t>(full.shape()[0]) : 0; }
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -58,6 +77,16 @@ class Executor {
   // not fit (a page id past the pool, more tokens than max_tokens, ...), leaving the executor usable.
   virtual Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
                      profiler::OpSink* sink = nullptr) = 0;
+  // run() with a say in how each row comes back. An executor that can summarise (supports_summaries())
+  // returns summaries for the rows `req` allows and full rows for the rest; the default runs run() and
+  // returns every row in full, which a caller must handle too.
+  virtual void run_rows(const kv::ForwardBatch& b, const LogitsRequest& req, StepLogits& out,
+                        const model::StepRouting& routing = {}, profiler::OpSink* sink = nullptr);
+  virtual bool supports_summaries() const { return false; }
+  // Full rows of the last run_rows, for rows whose summary could not decide: f32 [rows.size(), vocab] in
+  // host memory, row j = logit row rows[j]; valid until the next run or fetch. Throws unless the last run
+  // returned summaries (the default never does).
+  virtual Tensor fetch_rows(std::span<const int32_t> rows);
   // The host checks run() makes before touching the device (Model::check_batch on this executor's pool):
   // throws ms::Error naming what in `b` cannot run. The default accepts every batch (run() still checks).
   virtual void check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing = {}) const {}

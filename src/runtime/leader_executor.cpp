@@ -61,17 +61,16 @@ void LeaderExecutor::broadcast(StepOp op, const kv::ForwardBatch* b, const model
   comm_.broadcast(buf, n, DType::I32, 0, staging_->stream());
 }
 
-Tensor LeaderExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& routing,
-                           profiler::OpSink* sink) {
+template <typename F>
+void LeaderExecutor::step(const kv::ForwardBatch& b, const model::StepRouting& routing, F&& local_step) {
   if (failed_) MS_THROW("the group failed in an earlier step: {}", failure_);
   if (stopped_) MS_THROW("rank 0 of {}: the group was shut down", comm_.size());
   // A batch that cannot run throws before any rank sees it; the group stays usable.
   local_->check_batch(b, routing);
   try {
     broadcast(StepOp::Run, &b, &routing);
-    Tensor out = local_->run(b, routing, sink);
+    local_step();
     ++step_;
-    return out;
   } catch (const std::exception& e) {
     // This rank's own failure, or the group's report of another rank's: either way the others must not
     // wait for rank 0 (abort is a no-op on a group that already failed).
@@ -81,6 +80,18 @@ Tensor LeaderExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& 
     comm_.abort(fmt::format("step {}: {}", step_, why));
     throw Error(failure_, __FILE__, __LINE__);
   }
+}
+
+Tensor LeaderExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& routing,
+                           profiler::OpSink* sink) {
+  Tensor out;
+  step(b, routing, [&] { out = local_->run(b, routing, sink); });
+  return out;
+}
+
+void LeaderExecutor::run_rows(const kv::ForwardBatch& b, const LogitsRequest& req, StepLogits& out,
+                              const model::StepRouting& routing, profiler::OpSink* sink) {
+  step(b, routing, [&] { local_->run_rows(b, req, out, routing, sink); });
 }
 
 void LeaderExecutor::shutdown() {

@@ -70,6 +70,11 @@ class LeaderExecutor final : public Executor {
   void check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing = {}) const override {
     local_->check_batch(b, routing);
   }
+  // As run(), with rank 0's executor choosing how its rows come back (summaries where it can make them).
+  void run_rows(const kv::ForwardBatch& b, const LogitsRequest& req, StepLogits& out,
+                const model::StepRouting& routing = {}, profiler::OpSink* sink = nullptr) override;
+  bool supports_summaries() const override { return local_->supports_summaries(); }
+  Tensor fetch_rows(std::span<const int32_t> rows) override { return local_->fetch_rows(rows); }
   std::unique_ptr<profiler::TimerBackend> make_timer() const override { return local_->make_timer(); }
 
   // Tells the followers to return from follow_steps; later runs throw. Throws when the broadcast fails.
@@ -80,6 +85,9 @@ class LeaderExecutor final : public Executor {
 
  private:
   void broadcast(StepOp op, const kv::ForwardBatch* b, const model::StepRouting* routing);
+  // Checks, broadcasts and runs `local_step` on rank 0; a failure after the broadcast fails the group.
+  template <typename F>
+  void step(const kv::ForwardBatch& b, const model::StepRouting& routing, F&& local_step);
 
   dist::Communicator& comm_;
   std::unique_ptr<Executor> local_;

@@ -231,27 +231,33 @@ void select_kept(const float* x, int vocab, float m, const SamplingParams& p, Sa
   ws.total = total;
 }
 
-// Inverse-CDF draw over the kept set: the first token whose running mass exceeds u * total.
+// Inverse-CDF draw over c[0, n) in that order: the first token whose running mass exceeds u * total.
+int32_t draw_list(const Candidate* c, int n, double total, double u) {
+  const double target = u * total;
+  double cum = 0.0;
+  int32_t last = -1;
+  for (int i = 0; i < n; ++i) {
+    const auto& e = c[i];
+    if (e.weight <= 0.0f) continue;
+    cum += e.weight;
+    last = e.token;
+    if (target < cum) return e.token;
+  }
+  return last;  // u * total rounded up to the full sum
+}
+
+// The same over the kept set of select_kept.
 int32_t draw(const Sampler::Workspace& ws, double u) {
+  if (!ws.dense) return draw_list(ws.cand.data(), ws.n, ws.total, u);
   const double target = u * ws.total;
   double cum = 0.0;
   int32_t last = -1;
-  if (ws.dense) {
-    for (int i = 0; i < ws.n; ++i) {
-      float w = ws.weights[i];
-      if (w <= 0.0f) continue;
-      cum += w;
-      last = i;
-      if (target < cum) return i;
-    }
-  } else {
-    for (int i = 0; i < ws.n; ++i) {
-      const auto& e = ws.cand[i];
-      if (e.weight <= 0.0f) continue;
-      cum += e.weight;
-      last = e.token;
-      if (target < cum) return e.token;
-    }
+  for (int i = 0; i < ws.n; ++i) {
+    float w = ws.weights[i];
+    if (w <= 0.0f) continue;
+    cum += w;
+    last = i;
+    if (target < cum) return i;
   }
   return last;  // u * total rounded up to the full sum
 }
@@ -447,6 +453,132 @@ void Sampler::sample_batch(std::span<const float> logits, std::span<const Sampli
     }
   }
   if (failed_row >= 0) MS_THROW("sampling row {}: {}", failed_row, failure);
+}
+
+bool Sampler::summary_may_decide(const SamplingParams& p) const {
+  if (!p.logit_bias.empty() || penalties_active(p)) return false;
+  if (p.top_logprobs > kernels::cpu::kLogitsTopC) return false;
+  if (p.temperature < kGreedyTemperature) return true;
+  if (p.top_k > 0 && p.top_k < vocab_size_) return p.top_k <= kernels::cpu::kLogitsTopC;
+  return p.top_p < 1.0f || p.min_p > 0.0f;
+}
+
+// Mirrors sample_row step by step on the candidates (no bias, no penalties: x is the raw row). Where
+// sample_row works on a set of tokens the candidates hold in full, the same floats are summed in the same
+// order, so the token and the logprobs are those of sample_row bit for bit. Two numbers come from the whole
+// row instead: sum_exp (log-softmax) and sum_exp_t (top-p's target). With a summary from
+// kernels::cpu::logits_topc they are sample_row's own sums; from the device they differ in the last bits, so
+// logprobs may differ by about 1e-6 and the top-p cut is decided only when the running mass is clear of the
+// target by kSummaryTopPMargin (relative): then the nucleus is the same set as sample_row's, else the row
+// needs its full logits.
+bool Sampler::sample_summary(const kernels::cpu::LogitsTopC& s, const SamplingParams& p, SamplerState& state,
+                             GeneratedToken& out) const {
+  if (!summary_may_decide(p)) return false;
+  validate(p);
+  MS_CHECK(s.count == std::min(kernels::cpu::kLogitsTopC, vocab_size_),
+           "logits summary holds {} candidates, expected {} for a vocabulary of {}", s.count,
+           std::min(kernels::cpu::kLogitsTopC, vocab_size_), vocab_size_);
+  if (s.nan_count > 0) MS_THROW("logits contain NaN");
+  const float m = s.logit[0];  // sample_row's max: the first (lowest-id) of the largest
+  if (!std::isfinite(m)) MS_THROW("logits have no finite maximum (max {})", m);
+  const int count = s.count;
+  const bool whole_row = count == vocab_size_;
+
+  std::array<Candidate, kernels::cpu::kLogitsTopC> c;
+  int chosen = 0;  // index of the token in the candidates
+  if (p.temperature >= kGreedyTemperature) {
+    const float inv_t = 1.0f / p.temperature;
+    const bool use_k = p.top_k > 0 && p.top_k < vocab_size_;
+    const bool use_p = p.top_p < 1.0f;
+    const bool use_min_p = p.min_p > 0.0f;
+    const float min_s = use_min_p ? std::log(p.min_p) : -kInf;
+    for (int i = 0; i < count; ++i) c[i] = {s.logit[i], s.token[i], 0.0f};
+    int n = 0;
+    double total = 0.0;
+    bool by_id = false;
+    if (use_k) {
+      // select_kept's top-k branch on the same k tokens (k <= C, k < vocab, so k <= count).
+      n = p.top_k;
+      for (int i = 0; i < n; ++i) {
+        c[i].weight = std::exp((c[i].logit - m) * inv_t);
+        total += c[i].weight;
+      }
+      if (use_p) {
+        const double target = static_cast<double>(p.top_p) * total;
+        double cum = 0.0;
+        int i = 0;
+        while (i < n && cum < target) cum += c[i++].weight;
+        n = std::max(i, 1);
+      }
+      if (use_min_p) {
+        while (n > 1 && (c[n - 1].logit - m) * inv_t < min_s) --n;
+      }
+      total = 0.0;
+      for (int i = 0; i < n; ++i) total += c[i].weight;
+    } else {
+      // mp: the tokens min-p keeps are a prefix of the candidates; its length is known when a candidate fails
+      // the bar or the candidates are the whole row.
+      int mp = count;
+      for (int i = 0; i < count; ++i) {
+        const float sc = (c[i].logit - m) * inv_t;
+        c[i].weight = std::exp(sc);
+        if (sc < min_s) {
+          mp = i;
+          break;
+        }
+      }
+      const bool mp_known = mp < count || whole_row;
+      if (use_p) {
+        // select_kept's top-p walk: while (i < kept && cum < target) cum += w[i++]. Each comparison of cum
+        // with the target is taken only when it is clear of the margin.
+        const double target = static_cast<double>(p.top_p) * s.sum_exp_t;
+        const double lo = target * (1.0 - kSummaryTopPMargin), hi = target * (1.0 + kSummaryTopPMargin);
+        double cum = 0.0;
+        int i = 0;
+        for (;;) {
+          if (mp_known && i == mp) break;
+          if (cum >= hi) break;
+          if (cum >= lo) return false;   // too close to the target to know which side the full sum is on
+          if (i == count) return false;  // the nucleus reaches past the candidates
+          cum += c[i++].weight;
+        }
+        n = std::max(i, 1);
+      } else {
+        // min-p alone: the kept tokens in id order, as select_kept gathers them.
+        if (!mp_known) return false;
+        n = mp;
+        std::sort(c.begin(), c.begin() + n,
+                  [](const Candidate& a, const Candidate& b) { return a.token < b.token; });
+        by_id = true;
+      }
+      for (int i = 0; i < n; ++i) total += c[i].weight;
+    }
+    out.token = draw_list(c.data(), n, total, uniform01(state.key_, state.step_));
+    chosen = -1;
+    if (by_id) {
+      for (int i = 0; i < count && chosen < 0; ++i)
+        if (s.token[i] == out.token) chosen = i;
+    } else {
+      for (int i = 0; i < n && chosen < 0; ++i)
+        if (c[i].token == out.token) chosen = i;
+    }
+    MS_CHECK(chosen >= 0, "logits summary: the drawn token {} is not a candidate", out.token);
+  } else {
+    out.token = s.token[0];
+  }
+
+  out.logprob = 0.0f;
+  out.top_logprobs.clear();
+  if (p.top_logprobs >= 0) {
+    const double log_z = std::log(s.sum_exp);
+    auto logprob = [&](float v) { return static_cast<float>(static_cast<double>(v - m) - log_z); };
+    out.logprob = logprob(s.logit[chosen]);
+    const int n = std::min(p.top_logprobs, count);
+    for (int i = 0; i < n; ++i) out.top_logprobs.push_back({s.token[i], logprob(s.logit[i])});
+  }
+  ++state.step_;
+  if (state.track_) state.record(out.token, true);
+  return true;
 }
 
 std::vector<TokenProbability> Sampler::kept_distribution(std::span<const float> logits,

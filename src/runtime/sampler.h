@@ -37,6 +37,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cpu/logits_topc.h"
 #include "runtime/engine_types.h"
 
 namespace ms::runtime {
@@ -112,6 +113,22 @@ class Sampler {
   // A failing row throws ms::Error naming the row (states of other rows may have advanced).
   void sample_batch(std::span<const float> logits, std::span<const SamplingParams* const> params,
                     std::span<SamplerState* const> states, std::span<GeneratedToken> out);
+
+  // Candidate summaries (kernels/cpu/logits_topc.h): a row reduced to its top C tokens and its sums.
+  // Whether a summary can ever decide a row sampled with `params`: no logit_bias, no penalties,
+  // top_logprobs <= C, and greedy, or top_k in 1..C, or top_p < 1, or min_p > 0 (plain temperature sampling
+  // over the whole vocabulary needs every weight in id order).
+  bool summary_may_decide(const SamplingParams& params) const;
+  // Samples a row from its summary: true when the candidates decide it (the token, logprob and top_logprobs
+  // sample() gives on the full row; `state` advances), false when the full row is needed (`state` and `out`
+  // untouched). Decides: greedy; top_k <= C (then top-p and min-p within it); top-p whose nucleus ends
+  // within the candidates; min-p whose bar cuts within them. Throws as sample() does on NaN or a row
+  // without a finite maximum. Thread-safe for distinct states.
+  bool sample_summary(const kernels::cpu::LogitsTopC& summary, const SamplingParams& params,
+                      SamplerState& state, GeneratedToken& out) const;
+  // How far (relative) the running mass must be from top_p x sum_exp_t before a summary decides a top-p
+  // cut: the device's sum differs from the host's by ~2 ulp of f32 per term (expf) at most.
+  static constexpr double kSummaryTopPMargin = 1e-5;
 
   // Applies step 0 above to `logits` [vocab] in place (ids validated by validate()).
   void apply_bias(std::span<float> logits, const SamplingParams& params) const;

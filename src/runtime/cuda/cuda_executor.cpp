@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/sampling/logits_topc.h"
 #include "ops/ops.h"
 #include "runtime/cuda/cuda_event_timer.h"
 #include "runtime/cuda/device_arena.h"
@@ -33,6 +34,16 @@ struct CudaExecutor::Impl {
   model::StepBuffers steps;
   model::Workspace ws;
   float* logits_host = nullptr;  // pinned [max_logit_rows, vocab]
+  // Candidate summaries: device [max_logit_rows] (workspace) and pinned host [max_logit_rows]; per-row
+  // temperatures staged through pinned memory each step.
+  kernels::cpu::LogitsTopC* summaries_dev = nullptr;
+  kernels::cpu::LogitsTopC* summaries_host = nullptr;
+  float* temperature_dev = nullptr;
+  float* temperature_host = nullptr;
+  // The last run_rows: its device logits (valid until the next forward) and how many rows came back full.
+  Tensor last_logits;
+  int64_t last_rows = 0, last_full = 0;
+  bool last_summarised = false;
   std::vector<int> buckets;
   int32_t graph_max_blocks = 0;
   struct Graph {
@@ -46,6 +57,8 @@ struct CudaExecutor::Impl {
   ~Impl() {
     for (auto& [b, g] : graphs) cudaGraphExecDestroy(g.exec);
     if (logits_host) cudaFreeHost(logits_host);
+    if (summaries_host) cudaFreeHost(summaries_host);
+    if (temperature_host) cudaFreeHost(temperature_host);
     if (stream) cudaStreamDestroy(stream);
   }
 };
@@ -166,6 +179,11 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
   }
   CUDA_CHECK(cudaMallocHost(
       &I.logits_host, static_cast<size_t>(cfg_.max_logit_rows) * static_cast<size_t>(mc.vocab_size) * 4));
+  const size_t summary_bytes = static_cast<size_t>(cfg_.max_logit_rows) * sizeof(kernels::cpu::LogitsTopC);
+  I.summaries_dev = static_cast<kernels::cpu::LogitsTopC*>(I.work.alloc(summary_bytes));
+  I.temperature_dev = static_cast<float*>(I.work.alloc(static_cast<size_t>(cfg_.max_logit_rows) * 4));
+  CUDA_CHECK(cudaMallocHost(&I.summaries_host, summary_bytes));
+  CUDA_CHECK(cudaMallocHost(&I.temperature_host, static_cast<size_t>(cfg_.max_logit_rows) * 4));
   I.buckets = opt_.cuda_graphs
                   ? cuda_graph_buckets(std::min<int>(
                         opt_.cuda_graph_max_bs, static_cast<int>(std::min(cfg_.max_seqs, cfg_.max_tokens))))
@@ -208,18 +226,92 @@ Tensor CudaExecutor::logits_to_host(const Tensor& dev, int64_t rows) {
   return Tensor::borrow(I.logits_host, {rows, vocab}, DType::F32);
 }
 
-Tensor CudaExecutor::run_eager(const kv::ForwardBatch& b, const model::StepRouting& routing,
-                               profiler::OpSink* sink) {
+void CudaExecutor::rows_to_host(const Tensor& dev, int64_t rows, const LogitsRequest& req, StepLogits& out) {
+  Impl& I = *impl_;
+  const int64_t vocab = model_->config().vocab_size;
+  MS_CHECK(req.summary.empty() || static_cast<int64_t>(req.summary.size()) == rows,
+           "run_rows: the request covers {} rows, the step has {}", req.summary.size(), rows);
+  MS_CHECK(req.summary.empty() || req.temperature.size() == req.summary.size(),
+           "run_rows: {} temperatures for {} rows", req.temperature.size(), req.summary.size());
+  bool any = false;
+  for (uint8_t f : req.summary) any |= f != 0;
+  // Full rows: consecutive ones in one copy (all of them, without summaries: the copy run() makes).
+  out.full_index.assign(static_cast<size_t>(rows), -1);
+  int64_t n_full = 0;
+  const char* src = static_cast<const char*>(dev.raw());
+  const size_t row_bytes = static_cast<size_t>(vocab) * 4;
+  for (int64_t i = 0; i < rows;) {
+    if (any && req.summary[i]) {
+      ++i;
+      continue;
+    }
+    int64_t j = i;
+    while (j < rows && !(any && req.summary[j])) out.full_index[j++] = static_cast<int32_t>(n_full++);
+    const int64_t dst_row = n_full - (j - i);
+    CUDA_CHECK(cudaMemcpyAsync(I.logits_host + dst_row * vocab, src + i * row_bytes,
+                               static_cast<size_t>(j - i) * row_bytes, cudaMemcpyDeviceToHost, I.stream));
+    i = j;
+  }
+  if (any) {
+    for (int64_t i = 0; i < rows; ++i) I.temperature_host[i] = req.summary[i] ? req.temperature[i] : 1.0f;
+    CUDA_CHECK(cudaMemcpyAsync(I.temperature_dev, I.temperature_host, static_cast<size_t>(rows) * 4,
+                               cudaMemcpyHostToDevice, I.stream));
+    kernels::cpu::LogitsTopCParams p;
+    p.logits = dev.data<float>();
+    p.stride = vocab;
+    p.temperature = I.temperature_dev;
+    p.out = I.summaries_dev;
+    p.rows = rows;
+    p.vocab = vocab;
+    ms::cuda::logits_topc(p, I.stream);
+    CUDA_CHECK(cudaMemcpyAsync(I.summaries_host, I.summaries_dev,
+                               static_cast<size_t>(rows) * sizeof(kernels::cpu::LogitsTopC),
+                               cudaMemcpyDeviceToHost, I.stream));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  out.full = Tensor::borrow(I.logits_host, {n_full, vocab}, DType::F32);
+  out.summaries = any ? std::span<const kernels::cpu::LogitsTopC>(I.summaries_host, static_cast<size_t>(rows))
+                      : std::span<const kernels::cpu::LogitsTopC>{};
+  I.last_logits = dev;
+  I.last_rows = rows;
+  I.last_full = n_full;
+  I.last_summarised = any;
+}
+
+Tensor CudaExecutor::fetch_rows(std::span<const int32_t> rows) {
+  Impl& I = *impl_;
+  MS_CHECK(I.last_summarised, "fetch_rows: the last step returned every logits row in full");
+  const int64_t vocab = model_->config().vocab_size;
+  MS_CHECK(I.last_full + static_cast<int64_t>(rows.size()) <= cfg_.max_logit_rows,
+           "fetch_rows: {} rows after {} full ones exceed the {} logit rows", rows.size(), I.last_full,
+           cfg_.max_logit_rows);
+  // After the step's full rows, so that those stay valid.
+  float* dst = I.logits_host + I.last_full * vocab;
+  const char* src = static_cast<const char*>(I.last_logits.raw());
+  const size_t row_bytes = static_cast<size_t>(vocab) * 4;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    MS_CHECK(rows[j] >= 0 && rows[j] < I.last_rows, "fetch_rows: row {} is outside the step's {} rows",
+             rows[j], I.last_rows);
+    CUDA_CHECK(cudaMemcpyAsync(dst + static_cast<int64_t>(j) * vocab, src + rows[j] * row_bytes, row_bytes,
+                               cudaMemcpyDeviceToHost, I.stream));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  return Tensor::borrow(dst, {static_cast<int64_t>(rows.size()), vocab}, DType::F32);
+}
+
+void CudaExecutor::run_eager(const kv::ForwardBatch& b, const model::StepRouting& routing,
+                             profiler::OpSink* sink, const TakeLogits& take) {
   Impl& I = *impl_;
   const model::StepInputs in = I.steps.fill(I.ctx, b, routing.decode_tokens);
   const Tensor logits = model_->forward(I.ctx, in, *I.pool, I.ws, routing, sink);
   ++graphs_stats_.eager;
-  return logits_to_host(logits, in.n_logit_rows);
+  take(logits, in.n_logit_rows);
 }
 
 // A decode step padded to `bucket` rows: the padding rows are sequences of length 0 whose keys go nowhere
 // (slot -1), routed plainly (decode flag 0, so they never widen the OEA base set); their logits are dropped.
-Tensor CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting& routing, int bucket) {
+void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting& routing, int bucket,
+                             const TakeLogits& take) {
   Impl& I = *impl_;
   const int n = b.n_tokens();
   kv::ForwardBatch& p = I.padded;
@@ -251,7 +343,7 @@ Tensor CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouti
     // First step of this bucket: run it op by op (sizes every scratch buffer, builds the expert tables and
     // cuBLASLt plans), then capture the same launches for the next steps.
     const Tensor logits = model_->forward(I.ctx, in, *I.pool, I.ws, r, nullptr);
-    Tensor out = logits_to_host(logits, n);
+    take(logits, n);
     ++graphs_stats_.eager;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeThreadLocal));
@@ -272,11 +364,11 @@ Tensor CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouti
     graph.logits = captured;
     I.graphs.emplace(bucket, graph);
     ++graphs_stats_.captured;
-    return out;
+    return;
   }
   CUDA_CHECK(cudaGraphLaunch(it->second.exec, I.stream));
   ++graphs_stats_.replays;
-  return logits_to_host(it->second.logits, n);
+  take(it->second.logits, n);
 }
 
 void CudaExecutor::check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing) const {
@@ -285,6 +377,20 @@ void CudaExecutor::check_batch(const kv::ForwardBatch& b, const model::StepRouti
 
 Tensor CudaExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& routing,
                          profiler::OpSink* sink) {
+  Tensor out;
+  forward(b, routing, sink, [&](const Tensor& dev, int64_t rows) { out = logits_to_host(dev, rows); });
+  impl_->last_summarised = false;
+  return out;
+}
+
+void CudaExecutor::run_rows(const kv::ForwardBatch& b, const LogitsRequest& req, StepLogits& out,
+                            const model::StepRouting& routing, profiler::OpSink* sink) {
+  impl_->last_summarised = false;
+  forward(b, routing, sink, [&](const Tensor& dev, int64_t rows) { rows_to_host(dev, rows, req, out); });
+}
+
+void CudaExecutor::forward(const kv::ForwardBatch& b, const model::StepRouting& routing,
+                           profiler::OpSink* sink, const TakeLogits& take) {
   Impl& I = *impl_;
   model_->check_batch(b, *I.pool, routing);
   const int n = b.n_tokens();
@@ -295,9 +401,9 @@ Tensor CudaExecutor::run(const kv::ForwardBatch& b, const model::StepRouting& ro
       static_cast<int>(b.logit_rows.size()) == n && static_cast<int>(routing.decode_tokens.size()) == n &&
       std::all_of(routing.decode_tokens.begin(), routing.decode_tokens.end(), [](uint8_t f) { return f; });
   for (int i = 0; graph && i < n; ++i) graph = b.logit_rows[i] == i && b.token_seq[i] == i;
-  if (!graph) return run_eager(b, routing, sink);
+  if (!graph) return run_eager(b, routing, sink, take);
   const int bucket = *std::lower_bound(I.buckets.begin(), I.buckets.end(), n);
-  return run_graph(b, routing, bucket);
+  run_graph(b, routing, bucket, take);
 }
 
 std::unique_ptr<Executor> make_cuda_executor(const model::Model& host_model, ExecutorConfig cfg,

@@ -62,6 +62,13 @@ class CudaExecutor final : public Executor {
   Tensor run(const kv::ForwardBatch& b, const model::StepRouting& routing = {},
              profiler::OpSink* sink = nullptr) override;
   void check_batch(const kv::ForwardBatch& b, const model::StepRouting& routing = {}) const override;
+  // Summary rows: kernels/cuda/sampling/logits_topc over the step's logits (after the graph replay, on the
+  // executor's stream, temperatures through pinned staging), 1056 bytes per row to the host; full rows are
+  // copied alone. Full rows stay valid until the next run, fetch_rows included.
+  void run_rows(const kv::ForwardBatch& b, const LogitsRequest& req, StepLogits& out,
+                const model::StepRouting& routing = {}, profiler::OpSink* sink = nullptr) override;
+  bool supports_summaries() const override { return true; }
+  Tensor fetch_rows(std::span<const int32_t> rows) override;
 
   const GraphStats& graph_stats() const { return graphs_stats_; }
   // The profiler's timer for this executor's stream (CUDA events).
@@ -79,9 +86,16 @@ class CudaExecutor final : public Executor {
   CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions& mopt,
                const std::function<model::ModelWeights(Impl&)>& make_weights, ExecutorConfig cfg,
                CudaExecutorOptions opt);
-  Tensor run_eager(const kv::ForwardBatch& b, const model::StepRouting& routing, profiler::OpSink* sink);
-  Tensor run_graph(const kv::ForwardBatch& b, const model::StepRouting& routing, int bucket);
+  // Device logits f32 [rows, vocab] of a step, handed to `take` once (before a first graph capture).
+  using TakeLogits = std::function<void(const Tensor& dev, int64_t rows)>;
+  void forward(const kv::ForwardBatch& b, const model::StepRouting& routing, profiler::OpSink* sink,
+               const TakeLogits& take);
+  void run_eager(const kv::ForwardBatch& b, const model::StepRouting& routing, profiler::OpSink* sink,
+                 const TakeLogits& take);
+  void run_graph(const kv::ForwardBatch& b, const model::StepRouting& routing, int bucket,
+                 const TakeLogits& take);
   Tensor logits_to_host(const Tensor& dev, int64_t rows);
+  void rows_to_host(const Tensor& dev, int64_t rows, const LogitsRequest& req, StepLogits& out);
 
   ExecutorConfig cfg_;
   CudaExecutorOptions opt_;

@@ -1,0 +1,277 @@
+// Top-C of a row by radix selection on an order-preserving 32-bit key: three histogram passes (11, 11 and 10
+// bits, most significant first) find the key K of the C-th best entry and how many entries equal to K it
+// takes; a fourth pass gathers the entries above K and the lowest-id entries equal to K; a rank sort of the C
+// in shared memory orders them. The row max (pass 0) and both exp-sums (pass 1) ride along. Every pass reads
+// the row once (about 620 KB for GLM-5, mostly from L2 after the first), whatever C is.
+//
+// Each warp walks one contiguous segment of the row, 32 consecutive ids at a time, so "lowest ids first"
+// among equal keys needs one scan over the warps' tie counts instead of one per chunk.
+#include <cfloat>
+#include <cstdint>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/sampling/logits_topc.h"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kC = kernels::cpu::kLogitsTopC;
+constexpr int kMaxBins = 2048;  // the widest digit: 11 bits
+static_assert(kC <= kThreads, "the rank sort gives one candidate to each thread");
+static_assert(kMaxBins % kThreads == 0 && 1024 % kThreads == 0, "bins split evenly over the threads");
+
+struct Shared {
+  uint32_t hist[kMaxBins];  // [bins] of the current digit, among the entries that match the prefix so far
+  int32_t cand_token[kC];   // [count] gathered candidates, unordered until the rank sort
+  float cand_logit[kC];
+  uint32_t scan[kWarps];  // per-warp totals of a block scan
+  double red_d[2][kWarps];
+  float red_f[kWarps];
+  int32_t red_i[kWarps];
+  uint32_t digit;  // the digit the C-th best entry has in this pass
+  uint32_t above;  // matching entries in higher bins than `digit`
+  int32_t n_gt;    // gathered entries whose key is above K
+};
+
+// Same order as kernels::cpu::logits_topc_key.
+__device__ __forceinline__ uint32_t key_of(float x) {
+  if (isnan(x)) return 0u;
+  if (x == 0.0f) x = 0.0f;
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ bool better(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib) {
+  return ka > kb || (ka == kb && ia < ib);
+}
+
+// Block-wide results, returned to every thread; each starts with a barrier so its scratch is free.
+__device__ float block_max(float v, Shared& sh) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.red_f[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = sh.red_f[0];
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, sh.red_f[w]);
+  return m;
+}
+
+__device__ int32_t block_sum(int32_t v, Shared& sh) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.red_i[threadIdx.x >> 5] = v;
+  __syncthreads();
+  int32_t s = 0;
+  for (int w = 0; w < kWarps; ++w) s += sh.red_i[w];
+  return s;
+}
+
+__device__ void block_sum2(double& a, double& b, Shared& sh) {
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) {
+    sh.red_d[0][threadIdx.x >> 5] = a;
+    sh.red_d[1][threadIdx.x >> 5] = b;
+  }
+  __syncthreads();
+  a = 0.0;
+  b = 0.0;
+  for (int w = 0; w < kWarps; ++w) {
+    a += sh.red_d[0][w];
+    b += sh.red_d[1][w];
+  }
+}
+
+// Inclusive prefix sum over threads in index order.
+__device__ uint32_t block_inclusive_scan(uint32_t v, Shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  __syncthreads();
+  if (lane == 31) sh.scan[warp] = v;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) v += sh.scan[w];
+  return v;
+}
+
+// The bin holding the k-th largest matching entry (k >= 1, at most the histogram's total): sh.digit, and in
+// sh.above how many matching entries lie in higher bins. Thread t sums the bins t * per .. from the top.
+__device__ void select_digit(Shared& sh, int bins, uint32_t k) {
+  const int per = bins / kThreads;
+  const int hi = bins - static_cast<int>(threadIdx.x) * per;
+  uint32_t local = 0;
+  for (int j = 1; j <= per; ++j) local += sh.hist[hi - j];
+  const uint32_t incl = block_inclusive_scan(local, sh);
+  const uint32_t excl = incl - local;
+  if (excl < k && k <= incl) {
+    uint32_t cum = excl;
+    for (int j = 1; j <= per; ++j) {
+      const uint32_t h = sh.hist[hi - j];
+      if (cum + h >= k) {
+        sh.digit = static_cast<uint32_t>(hi - j);
+        sh.above = cum;
+        break;
+      }
+      cum += h;
+    }
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) logits_topc_kernel(LogitsTopCParams p) {
+  __shared__ Shared sh;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t r = blockIdx.x;
+  const float* __restrict__ x = p.logits + r * p.stride;
+  const int n = static_cast<int>(p.vocab);
+  const int count = n < kC ? n : kC;
+  // This warp's ids: [beg, end), walked 32 at a time (the loop bounds are warp-uniform).
+  const int seg = ((n + kWarps - 1) / kWarps + 31) & ~31;
+  const int beg = warp * seg < n ? warp * seg : n;
+  const int end = beg + seg < n ? beg + seg : n;
+
+  const float t = p.temperature[r];
+  const bool greedy = t < kernels::cpu::kLogitsTopCGreedyTemperature;
+  const float inv_t = greedy ? 0.0f : 1.0f / t;
+
+  uint32_t prefix = 0, prefix_mask = 0;
+  uint32_t k = static_cast<uint32_t>(count);  // rank among the entries matching the prefix
+  float m = -INFINITY;
+  int32_t nans = 0;
+  double s1 = 0.0, st = 0.0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int bits = pass < 2 ? 11 : 10;
+    const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+    const uint32_t mask = (1u << bits) - 1u;
+    for (int b = threadIdx.x; b < kMaxBins; b += kThreads) sh.hist[b] = 0;
+    __syncthreads();
+    for (int base = beg; base < end; base += 32) {
+      const int i = base + lane;
+      const bool valid = i < end;
+      const float v = valid ? x[i] : 0.0f;
+      const uint32_t key = key_of(v);
+      const bool take = valid && (key & prefix_mask) == prefix;
+      const uint32_t bin = take ? (key >> shift) & mask : 0xffffffffu;
+      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+      if (take && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
+      if (valid) {
+        if (pass == 0) {
+          if (isnan(v)) {
+            ++nans;
+          } else {
+            m = fmaxf(m, v);
+          }
+        } else if (pass == 1) {
+          s1 += static_cast<double>(expf(v - m));
+          if (!greedy) st += static_cast<double>(expf((v - m) * inv_t));
+        }
+      }
+    }
+    if (pass == 0) {
+      m = block_max(m, sh);
+      nans = block_sum(nans, sh);
+    }
+    __syncthreads();
+    select_digit(sh, 1 << bits, k);
+    prefix |= sh.digit << shift;
+    prefix_mask |= mask << shift;
+    k -= sh.above;
+  }
+  block_sum2(s1, st, sh);
+  if (greedy) st = 1.0;
+
+  // Gather: every entry above K (any slot), then the `need` lowest ids equal to K (slots in id order after
+  // them).
+  const uint32_t kk = prefix;
+  const int need = static_cast<int>(k);
+  const int n_gt = count - need;
+  if (threadIdx.x == 0) sh.n_gt = 0;
+  __syncthreads();
+  uint32_t my_ties = 0;  // warp-uniform
+  for (int base = beg; base < end; base += 32) {
+    const int i = base + lane;
+    const bool valid = i < end;
+    const float v = valid ? x[i] : 0.0f;
+    const uint32_t key = key_of(v);
+    if (valid && key > kk) {
+      const int slot = atomicAdd(&sh.n_gt, 1);
+      sh.cand_token[slot] = i;
+      sh.cand_logit[slot] = v;
+    }
+    my_ties += static_cast<uint32_t>(__popc(__ballot_sync(0xffffffffu, valid && key == kk)));
+  }
+  if (lane == 0) sh.scan[warp] = my_ties;
+  __syncthreads();
+  uint32_t before = 0;
+  for (int w = 0; w < warp; ++w) before += sh.scan[w];
+  if (before < static_cast<uint32_t>(need) && my_ties > 0) {
+    for (int base = beg; base < end && before < static_cast<uint32_t>(need); base += 32) {
+      const int i = base + lane;
+      const bool valid = i < end;
+      const float v = valid ? x[i] : 0.0f;
+      const bool tie = valid && key_of(v) == kk;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, tie);
+      const uint32_t rank = before + static_cast<uint32_t>(__popc(ballot & ((1u << lane) - 1u)));
+      if (tie && rank < static_cast<uint32_t>(need)) {
+        sh.cand_token[n_gt + static_cast<int>(rank)] = i;
+        sh.cand_logit[n_gt + static_cast<int>(rank)] = v;
+      }
+      before += static_cast<uint32_t>(__popc(ballot));
+    }
+  }
+  __syncthreads();
+
+  // Rank sort: candidate j goes to the slot of how many candidates beat it (a total order, so a permutation).
+  kernels::cpu::LogitsTopC* __restrict__ o = p.out + r;
+  if (static_cast<int>(threadIdx.x) < kC) {
+    const int j = threadIdx.x;
+    if (j < count) {
+      const uint32_t kj = key_of(sh.cand_logit[j]);
+      const int32_t ij = sh.cand_token[j];
+      int rank = 0;
+      for (int q = 0; q < count; ++q)
+        rank += better(key_of(sh.cand_logit[q]), sh.cand_token[q], kj, ij) ? 1 : 0;
+      o->token[rank] = ij;
+      o->logit[rank] = sh.cand_logit[j];
+    } else {
+      o->token[j] = -1;
+      o->logit[j] = -INFINITY;
+    }
+  }
+  if (threadIdx.x == 0) {
+    o->sum_exp = s1;
+    o->sum_exp_t = st;
+    o->max = m;
+    o->nan_count = nans;
+    o->count = count;
+    o->reserved = 0;
+  }
+}
+
+}  // namespace
+
+void logits_topc(const LogitsTopCParams& p, cudaStream_t stream) {
+  MS_CHECK(p.rows >= 0 && p.rows <= 0x7fffffff, "logits_topc: rows = {} out of range", p.rows);
+  MS_CHECK(p.vocab >= 1 && p.vocab <= 0x7fffff00, "logits_topc: vocab = {} out of range", p.vocab);
+  if (p.rows == 0) return;
+  MS_CHECK(p.logits != nullptr, "logits_topc: logits is null");
+  MS_CHECK(p.temperature != nullptr, "logits_topc: temperature is null");
+  MS_CHECK(p.out != nullptr, "logits_topc: out is null");
+  MS_CHECK(p.stride >= p.vocab, "logits_topc: logits row stride {} is smaller than the vocabulary {}",
+           p.stride, p.vocab);
+  MS_CHECK(reinterpret_cast<uintptr_t>(p.out) % alignof(kernels::cpu::LogitsTopC) == 0,
+           "logits_topc: out is not {}-byte aligned", alignof(kernels::cpu::LogitsTopC));
+  check_smem(current_device_caps(), "logits_topc", sizeof(Shared));
+  logits_topc_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ms::cuda
