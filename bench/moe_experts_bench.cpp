@@ -1,10 +1,12 @@
 // Routed experts on GLM-5 shapes (256 experts, top-8, hidden 6144, moe intermediate 2048, NVFP4), tokens per
 // step 1 .. 8192, uniform and skewed routing: the copy ceiling measured first in the same run, then per case
-// the time of moe_experts (the path it takes: streamed decode where it applies, else the grouped kernels) and
-// of the old grouped kernels, the bytes of the touched experts, GB/s, % of the copy ceiling, and cuBLAS BF16
-// on the same routed problem (per touched expert: gate_up GEMM, down GEMM, over BF16 copies of those experts;
-// SiLU and the combine are not timed for it, which favours cuBLAS). Times are per step, replayed from a CUDA
-// graph. One table on stdout.
+// the time of moe_experts (the path it takes: register-streamed decode, else streamed decode, else the
+// grouped kernels; MOE_BENCH_PATH=stream forces the streamed one, =decode times only the path taken, and by
+// default the streamed path is timed as well in a "stream us" column where decode applies) and of the old
+// grouped kernels, the bytes of the touched experts, GB/s, % of the copy ceiling, and cuBLAS BF16 on the same
+// routed problem (per touched expert: gate_up GEMM, down GEMM, over BF16 copies of those experts; SiLU and
+// the combine are not timed for it, which favours cuBLAS). Times are per step, replayed from a CUDA graph.
+// One table on stdout.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -18,6 +20,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts_decode.h"
 #include "kernels/cuda/moe/moe_experts_stream.h"
 #include "kernels/cuda/moe/moe_plan.h"
 
@@ -169,8 +172,17 @@ int main() {
   cublasHandle_t blas;
   CUBLAS_OK(cublasCreate(&blas));
 
-  std::printf("%-8s %-8s %7s %9s %10s %8s %8s %10s %10s %9s %10s %8s\n", "tokens", "routing", "experts", "MB",
-              "floor us", "path", "time us", "GB/s", "% copy", "old us", "cuBLAS us", "speedup");
+  // MOE_BENCH_PATH: "both" (default: the path moe_experts takes, and the streamed path too where the decode
+  // path is taken), "decode" (only the path taken), "stream" (the decode path switched off).
+  const char* path_env = std::getenv("MOE_BENCH_PATH");
+  const std::string path_mode = path_env && *path_env ? path_env : "both";
+  if (path_mode != "both" && path_mode != "decode" && path_mode != "stream") {
+    std::fprintf(stderr, "MOE_BENCH_PATH: expected both, decode or stream, got '%s'\n", path_mode.c_str());
+    return 2;
+  }
+  std::printf("%-8s %-8s %7s %9s %10s %8s %8s %10s %10s %9s %9s %10s %8s\n", "tokens", "routing", "experts",
+              "MB", "floor us", "path", "time us", "GB/s", "% copy", "stream us", "old us", "cuBLAS us",
+              "speedup");
   // MOE_BENCH_TOKENS=1,32 runs only those token counts (e.g. under a kernel profiler); MOE_BENCH_PEERS=0
   // leaves out the old kernels and cuBLAS.
   std::vector<int> token_counts = {1, 8, 32, 128, 512, 8192};
@@ -237,17 +249,25 @@ int main() {
       p.hidden = kH;
       p.inter = kI;
       p.experts_aligned16 = true;
+      p.disable_decode = path_mode == "stream";
+      const bool decode = ms::cuda::moe_experts_decode_applies(p);
       const bool stream = ms::cuda::moe_experts_stream_applies(p);
+      const char* path_name = decode ? "decode" : stream ? "stream" : "grouped";
       const int iters = m <= 128 ? 20 : 3;
       int which = 0;
-      auto run = [&](cudaStream_t s, bool disable) {
+      auto run = [&](cudaStream_t s, bool disable, bool no_decode) {
         p.experts = tables[which];
         p.disable_stream = disable;
+        p.disable_decode = no_decode;
         ms::cuda::moe_experts(p, s);
         which = (which + 1) % kCopies;
       };
-      const float t_new = time_graph_ms([&](cudaStream_t s) { run(s, false); }, iters);
-      const float t_old = peers ? time_graph_ms([&](cudaStream_t s) { run(s, true); }, iters) : 0.f;
+      const bool forced_stream = path_mode == "stream";
+      const float t_new = time_graph_ms([&](cudaStream_t s) { run(s, false, forced_stream); }, iters);
+      const float t_stream = decode && stream && path_mode == "both"
+                                 ? time_graph_ms([&](cudaStream_t s) { run(s, false, true); }, iters)
+                                 : 0.f;
+      const float t_old = peers ? time_graph_ms([&](cudaStream_t s) { run(s, true, true); }, iters) : 0.f;
       // cuBLAS BF16: per touched expert, gate_up [cnt, 2I] = x_e [cnt, H] @ W^T and down [cnt, H] = a [cnt,
       // I] @ D^T.
       __nv_bfloat16 *xb, *gub, *ab, *yb;
@@ -281,10 +301,10 @@ int main() {
                          }
                        },
                        m <= 128 ? 5 : 1);
-      std::printf("%-8d %-8s %7d %9.1f %10.2f %8s %8.2f %10.0f %9.0f%% %9.2f %10.2f %7.2fx\n", m,
-                  skewed ? "skewed" : "uniform", touched, bytes / 1e6, floor_us,
-                  stream ? "stream" : "grouped", t_new * 1e3, bytes / (t_new * 1e-3) / 1e9,
-                  100.0 * floor_us / (t_new * 1e3), t_old * 1e3, t_blas * 1e3, t_blas / t_new);
+      std::printf("%-8d %-8s %7d %9.1f %10.2f %8s %8.2f %10.0f %9.0f%% %9.2f %9.2f %10.2f %7.2fx\n", m,
+                  skewed ? "skewed" : "uniform", touched, bytes / 1e6, floor_us, path_name, t_new * 1e3,
+                  bytes / (t_new * 1e-3) / 1e9, 100.0 * floor_us / (t_new * 1e3), t_stream * 1e3, t_old * 1e3,
+                  t_blas * 1e3, t_blas / t_new);
       for (void* ptr : std::initializer_list<void*>{x, w, out, act, slot, d_ids, counts, offsets, sorted, xb,
                                                     gub, ab, yb})
         cudaFree(ptr);

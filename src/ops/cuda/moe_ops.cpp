@@ -143,6 +143,7 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
     p.hidden = static_cast<int>(hidden);
     p.inter = static_cast<int>(inter);
     p.experts_aligned16 = aligned16;
+    p.disable_decode = be.exact_linear;  // exact mode keeps f32-exact activations (the decode path is bf16)
     // The last pass of a long prefill may be short: the regime is decided per pass, the workspace was sized
     // for the largest.
     if (use_mma && cuda::moe_experts_prefill_regime(n, top_k, n_experts)) {

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/common/kernel_fit.h"
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
+#include "kernels/cuda/moe/moe_decode_config.h"
 #include "kernels/cuda/moe/moe_experts_mma_config.h"
 #include "kernels/cuda/moe/moe_stream_config.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
@@ -103,6 +104,51 @@ TEST(KernelFit, MoeStreamChoosesOnlyWhatFits) {
   EXPECT_FALSE(c::choose({true, 6144, 1408, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 6100, 2048, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 6144, 2048, 8, 8, 2048}, limits_h200()).use);
+}
+
+TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
+  namespace c = moe_decode_config;
+  int used = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (int m : {1, 2, 3, 5, 8, 9, 32, 64})
+      for (const auto& hi : {std::array<int, 2>{6144, 2048}, std::array<int, 2>{7168, 2048},
+                             std::array<int, 2>{1024, 512}, std::array<int, 2>{2048, 1024}}) {
+        const c::Shape s{true, hi[0], hi[1], m, 8, 256};
+        const c::Config cfg = c::choose(s, dev);
+        if (!cfg.use) {
+          EXPECT_FALSE(cfg.why.empty());
+          continue;
+        }
+        ++used;
+        EXPECT_GE(cfg.x_rows, 1);
+        EXPECT_LE(cfg.x_rows, std::min(m, c::kChunk));
+        EXPECT_FALSE(why_cannot_run(c::need_gate_up(hi[0], cfg.x_rows), dev).has_value()) << dev.name;
+        EXPECT_FALSE(why_cannot_run(c::need_down(m), dev).has_value()) << dev.name << " m" << m;
+        EXPECT_LE(cfg.smem_gate_up + c::kStaticSmem, dev.smem_per_block_optin);
+        EXPECT_LE(cfg.smem_down + c::kStaticSmem, dev.smem_per_block_optin);
+        EXPECT_EQ(cfg.grid_down, hi[0] / c::kDownRows);
+        EXPECT_GE(cfg.grid_gate_up, dev.multiprocessors);
+      }
+  EXPECT_GT(used, 0);
+  // GLM-5 decode on every target part (the kernels need no architecture-specific instruction), two gate_up
+  // blocks per multiprocessor on the H200.
+  for (const DeviceLimits& dev : target_device_presets())
+    EXPECT_TRUE(c::choose({true, 6144, 2048, 8, 8, 256}, dev).use) << dev.name;
+  const c::Config h200 = c::choose({true, 6144, 2048, 1, 8, 256}, limits_h200());
+  EXPECT_EQ(h200.x_rows, 1);
+  EXPECT_EQ(h200.grid_gate_up, 2 * 132);
+  EXPECT_EQ(c::choose({true, 6144, 2048, 64, 8, 256}, limits_h200()).grid_gate_up, 2 * 132);
+  // Outside its regime: other formats, m > 64, shapes that are not multiples of the warp split.
+  EXPECT_FALSE(c::choose({false, 6144, 2048, 8, 8, 256}, limits_h200()).use);
+  EXPECT_FALSE(c::choose({true, 6144, 2048, 65, 8, 256}, limits_h200()).use);
+  EXPECT_FALSE(c::choose({true, 6144, 1408, 8, 8, 256}, limits_h200()).use);
+  EXPECT_FALSE(c::choose({true, 5120 + 512, 2048, 8, 8, 256}, limits_h200()).use);
+  EXPECT_FALSE(c::choose({true, 6144, 2048, 8, 8, 2048}, limits_h200()).use);
+  // A device with little shared memory refuses with the kernel's name.
+  const DeviceLimits tiny{"tiny", 90, 40 * 1024, 16};
+  const c::Config t = c::choose({true, 6144, 2048, 8, 8, 256}, tiny);
+  EXPECT_FALSE(t.use);
+  EXPECT_NE(t.why.find("moe_decode"), std::string::npos) << t.why;
 }
 
 TEST(KernelFit, MlaDecodeFitsHopperAndB200NotSm120) {

@@ -28,6 +28,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts_decode.h"
 #include "kernels/cuda/moe/moe_experts_stream.h"
 
 namespace ms::cuda {
@@ -574,6 +575,10 @@ void moe_experts_combine(const MoeExpertsParams& p, cudaStream_t stream) {
 }
 
 void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
+  if (p.m > 0 && moe_experts_decode_applies(p)) {
+    moe_experts_decode(p, stream);  // NVFP4 decode, bf16 activations: weights streamed into registers
+    return;
+  }
   if (p.m > 0 && moe_experts_stream_applies(p)) {
     moe_experts_stream(p, stream);  // NVFP4 decode: two launches, the combine fused into down
     return;

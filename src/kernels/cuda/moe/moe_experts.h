@@ -66,8 +66,11 @@ struct MoeExpertsParams {
   // The caller checked that every data and scale pointer in `experts` is 16-byte aligned: allows the streamed
   // NVFP4 decode path (moe_experts_stream.h), which moe_experts() then takes where it fits.
   bool experts_aligned16 = false;
-  // Force the old three-launch kernels even where the streamed path applies (benchmarks, tests).
+  // Force the old three-launch kernels even where the streamed or decode path applies (benchmarks, tests).
   bool disable_stream = false;
+  // Skip the decode path (moe_experts_decode.h: bf16 activations) even where it applies; the streamed path
+  // (f32-exact to ~1e-5) or the old kernels run instead. Exact-mode callers and benchmarks set it.
+  bool disable_decode = false;
 };
 
 // Which kernels run. Tiled: vector loads of whole 16-element weight pieces and 8-element activation pieces,

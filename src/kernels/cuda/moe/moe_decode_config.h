@@ -1,0 +1,118 @@
+// Launch configuration of the register-streamed NVFP4 decode experts (moe_experts_decode.h), chosen on the
+// host from the shape and the device's limits alone (no CUDA types: tests/unit/kernels/kernel_fit_test.cpp
+// runs it against the sm_90, sm_100 and sm_120 presets). The kernels carve their shared memory with the same
+// functions, so what is checked here is what is launched.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/common/kernel_fit.h"
+
+namespace ms::cuda::moe_decode_config {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = 8;
+constexpr int kMaxM = 64;          // tokens per step (the down kernel's per-warp output tiles)
+constexpr int kMaxSlots = 1024;    // m * top_k
+constexpr int kMaxExperts = 1024;  // expert ids fit 10 bits of a work-list entry
+constexpr int kMaxEc = 1536;       // (expert, chunk) pairs: <= min(E, slots) + slots
+constexpr int kChunk = 8;          // positions of one expert per pass (one mma n-tile)
+constexpr int kGuIdx = 16;         // gate_up: intermediate indices per work item (16 gate + 16 up rows)
+constexpr int kDownRows = 16;      // down: output rows per block
+constexpr int kDownKr = 512;       // down: k of one (expert, k-range) piece; a lane streams 128 of it
+constexpr int kGuUnroll = 3;       // gate_up: 32-k steps whose weights a lane loads before using them
+constexpr size_t kLutBytes = 256 * 32 * sizeof(uint32_t);  // byte -> bf16x2, replicated per lane
+
+// gate_up stages the chunk's x rows as bf16 in shared memory. Row layout: 32 segments (warp w, lane quarter t
+// -> segment 4 w + t) of hidden / 32 elements, each padded by 8 elements (16 bytes), and the row by 32
+// elements (64 bytes), so the 16-byte B reads of one quarter-warp (rows g, g + 1; quarters t = 0..3) fall in
+// distinct 16-byte bank groups.
+constexpr int64_t xs_seg(int hidden) {
+  return hidden / 32 + 8;
+}
+constexpr int64_t xs_ld(int hidden) {
+  return 32 * xs_seg(hidden) + 32;
+}
+constexpr size_t gate_up_red_bytes() {  // [8 warps][2 gate/up][8 positions][16 rows] f32
+  return static_cast<size_t>(kWarps) * 2 * kChunk * 16 * sizeof(float);
+}
+constexpr size_t ec_bytes() {
+  return static_cast<size_t>(kMaxEc) * sizeof(int32_t);
+}
+// Layouts: lut | xs [x_rows][xs_ld] bf16 | red | ec.
+constexpr size_t gate_up_smem(int hidden, int x_rows) {
+  return kLutBytes + static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 + gate_up_red_bytes() + ec_bytes();
+}
+// Layouts: lut | out_w [8 warps][m][16] f32 | scratch [8 warps][8 positions][16] f32 | ec.
+constexpr size_t down_smem(int m) {
+  return kLutBytes + static_cast<size_t>(kWarps) * m * kDownRows * sizeof(float) +
+         static_cast<size_t>(kWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
+}
+
+struct Shape {
+  bool nvfp4 = false;
+  int hidden = 0, inter = 0, m = 0, top_k = 0, n_experts = 0;
+};
+
+struct Config {
+  bool use = false;
+  std::string why;  // when !use: why the other kernels run instead
+  int x_rows = 1;   // gate_up: positions of one expert per pass (x rows staged), 1..8
+  size_t smem_gate_up = 0, smem_down = 0;
+  int grid_gate_up = 0, grid_down = 0;
+};
+
+constexpr size_t kStaticSmem = 16;  // the kernels' own __shared__ variables
+inline KernelNeed need_gate_up(int hidden, int x_rows) {
+  return {"moe_decode_gate_up", gate_up_smem(hidden, x_rows) + kStaticSmem, 80, false};
+}
+inline KernelNeed need_down(int m) {
+  return {"moe_decode_down", down_smem(m) + kStaticSmem, 80, false};
+}
+
+// Blocks of `smem` bytes that fit one multiprocessor (1 KB of each block's shared memory is reserved).
+inline int blocks_per_sm(size_t smem, const DeviceLimits& dev) {
+  return static_cast<int>((dev.smem_per_block_optin + 1024) / (smem + 1024));
+}
+
+inline Config choose(const Shape& s, const DeviceLimits& dev) {
+  Config c;
+  auto no = [&](std::string why) {
+    c.use = false;
+    c.why = std::move(why);
+    return c;
+  };
+  if (!s.nvfp4) return no("the decode path reads NVFP4 experts only");
+  if (s.m < 1 || s.m > kMaxM)
+    return no(fmt::format("m = {} is outside the decode regime [1, {}]", s.m, kMaxM));
+  if (s.top_k < 1 || static_cast<int64_t>(s.m) * s.top_k > kMaxSlots)
+    return no(fmt::format("m * top_k = {} exceeds {}", static_cast<int64_t>(s.m) * s.top_k, kMaxSlots));
+  if (s.n_experts < 1 || s.n_experts > kMaxExperts)
+    return no(fmt::format("n_experts = {} is outside [1, {}]", s.n_experts, kMaxExperts));
+  if (s.hidden <= 0 || s.hidden % 1024 != 0)
+    return no(fmt::format("hidden = {} is not a multiple of 1024 (8 warps x 4 lanes x 32 k)", s.hidden));
+  if (s.inter <= 0 || s.inter % kDownKr != 0 || s.inter % kGuIdx != 0)
+    return no(fmt::format("inter = {} is not a multiple of {}", s.inter, kDownKr));
+  // gate_up: the most x rows per pass (up to min(m, 8)) that still let two blocks share a multiprocessor;
+  // else the fewest rows in one block.
+  const int want = std::min(s.m, kChunk);
+  int rows = 0;
+  for (int r = want; r >= 1 && rows == 0; --r)
+    if (blocks_per_sm(gate_up_smem(s.hidden, r), dev) >= 2) rows = r;
+  if (rows == 0) rows = 1;
+  for (const KernelNeed& n : {need_gate_up(s.hidden, rows), need_down(s.m)})
+    if (auto why = why_cannot_run(n, dev)) return no(*why);
+  c.use = true;
+  c.x_rows = rows;
+  c.smem_gate_up = gate_up_smem(s.hidden, rows);
+  c.smem_down = down_smem(s.m);
+  const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
+  c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
+  c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
+  return c;
+}
+
+}  // namespace ms::cuda::moe_decode_config

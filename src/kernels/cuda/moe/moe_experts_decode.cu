@@ -1,0 +1,411 @@
+// Register-streamed NVFP4 experts for decode (see moe_experts_decode.h).
+//
+// Warp tile: 16 weight rows x one k-range, mma.sync m16n8k16 (weights as A, up to 8 positions as the n8 B
+// tile, f32 accumulation). Lane (g = lane / 4, t = lane % 4) owns rows g and g + 8 and the contiguous quarter
+// t of the warp's k-range, which it walks in steps of 32 k: one 16-byte load per row (bytes of k .. k + 31)
+// and one 2-byte load of the row's two e4m3 scales. The k order inside a step is permuted (a dot product
+// does not care), identically for A and B:
+//   mma j (0..7) of a step at k (lane's physical k) uses k + 4 j .. k + 4 j + 3:
+//     a0 = row g    (k + 4j, k + 4j + 1) = weight byte 2j,     a2 = row g    (k + 4j + 2, +3) = byte 2j + 1
+//     a1 = row g+8  (k + 4j, k + 4j + 1),                      a3 = row g+8  (k + 4j + 2, +3)
+//     b0 = position g (k + 4j, k + 4j + 1) as bf16,            b1 = position g (k + 4j + 2, +3)
+//   i.e. logical k (2t, 2t + 1, 2t + 8, 2t + 9) of the mma <- physical (k_t + 4j .. k_t + 4j + 3): the four
+//   lanes of a group cover four different quarters, each consistently in A and B. B of mma j and j + 1 is one
+//   16-byte piece of the position's bf16 row in natural k order.
+// Decode: a 256-entry table byte -> bf16x2 (low nibble, high nibble) x 2^120, replicated per lane in shared
+// memory (entry e of lane l at word e * 32 + l: conflict-free), one LDS per weight byte, times the group's
+// e4m3 scale read as bf16 bits ((b & 0x7f) << 4 = the value x 2^-120, subnormals included): exact.
+// No shared-memory staging of weights and no barrier inside a work item's k loop; each lane has its loads for
+// kGuUnroll steps (gate_up: 12 x 16 bytes) or a whole piece (down: 8 x 16 bytes) in flight before the math.
+//
+// gate_up: work item = (expert chunk of <= x_rows positions, 16 indices = 16 gate + 16 up rows); a persistent
+// grid walks the items. Warp w takes k [w H / 8, (w + 1) H / 8) of both tiles (one B fragment feeds both).
+// The chunk's x rows are staged once per item as bf16 in shared memory (moe_decode_config.h: xs layout) while
+// the first weight loads are in flight; warps' partial sums meet in shared memory in warp order.
+// down: block = 16 output rows; pieces (expert chunk of <= 8 positions, k-range of 512) in ascending order,
+// warp w takes a contiguous run of them and keeps its sum in registers while the chunk stays the same; at a
+// chunk change it adds the chunk's rows x down_scale2 into its own tile out_w[warp][token][16] (positions in
+// order); the block then sums the 8 tiles in warp order and adds to out once.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/moe/moe_experts_decode.h"
+
+namespace ms::cuda {
+namespace {
+
+using namespace moe_decode_config;
+
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  const uint32_t m = code & 7u;
+  const float mag = m < 4u ? 0.5f * static_cast<float>(m)
+                           : (m == 4u   ? 2.f
+                              : m == 5u ? 3.f
+                              : m == 6u ? 4.f
+                                        : 6.f);
+  return (code & 8u) ? -mag : mag;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// Two e4m3 scale bytes (s0 | s1 << 8) -> (s_h, s_h) as bf16 bits x 2^-120 for h = 0, 1 (sign ignored).
+__device__ __forceinline__ uint32_t scale_pair(uint32_t two, int h) {
+  const uint32_t z = __byte_perm(two, 0u, h == 0 ? 0x4040u : 0x4141u);  // b | b << 16
+  return (z & 0x007f007fu) << 4;
+}
+
+__device__ __forceinline__ uint4 ld_stream16(const void* ptr) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t ld_stream2(const void* ptr) {
+  unsigned short v;
+  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// lut [256][32]: entry e of lane l at word e * 32 + l: bf16 pair (low nibble, high nibble) x 2^120 (exact:
+// the largest, 6 x 2^120, is far below bf16's range).
+__device__ __forceinline__ void build_lut(uint32_t* lut) {
+  uint4* l4 = reinterpret_cast<uint4*>(lut);
+  const float k = 1.329227995784916e36f;  // 2^120
+  for (int i = threadIdx.x; i < 256 * 8; i += kThreads) {
+    const uint32_t e = static_cast<uint32_t>(i) >> 3;
+    const uint32_t v = bf16x2_bits(__floats2bfloat162_rn(e2m1_value(e & 15u) * k, e2m1_value(e >> 4) * k));
+    l4[i] = make_uint4(v, v, v, v);
+  }
+}
+
+// lane_addr: shared-space address of the lane's column of the table (table base + 4 lane). PRMT + LEA + LDS.
+__device__ __forceinline__ uint32_t lut_at(uint32_t lane_addr, uint32_t word, int byte) {
+  const uint32_t a = lane_addr + (__byte_perm(word, 0u, 0x4440u + byte) << 7);
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+
+// ec [kMaxEc]: (expert | chunk << 10) for every touched expert in ascending id, chunks of `chunk` positions.
+// Warp 0 writes the list and its length; the caller syncs.
+__device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, int32_t* ec, int* n) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  int base = 0;
+  for (int e0 = 0; e0 < p.n_experts; e0 += 32) {
+    const int e = e0 + lane;
+    const int cnt = e < p.n_experts ? p.expert_counts[e] : 0;
+    const int ch = cnt > 0 ? (cnt + chunk - 1) / chunk : 0;
+    int incl = ch;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += v;
+    }
+    const int start = base + incl - ch;
+    for (int i = 0; i < ch; ++i)
+      if (start + i < kMaxEc) ec[start + i] = e | (i << 10);
+    base += __shfl_sync(kFull, incl, 31);
+  }
+  if (lane == 0) *n = min(base, kMaxEc);
+}
+
+// One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), scale pairs s0, s1, B pieces b[4]
+// (16 bytes each: mma 2 j2 and 2 j2 + 1).
+__device__ __forceinline__ void tile_step(float (&acc)[4], const uint4& w0, const uint4& w1, uint32_t sc0,
+                                          uint32_t sc1, const uint4 (&b)[4], uint32_t lut_lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // scale group: mma 0..3, 4..7
+    const uint32_t s0 = scale_pair(sc0, h), s1 = scale_pair(sc1, h);
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * h + jj, j2 = j >> 1, sub = j & 1;
+      const uint32_t r0 = word_of(w0, j2), r1 = word_of(w1, j2);
+      const uint32_t a0 = bf16x2_mul(lut_at(lut_lane, r0, 2 * sub), s0);
+      const uint32_t a2 = bf16x2_mul(lut_at(lut_lane, r0, 2 * sub + 1), s0);
+      const uint32_t a1 = bf16x2_mul(lut_at(lut_lane, r1, 2 * sub), s1);
+      const uint32_t a3 = bf16x2_mul(lut_at(lut_lane, r1, 2 * sub + 1), s1);
+      mma_bf16(acc, a0, a1, a2, a3, sub == 0 ? b[j2].x : b[j2].z, sub == 0 ? b[j2].y : b[j2].w);
+    }
+  }
+}
+
+// ---- gate_up --------------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_decode_gate_up_kernel(const MoeExpertsParams p, int x_rows) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int H = p.hidden;
+  const int64_t xld = xs_ld(H), xseg = xs_seg(H);
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + kLutBytes);
+  float* red = reinterpret_cast<float*>(smem + kLutBytes + static_cast<size_t>(x_rows) * xld * 2);
+  int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+  __shared__ int s_nec;
+
+  build_lut(lut);
+  build_ec(p, x_rows, ec, &s_nec);
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tiles = p.inter / kGuIdx;
+  const int items = s_nec * tiles;
+  const int steps = H / 1024;  // 32-k steps of a lane's quarter (H / 32 k)
+  const int quarter = H / 32;
+  const int k0 = warp * (H / 8) + t * quarter;  // the lane's first k
+  const int64_t row_bytes = H / 2, srow_bytes = H / 16;
+  const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
+  // The lane's B row: segment 4 warp + t of xs row g.
+  const __nv_bfloat16* xs_lane = xs + g * xld + (warp * 4 + t) * xseg;
+  __nv_bfloat16* actb = reinterpret_cast<__nv_bfloat16*>(p.act);
+
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int code = ec[item / tiles];
+    const int e = code & 1023, chunk = code >> 10, tile = item % tiles;
+    const int count = p.expert_counts[e], off = p.expert_offsets[e];
+    const int rows = min(x_rows, count - chunk * x_rows);
+    const int pos0 = off + chunk * x_rows;
+    const MoeExpertWeights& ew = p.experts[e];
+    const int64_t idx = tile * kGuIdx + g;
+    // Rows: gate g, gate g + 8, up g, up g + 8.
+    const uint8_t* wp[4];
+    const uint8_t* sp[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t row = idx + (r & 1) * 8;
+      wp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate : ew.up) + row * row_bytes + k0 / 2;
+      sp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k0 / 16;
+    }
+    uint4 w[kGuUnroll][4];
+    uint32_t sc[kGuUnroll][4];
+    auto issue = [&](int s0) {
+#pragma unroll
+      for (int u = 0; u < kGuUnroll; ++u) {
+        if (s0 + u < steps) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            w[u][r] = ld_stream16(wp[r] + (s0 + u) * 16);
+            sc[u][r] = ld_stream2(sp[r] + (s0 + u) * 2);
+          }
+        }
+      }
+    };
+    issue(0);  // weights do not wait for the x rows
+    // Stage the chunk's x rows as bf16: 4 k per thread and step.
+    const int row_quads = H / 4;
+    for (int i = tid; i < rows * row_quads; i += kThreads) {
+      const int r = i / row_quads, k = (i - r * row_quads) * 4;
+      const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
+      __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+      *reinterpret_cast<uint2*>(xs + r * xld + (k / quarter) * xseg + k % quarter) =
+          *reinterpret_cast<const uint2*>(pr);
+    }
+    __syncthreads();
+    float acc[2][4] = {};
+    for (int s0 = 0; s0 < steps; s0 += kGuUnroll) {
+      if (s0 > 0) issue(s0);
+#pragma unroll
+      for (int u = 0; u < kGuUnroll; ++u) {
+        if (s0 + u >= steps) break;
+        uint4 b[4];
+#pragma unroll
+        for (int j2 = 0; j2 < 4; ++j2)
+          b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + (s0 + u) * 32 + 8 * j2)
+                           : make_uint4(0u, 0u, 0u, 0u);
+        tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b, lut_lane);
+        tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b, lut_lane);
+      }
+    }
+    // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
+    float* rw = red + warp * 2 * kChunk * 16;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      rw[(q * kChunk + 2 * t) * 16 + g] = acc[q][0];
+      rw[(q * kChunk + 2 * t + 1) * 16 + g] = acc[q][1];
+      rw[(q * kChunk + 2 * t) * 16 + g + 8] = acc[q][2];
+      rw[(q * kChunk + 2 * t + 1) * 16 + g + 8] = acc[q][3];
+    }
+    __syncthreads();  // also: every warp is done reading xs, so the next item may restage it
+    if (tid < rows * 16) {
+      const int r = tid >> 4, i = tid & 15;
+      float gs = 0.f, us = 0.f;
+#pragma unroll
+      for (int w2 = 0; w2 < kWarps; ++w2) {
+        gs += red[(w2 * 2 * kChunk + r) * 16 + i];
+        us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
+      }
+      const float gv = gs * ew.gate_scale2, uv = us * ew.up_scale2;
+      const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
+      const float v = gv / (1.0f + expf(-gv)) * uv * wt;
+      actb[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + i] = __float2bfloat16_rn(v);
+    }
+    // red is rewritten only after the next item's staging barrier, which every reader above has passed.
+  }
+}
+
+// ---- down (+ routing weight, already in act, + combine) --------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeExpertsParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int m = p.m;
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
+  float* out_w = reinterpret_cast<float*>(smem + kLutBytes);  // [8 warps][m][16]
+  float* scr = out_w + kWarps * m * kDownRows;                // [8 warps][8 positions][16]
+  int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
+  __shared__ int s_nec;
+
+  build_lut(lut);
+  build_ec(p, kChunk, ec, &s_nec);
+  for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kThreads) out_w[i] = 0.f;
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kDownRows;
+  const int ks_per = p.inter / kDownKr;
+  const int pieces = s_nec * ks_per;
+  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kWarps);
+  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kWarps);
+  const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
+  const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
+  const __nv_bfloat16* actb = reinterpret_cast<const __nv_bfloat16*>(p.act);
+  float* scr_w = scr + warp * kChunk * kDownRows;
+  float* out_ww = out_w + warp * m * kDownRows;
+
+  int cur = -1, rows = 0, pos0 = 0;
+  float s2 = 0.f;
+  const uint8_t* wbase = nullptr;
+  const uint8_t* sbase = nullptr;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  auto flush = [&]() {
+    scr_w[(2 * t) * 16 + g] = acc[0];
+    scr_w[(2 * t + 1) * 16 + g] = acc[1];
+    scr_w[(2 * t) * 16 + g + 8] = acc[2];
+    scr_w[(2 * t + 1) * 16 + g + 8] = acc[3];
+    __syncwarp();
+    if (lane < kDownRows) {
+      // Positions in order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
+      for (int q = 0; q < rows; ++q) {
+        const int tok = p.sorted_slots[pos0 + q] / p.top_k;
+        out_ww[tok * kDownRows + lane] += scr_w[q * 16 + lane] * s2;
+      }
+    }
+    __syncwarp();
+  };
+  for (int pc = p_begin; pc < p_end; ++pc) {
+    const int ei = pc / ks_per, ks = pc - ei * ks_per;
+    if (ei != cur) {
+      if (cur >= 0) flush();
+      cur = ei;
+      const int code = ec[ei];
+      const int e = code & 1023, chunk = code >> 10;
+      const int count = p.expert_counts[e];
+      rows = min(kChunk, count - chunk * kChunk);
+      pos0 = p.expert_offsets[e] + chunk * kChunk;
+      const MoeExpertWeights& ew = p.experts[e];
+      s2 = ew.down_scale2;
+      wbase = static_cast<const uint8_t*>(ew.down) + static_cast<int64_t>(row0 + g) * row_bytes;
+      sbase = static_cast<const uint8_t*>(ew.down_scale) + static_cast<int64_t>(row0 + g) * srow_bytes;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+    }
+    const int k0 = ks * kDownKr + t * (kDownKr / 4);
+    constexpr int kSteps = kDownKr / 128;  // 32-k steps of the lane's quarter
+    uint4 w[kSteps][2];
+    uint32_t sc[kSteps][2];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        w[s][r] = ld_stream16(wbase + r * 8 * row_bytes + (k0 + 32 * s) / 2);
+        sc[s][r] = ld_stream2(sbase + r * 8 * srow_bytes + (k0 + 32 * s) / 16);
+      }
+    const __nv_bfloat16* arow = actb + static_cast<int64_t>(pos0 + g) * p.inter + k0;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      uint4 b[4];
+#pragma unroll
+      for (int j2 = 0; j2 < 4; ++j2)
+        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 32 * s + 8 * j2))
+                         : make_uint4(0u, 0u, 0u, 0u);
+      tile_step(acc, w[s][0], w[s][1], sc[s][0], sc[s][1], b, lut_lane);
+    }
+  }
+  if (cur >= 0) flush();
+  __syncthreads();
+  for (int i = tid; i < m * kDownRows; i += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
+    float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
+    *o += sum;
+  }
+}
+
+bool aligned(const void* ptr, size_t a) {
+  return reinterpret_cast<uintptr_t>(ptr) % a == 0;
+}
+
+}  // namespace
+
+moe_decode_config::Shape moe_decode_shape(const MoeExpertsParams& p) {
+  return {p.format == MoeWeightFormat::NVFP4, p.hidden, p.inter, p.m, p.top_k, p.n_experts};
+}
+
+bool moe_experts_decode_applies(const MoeExpertsParams& p) {
+  if (p.disable_stream || p.disable_decode || !p.experts_aligned16 || p.format != MoeWeightFormat::NVFP4)
+    return false;
+  if (!aligned(p.x, 16) || p.ldx % 4 != 0 || !aligned(p.act, 16)) return false;
+  return choose(moe_decode_shape(p), limits_of(current_device_caps())).use;
+}
+
+void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
+  moe_experts_check(p);
+  if (p.m == 0) return;
+  MS_CHECK(p.format == MoeWeightFormat::NVFP4, "moe_experts_decode: weights must be NVFP4");
+  MS_CHECK(p.experts_aligned16,
+           "moe_experts_decode: experts_aligned16 is not set (weight pointers unchecked)");
+  MS_CHECK(aligned(p.x, 16) && p.ldx % 4 == 0, "moe_experts_decode: x must be 16-byte aligned, ldx % 4 == 0");
+  MS_CHECK(aligned(p.act, 16), "moe_experts_decode: act workspace must be 16-byte aligned");
+  const DeviceCaps caps = current_device_caps();
+  const Config c = choose(moe_decode_shape(p), limits_of(caps));
+  MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
+  check_smem(caps, "moe_decode_gate_up", c.smem_gate_up);
+  check_smem(caps, "moe_decode_down", c.smem_down);
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_gate_up)));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_down)));
+  moe_decode_gate_up_kernel<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
+  CUDA_CHECK(cudaGetLastError());
+  moe_decode_down_kernel<<<c.grid_down, kThreads, c.smem_down, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ms::cuda

@@ -1,0 +1,39 @@
+// The decode regime of the routed NVFP4 experts (1 to 64 tokens a step), weights streamed from global memory
+// straight into registers, in two launches over the grouping plan (moe_plan.h):
+//   gate_up: act[pos] = bf16(w[slot(pos)] * SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T))  (act as bf16
+//            [m * top_k, inter] in the first half of p.act)
+//   down:    out[t] += sum over the touched experts e of token t of (act @ down_e^T): one block owns 16
+//   output
+//            rows for every token and writes them once (no slot_out, no combine launch, no atomics)
+// Both kernels read the plan's per-expert counts and offsets from device memory (graph-safe: fixed grids);
+// untouched experts are neither visited nor read. Deterministic: fixed summation orders, bit-identical
+// reruns.
+//
+// Precision: weights are exact (e2m1 x e4m3 fits bf16); activations (x, and act between the two kernels) are
+// rounded to bf16 once, one mma per product, f32 accumulation: the precision of the cuBLASLt bf16 path the
+// rest of the GPU engine uses (~3e-3 relative per product, ~1e-3 relative RMS on a layer's output). Callers
+// that need f32-exact activations set p.disable_decode (the executor's exact_linear mode does): they get the
+// streamed hi/lo kernels (moe_experts_stream.h) or the f32 kernels.
+//
+// Preconditions beyond moe_experts_check: format NVFP4, moe_decode_config::choose(...).use, every data and
+// scale pointer of the touched experts 16-byte aligned (p.experts_aligned16), x 16-byte aligned with
+// ldx % 4 == 0, act 16-byte aligned, block scales non-negative (NVFP4 scales are; the sign bit is ignored).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/common/kernel_fit.h"
+#include "kernels/cuda/moe/moe_decode_config.h"
+#include "kernels/cuda/moe/moe_experts.h"
+
+namespace ms::cuda {
+
+moe_decode_config::Shape moe_decode_shape(const MoeExpertsParams& p);
+
+// Whether moe_experts() runs the decode path for p on the current device (flags, shape, limits, alignment).
+bool moe_experts_decode_applies(const MoeExpertsParams& p);
+
+// Both launches; throws ms::Error naming the reason when the path does not apply.
+void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream);
+
+}  // namespace ms::cuda
