@@ -367,8 +367,9 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
                                dtype_name(cache.data.dtype()), cache.data.size(0), cache.data.size(1),
                                cache.data.size(2));
           });
+      // The selection comes from ops::dsa_indexer: ascending positions, -1 only at the tail (compact).
       ops::mla_attention(ctx, q_cat, cache, meta, c.has_indexer ? topk : Tensor(), scales_.softmax_scale, lat,
-                         ws.attn_scratch);
+                         ws.attn_scratch, /*topk_compact=*/c.has_indexer);
     }
     const Tensor o = rows(ws.o, m);
     {

@@ -131,7 +131,7 @@ int64_t dsa_indexer_scratch_floats(Device device, int64_t max_keys, int64_t dim)
 
 void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache,
                    const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat,
-                   const Tensor& scratch) {
+                   const Tensor& scratch, bool topk_compact) {
   check_device(
       ctx, "mla_attention",
       {&q_cat, &cache.data, &meta.token_seq, &meta.positions, &meta.block_table, &topk, &lat, &scratch});
@@ -143,7 +143,8 @@ void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& c
   MS_CHECK(lat.size(0) == m && lat.size(1) == heads && lat.size(2) < v.width,
            "mla output {} does not fit q {}", lat.desc(), q_cat.desc());
   check_meta(meta, m, v);
-  MS_OPS_ON_CUDA(ctx, cuda_ops::mla_attention(ctx, q_cat, cache, meta, topk, softmax_scale, lat));
+  MS_OPS_ON_CUDA(ctx,
+                 cuda_ops::mla_attention(ctx, q_cat, cache, meta, topk, softmax_scale, lat, topk_compact));
   kernels::cpu::MlaAttentionParams p;
   p.q_cat = q_cat.data<float>();
   p.kv = v;

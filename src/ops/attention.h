@@ -46,10 +46,11 @@ void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int
 int64_t mla_attention_scratch_floats(Device device, int64_t heads, int64_t max_keys, int64_t width);
 // lat [m, heads, kv_lora_rank] = softmax(scale * q_cat . kv_j) kv_j[:kv_lora_rank] over the visible keys (all
 // positions 0..pos, or the DSA selection topk [m, topk_width] when defined). scratch: f32 [>= the size
-// above].
+// above]. topk_compact: the selection is what dsa_indexer writes (ascending positions, -1 only at the tail,
+// at most positions[i] + 1 entries), so a device kernel may stop at a token's first positions[i] + 1 entries.
 void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache,
                    const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat,
-                   const Tensor& scratch);
+                   const Tensor& scratch, bool topk_compact = false);
 
 // out [m, heads * v] = per-head W_UV lat.
 void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_t v,

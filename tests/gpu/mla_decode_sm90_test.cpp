@@ -50,13 +50,16 @@ struct Case {
   bool fp8 = true;
   int topk = 0;  // DSA selection width; 0 = dense
   bool q_bf16 = false, out_bf16 = false;
+  // The selection as the DSA indexer writes it (ascending distinct positions, -1 only at the tail) and
+  // declared compact to the kernel, which then stops at each token's first positions + 1 entries.
+  bool compact = false;
 };
 
 std::string describe(const Case& c) {
   std::string s = "heads " + std::to_string(c.heads) + " q/seq " + std::to_string(c.q_per_seq) + " page " +
                   std::to_string(c.page_size) + (c.fp8 ? " fp8" : " bf16") + " topk " +
                   std::to_string(c.topk) + (c.q_bf16 ? " q bf16" : " q f32") +
-                  (c.out_bf16 ? " out bf16" : " out f32") + " lens";
+                  (c.out_bf16 ? " out bf16" : " out f32") + (c.compact ? " compact" : "") + " lens";
   for (int l : c.lens) s += " " + std::to_string(l);
   return s;
 }
@@ -119,7 +122,17 @@ void run_case(const Case& c, uint32_t seed) {
   }
   // Selection: visible positions, -1, positions past the token (ignored) and repeats.
   std::vector<int32_t> topk(static_cast<size_t>(tokens) * c.topk);
-  for (int i = 0; i < tokens; ++i) {
+  for (int i = 0; c.compact && i < tokens; ++i) {
+    const int pos = positions[i];
+    std::vector<int32_t> all;
+    for (int t = 0; t <= pos; ++t) all.push_back(t);
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(std::min<size_t>(all.size(), static_cast<size_t>(c.topk)));
+    std::sort(all.begin(), all.end());
+    for (int k = 0; k < c.topk; ++k)
+      topk[static_cast<size_t>(i) * c.topk + k] = k < static_cast<int>(all.size()) ? all[k] : -1;
+  }
+  for (int i = 0; !c.compact && i < tokens; ++i) {
     const int b = i / Q, pos = positions[i];
     for (int k = 0; k < c.topk; ++k) {
       const int kind = static_cast<int>(rng() % 10);
@@ -192,6 +205,7 @@ void run_case(const Case& c, uint32_t seed) {
   p.positions = dpos.ptr;
   p.topk = c.topk ? dtopk.ptr : nullptr;
   p.topk_width = c.topk;
+  p.topk_compact = c.compact;
   p.out = dout.ptr;
   p.out_bf16 = c.out_bf16;
   p.out_token_stride = static_cast<int64_t>(H) * kLat;
@@ -291,6 +305,22 @@ TEST(MlaDecodeSm90, DsaSelections) {
   run_case({64, {3000}, 1, 64, true, 2048}, seed++);        // GLM-5's index_topk at batch 1: splits
   run_case({16, {90, 2500, 7}, 2, 32, false, 64}, seed++);  // two tokens per sequence, own selections
   run_case({32, {5, 6}, 1, 64, true, 33}, seed++);          // width not a multiple of the tile
+}
+
+TEST(MlaDecodeSm90, DsaCompactSelectionsStopAtThePosition) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  uint32_t seed = 120;
+  for (int heads : {16, 64, 128})
+    for (bool fp8 : {true, false}) {
+      Case c{heads, {1, 40, 300, 2100}, 1, fp8 ? 64 : 32, fp8, 100};
+      c.compact = true;
+      run_case(c, seed++);
+    }
+  for (int len : {1, 512, 3000}) {  // GLM-5's index_topk at batch 1: contexts below and above the width
+    Case c{64, {len}, 1, 64, true, 2048};
+    c.compact = true;
+    run_case(c, seed++);
+  }
 }
 
 TEST(MlaDecodeSm90, LongSequencesSplitAndMixedDtypes) {

@@ -121,7 +121,8 @@ void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int6
 }
 
 void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache,
-                   const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat) {
+                   const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat,
+                   bool topk_compact) {
   CudaBackend::Impl& be = cuda_impl(ctx);
   const cudaStream_t stream = cuda_stream(ctx);
   const int m = static_cast<int>(q_cat.size(0)), heads = static_cast<int>(q_cat.size(1));
@@ -152,6 +153,7 @@ void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& c
   p.meta = meta_device(meta);
   p.topk = s.has_topk ? topk.data<int32_t>() : nullptr;
   p.topk_width = s.has_topk ? static_cast<int>(topk.size(1)) : 0;
+  p.topk_compact = s.has_topk && topk_compact;
   p.lat = lat.data<float>();
   p.m = m;
   p.heads = heads;

@@ -36,7 +36,8 @@ void cache_write(const Ctx& ctx, const Tensor& x, const PagedCacheLayer& cache, 
 void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64_t v,
                   const Tensor& q_cat);
 void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& cache,
-                   const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat);
+                   const AttentionMeta& meta, const Tensor& topk, float softmax_scale, const Tensor& lat,
+                   bool topk_compact = false);
 void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_t v,
                const Tensor& out);
 int64_t dsa_indexer_scratch_floats(int64_t max_keys);

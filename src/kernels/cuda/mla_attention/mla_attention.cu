@@ -67,6 +67,7 @@ MlaDecodeSm90Params sm90_params(const MlaAttentionParams& p) {
   d.positions = p.meta.positions;
   d.topk = p.topk;
   d.topk_width = p.topk_width;
+  d.topk_compact = p.topk_compact;
   d.token_seq = p.topk ? p.meta.token_seq : nullptr;
   d.out = p.lat;
   d.out_bf16 = false;
@@ -149,8 +150,10 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const Device
                                 s.heads >= 32 && kFp8DecodeSmem <= caps.smem_per_block_optin;
   if ((s.prefer == MlaAttentionPrefer::Auto || s.prefer == MlaAttentionPrefer::Sm90Decode) && sm90_shape &&
       sm90_batch && !older_fp8_faster && caps.arch() >= 80 && caps.multiprocessors > 0) {
-    const mla_sm90::Config k = mla_sm90::choose(s.has_topk ? s.m : s.n_seqs, 1, s.heads,
-                                                s.format == KvFormat::FP8E4M3, limits_of(caps));
+    const int units = s.has_topk ? s.m : s.n_seqs;
+    const mla_sm90::Config k =
+        mla_sm90::choose(units, 1, s.heads, s.format == KvFormat::FP8E4M3, limits_of(caps),
+                         mla_sm90::auto_heads_cap(s.has_topk, units, s.heads, caps.multiprocessors));
     if (k.heads_per_block > 0 && k.units <= 65535 && k.smem <= caps.smem_per_block_optin) {
       c.kernel = MlaAttentionKernel::Sm90Decode;
       c.sm90 = k;

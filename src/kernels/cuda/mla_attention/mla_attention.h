@@ -67,6 +67,7 @@ struct MlaAttentionParams {
   AttentionMetaDevice meta;                    // token_seq, positions, block_table (+ seq_lens for Fp8Decode)
   const int32_t* __restrict__ topk = nullptr;  // [m, topk_width] selected positions, -1 = none; or null
   int topk_width = 0;
+  bool topk_compact = false;          // see MlaDecodeSm90Params::topk_compact
   float* __restrict__ lat = nullptr;  // [m, heads, kv_lora_rank] contiguous, 16-byte aligned
   int m = 0, heads = 0, kv_lora_rank = 0;
   float softmax_scale = 1.0f;

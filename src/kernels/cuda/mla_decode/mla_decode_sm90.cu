@@ -94,7 +94,7 @@ __device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uin
 }
 
 __device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
-  if (p.topk) return p.topk_width;
+  if (p.topk) return p.topk_compact ? min(p.topk_width, max(__ldg(p.positions + u) + 1, 0)) : p.topk_width;
   return min(max(p.seq_lens[u], 0), p.block_table_stride * p.page_size);
 }
 
@@ -102,7 +102,7 @@ __device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
 // least min_tiles). `red` is 32 ints of shared memory; contains a __syncthreads.
 __device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int min_tiles, int* red) {
   int mk = 0;
-  if (p.topk) {
+  if (p.topk && !p.topk_compact) {
     mk = p.topk_width;
   } else {
     for (int b = threadIdx.x; b < p.n_seqs; b += blockDim.x) mk = max(mk, unit_keys(p, b));
@@ -532,8 +532,11 @@ void launch(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part
 
 mla_sm90::Config mla_decode_sm90_choose(const MlaDecodeSm90Params& p, const DeviceLimits& dev) {
   const bool dsa = p.topk != nullptr;
-  return mla_sm90::choose(dsa ? p.n_seqs * p.q_per_seq : p.n_seqs, dsa ? 1 : p.q_per_seq, p.heads, p.kv_fp8,
-                          dev);
+  const int units = dsa ? p.n_seqs * p.q_per_seq : p.n_seqs;
+  const int cap = p.max_heads_per_block > 0
+                      ? p.max_heads_per_block
+                      : mla_sm90::auto_heads_cap(dsa, units, p.heads, dev.multiprocessors);
+  return mla_sm90::choose(units, dsa ? 1 : p.q_per_seq, p.heads, p.kv_fp8, dev, cap);
 }
 
 void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cudaStream_t stream) {

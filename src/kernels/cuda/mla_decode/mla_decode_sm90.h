@@ -38,6 +38,13 @@ struct MlaDecodeSm90Params {
   const int32_t* __restrict__ positions = nullptr;  // [tokens] position of each query token
   const int32_t* __restrict__ topk = nullptr;  // [tokens, topk_width] selected positions, or null (dense)
   int topk_width = 0;
+  // The selection is compact: token i's entries past its first positions[i] + 1 are all -1 (what the DSA
+  // indexer writes: ascending positions, -1 padded), so a token's tiles stop there. Without it every entry
+  // of the row is visited.
+  bool topk_compact = false;
+  // Caps the heads of one block (16, 32 or 64; 0: the chooser decides: DSA launches with few tokens take 16
+  // heads per block, so that head groups rather than long key ranges fill the multiprocessors).
+  int max_heads_per_block = 0;
   const int32_t* __restrict__ token_seq =
       nullptr;                       // DSA: [tokens] sequence of each token (null: i / q_per_seq)
   void* __restrict__ out = nullptr;  // [tokens, heads, 512] f32 or bf16 (out_bf16), 16-byte aligned

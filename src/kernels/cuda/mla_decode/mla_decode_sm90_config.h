@@ -62,12 +62,22 @@ inline size_t workspace_bytes(int units, int max_splits, int rows_per_unit) {
 
 // units: sequences (dense) or tokens (DSA); q_per_unit: query tokens of a unit. Returns heads_per_block = 0
 // when nothing fits (the caller names the limit).
-inline Config choose(int units, int q_per_unit, int heads, bool fp8, const DeviceLimits& dev) {
+// The heads-per-block cap the launchers use: a DSA token reads at most topk_width keys, so with few tokens
+// the key range cannot be split finely enough to fill the GPU with 64-head blocks (each split must amortise
+// its partial output); blocks of 16 heads give four times the blocks for the same keys (each head group reads
+// them again, mostly from L2).
+inline int auto_heads_cap(bool dsa, int units, int heads, int multiprocessors) {
+  return dsa && static_cast<long long>(units) * ((heads + 63) / 64) * 2 < multiprocessors ? 16 : 64;
+}
+
+// max_heads_per_block (16, 32 or 64) caps the heads of one block below the 64 it would otherwise take.
+inline Config choose(int units, int q_per_unit, int heads, bool fp8, const DeviceLimits& dev,
+                     int max_heads_per_block = 64) {
   Config c;
   c.q_per_unit = q_per_unit;
   c.units = units;
   if (units <= 0 || q_per_unit < 1 || q_per_unit > 4 || heads <= 0 || dev.arch < 80) return c;
-  int hb = 64;
+  int hb = std::clamp(max_heads_per_block, 1, 64);
   while (hb > 1 && (hb * q_per_unit > kMaxRows || hb >= 2 * heads)) hb /= 2;
   const int rows = hb * q_per_unit;
   c.heads_per_block = hb;
