@@ -281,7 +281,8 @@ std::vector<RequestOutput> Engine::step() {
              batch.logit_rows.size(), rows);
     step_summary_.assign(rows, 0);
     step_temperature_.assign(rows, 1.0f);
-    if (cfg_.logits_summaries && exec_->supports_summaries()) {
+    if (cfg_.logits_summaries && exec_->supports_summaries() &&
+        rows >= static_cast<size_t>(std::max(cfg_.logits_summary_min_rows, 1))) {
       for (size_t i = 0; i < rows; ++i) {
         const SamplingParams& sp = step_rows_[i]->request.sampling;
         if (sampler_->summary_may_decide(sp)) {

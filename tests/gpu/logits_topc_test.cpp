@@ -146,6 +146,7 @@ std::vector<std::vector<runtime::GeneratedToken>> engine_tokens(const model::Mod
   ec.max_prefill_tokens = 512;
   ec.enable_prefix_cache = false;
   ec.logits_summaries = summaries;
+  ec.logits_summary_min_rows = 1;  // every step, even of one row
   runtime::Engine e(std::move(ex), ec);
   struct Case {
     float t;

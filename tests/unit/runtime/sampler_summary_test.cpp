@@ -349,6 +349,7 @@ TEST(SamplerSummary, EngineGivesTheSameTokensWithAndWithoutSummaries) {
   auto run = [&](bool summaries, SummaryCounts& counts) {
     runtime::EngineConfig c = cfg;
     c.logits_summaries = summaries;
+    c.logits_summary_min_rows = 1;  // every step, even of one row
     auto exec = std::make_unique<SummaryExecutor>(runtime::make_cpu_executor(m, c), counts);
     runtime::Engine e(std::move(exec), c);
     std::map<uint64_t, std::vector<runtime::GeneratedToken>> toks;
