@@ -42,8 +42,8 @@ struct MlaDecodeSm90Params {
   // indexer writes: ascending positions, -1 padded), so a token's tiles stop there. Without it every entry
   // of the row is visited.
   bool topk_compact = false;
-  // Caps the heads of one block (16, 32 or 64; 0: the chooser decides: DSA launches with few tokens take 16
-  // heads per block, so that head groups rather than long key ranges fill the multiprocessors).
+  // Caps the heads of one block (16, 32 or 64; 0: the chooser decides: DSA launches of a handful of tokens
+  // take 16 heads per block, so that head groups rather than long key ranges fill the multiprocessors).
   int max_heads_per_block = 0;
   const int32_t* __restrict__ token_seq =
       nullptr;                       // DSA: [tokens] sequence of each token (null: i / q_per_seq)
