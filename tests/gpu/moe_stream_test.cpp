@@ -297,10 +297,10 @@ TEST(CudaMoeStream, EqualsOldKernelsWithinTolerance) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1.0 + std::fabs(b[i]))) << i;
 }
 
-TEST(CudaMoeStream, NotTakenWhereItDoesNotApply) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";  // the check reads the device's limits
+// A GLM-5 decode step (8 tokens, top 8 of 256 NVFP4 experts, weight pointers declared 16-byte aligned) for
+// the *_applies checks, which read no data: x, act and out all point at buf.
+ms::cuda::MoeExpertsParams glm5_step_params(float* buf) {
   ms::cuda::MoeExpertsParams p;
-  alignas(16) static float buf[16];
   p.x = p.act = p.out = p.slot_out = buf;
   p.ldx = p.ldo = 6144;
   p.format = ms::cuda::MoeWeightFormat::NVFP4;
@@ -310,6 +310,13 @@ TEST(CudaMoeStream, NotTakenWhereItDoesNotApply) {
   p.top_k = 8;
   p.n_experts = 256;
   p.experts_aligned16 = true;
+  return p;
+}
+
+TEST(CudaMoeStream, NotTakenWhereItDoesNotApply) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";  // the check reads the device's limits
+  alignas(16) static float buf[16];
+  ms::cuda::MoeExpertsParams p = glm5_step_params(buf);
   EXPECT_EQ(ms::cuda::moe_experts_stream_applies(p),
             ms::cuda::limits_of(ms::cuda::current_device_caps()).smem_per_block_optin >=
                 ms::cuda::moe_stream_config::gate_up_smem());
@@ -368,17 +375,8 @@ TEST(CudaMoeDecode, UntouchedExpertsAreNotRead) {
 
 TEST(CudaMoeDecode, TakenOnlyWhereItApplies) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";  // the check reads the device's limits
-  ms::cuda::MoeExpertsParams p;
   alignas(16) static float buf[16];
-  p.x = p.act = p.out = p.slot_out = buf;
-  p.ldx = p.ldo = 6144;
-  p.format = ms::cuda::MoeWeightFormat::NVFP4;
-  p.hidden = 6144;
-  p.inter = 2048;
-  p.m = 8;
-  p.top_k = 8;
-  p.n_experts = 256;
-  p.experts_aligned16 = true;
+  ms::cuda::MoeExpertsParams p = glm5_step_params(buf);
   const bool fits = ms::cuda::moe_decode_config::choose(ms::cuda::moe_decode_shape(p),
                                                         ms::cuda::limits_of(ms::cuda::current_device_caps()))
                         .use;

@@ -4,7 +4,9 @@
 // than an sm_120 part has).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <string>
 
 #include "kernels/cuda/common/kernel_fit.h"
@@ -69,20 +71,32 @@ TEST(KernelFit, Nvfp4GemvAvoidsTilesTooLargeForASmallDevice) {
   EXPECT_FALSE(why_cannot_run(nvfp4_gemv_config::need(8, c), tiny).has_value());
 }
 
-TEST(KernelFit, MoeStreamChoosesOnlyWhatFits) {
-  namespace c = moe_stream_config;
+// For every target part, m of ms and (hidden, inter) of shapes (top 8 of 256 NVFP4 experts): choose(shape,
+// device); a refusal must say why, a config the path takes goes to check(dev, m, {hidden, inter}, cfg).
+// Returns how many were taken.
+template <class Choose, class Check>
+int for_each_taken(std::initializer_list<int> ms, std::initializer_list<std::array<int, 2>> shapes,
+                   Choose choose, Check check) {
   int used = 0;
   for (const DeviceLimits& dev : target_device_presets())
-    for (int m : {1, 2, 8, 9, 16, 17, 32, 128, 256})
-      for (const auto& hi : {std::array<int, 2>{6144, 2048}, std::array<int, 2>{7168, 2048},
-                             std::array<int, 2>{1024, 512}, std::array<int, 2>{512, 4096}}) {
-        const c::Shape s{true, hi[0], hi[1], m, 8, 256};
-        const c::Config cfg = c::choose(s, dev);
+    for (int m : ms)
+      for (const std::array<int, 2>& hi : shapes) {
+        const auto cfg = choose(moe_decode_common::Shape{true, hi[0], hi[1], m, 8, 256}, dev);
         if (!cfg.use) {
           EXPECT_FALSE(cfg.why.empty());
           continue;
         }
         ++used;
+        check(dev, m, hi, cfg);
+      }
+  return used;
+}
+
+TEST(KernelFit, MoeStreamChoosesOnlyWhatFits) {
+  namespace c = moe_stream_config;
+  const int used = for_each_taken(
+      {1, 2, 8, 9, 16, 17, 32, 128, 256}, {{6144, 2048}, {7168, 2048}, {1024, 512}, {512, 4096}}, c::choose,
+      [](const DeviceLimits& dev, int m, const std::array<int, 2>& hi, const c::Config& cfg) {
         EXPECT_FALSE(why_cannot_run(c::need_gate_up(), dev).has_value()) << dev.name;
         EXPECT_FALSE(why_cannot_run(c::need_down(hi[1], m), dev).has_value()) << dev.name << " m" << m;
         EXPECT_LE(cfg.smem_gate_up, dev.smem_per_block_optin);
@@ -90,7 +104,7 @@ TEST(KernelFit, MoeStreamChoosesOnlyWhatFits) {
         EXPECT_EQ(cfg.nt, m <= 8 ? 1 : m <= 16 ? 2 : 4);
         EXPECT_EQ(cfg.grid_down, hi[0] / c::kDownRows);
         EXPECT_GE(cfg.grid_gate_up, dev.multiprocessors);
-      }
+      });
   EXPECT_GT(used, 0);
   // The H200 runs it for GLM-5 decode; sm_120 (99 KB per block) must not.
   EXPECT_TRUE(c::choose({true, 6144, 2048, 8, 8, 256}, limits_h200()).use);
@@ -108,18 +122,9 @@ TEST(KernelFit, MoeStreamChoosesOnlyWhatFits) {
 
 TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
   namespace c = moe_decode_config;
-  int used = 0;
-  for (const DeviceLimits& dev : target_device_presets())
-    for (int m : {1, 2, 3, 5, 8, 9, 32, 64})
-      for (const auto& hi : {std::array<int, 2>{6144, 2048}, std::array<int, 2>{7168, 2048},
-                             std::array<int, 2>{1024, 512}, std::array<int, 2>{2048, 1024}}) {
-        const c::Shape s{true, hi[0], hi[1], m, 8, 256};
-        const c::Config cfg = c::choose(s, dev);
-        if (!cfg.use) {
-          EXPECT_FALSE(cfg.why.empty());
-          continue;
-        }
-        ++used;
+  const int used = for_each_taken(
+      {1, 2, 3, 5, 8, 9, 32, 64}, {{6144, 2048}, {7168, 2048}, {1024, 512}, {2048, 1024}}, c::choose,
+      [](const DeviceLimits& dev, int m, const std::array<int, 2>& hi, const c::Config& cfg) {
         EXPECT_GE(cfg.x_rows, 1);
         EXPECT_LE(cfg.x_rows, std::min(m, c::kChunk));
         EXPECT_FALSE(why_cannot_run(c::need_gate_up(hi[0], cfg.x_rows), dev).has_value()) << dev.name;
@@ -128,7 +133,7 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
         EXPECT_LE(cfg.smem_down + c::kStaticSmem, dev.smem_per_block_optin);
         EXPECT_EQ(cfg.grid_down, hi[0] / c::kDownRows);
         EXPECT_GE(cfg.grid_gate_up, dev.multiprocessors);
-      }
+      });
   EXPECT_GT(used, 0);
   // GLM-5 decode on every target part (the kernels need no architecture-specific instruction), two gate_up
   // blocks per multiprocessor on the H200.

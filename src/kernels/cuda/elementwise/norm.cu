@@ -9,6 +9,7 @@
 #include "kernels/cuda/elementwise/norm.h"
 
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 namespace ms::cuda {
@@ -113,6 +114,9 @@ __global__ void __launch_bounds__(kRegThreads) rms_norm_reg_kernel(RmsNormParams
   }
 }
 
+// As rms_norm_reg_kernel with h += delta first. Its normalise-and-store tail is written out rather than
+// shared with rms_norm_reg_kernel: as a shared device function, nvcc fuses the other product of the sum of
+// squares (V = 1), which changes the rounding.
 template <int V>
 __global__ void __launch_bounds__(kRegThreads) add_rms_norm_reg_kernel(AddRmsNormParams p) {
   __shared__ float red[32];
@@ -163,6 +167,27 @@ int reg_pieces(int64_t n, std::initializer_list<std::pair<const void*, int64_t>>
   return per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : 8;
 }
 
+// Runs reg(std::integral_constant<int, V>{}) for V = pieces (1, 2, 4 or 8: reg_pieces), looped() for 0.
+template <class Reg, class Looped>
+void dispatch_pieces(int pieces, Reg&& reg, Looped&& looped) {
+  switch (pieces) {
+    case 1:
+      reg(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      reg(std::integral_constant<int, 2>{});
+      break;
+    case 4:
+      reg(std::integral_constant<int, 4>{});
+      break;
+    case 8:
+      reg(std::integral_constant<int, 8>{});
+      break;
+    default:
+      looped();
+  }
+}
+
 void check_rows(int64_t m, int64_t n, const char* kernel) {
   MS_CHECK(m >= 0 && m <= 0x7fffffff, "{}: m = {} out of range", kernel, m);
   MS_CHECK(n >= 0, "{}: n = {} must not be negative", kernel, n);
@@ -178,22 +203,10 @@ void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   MS_CHECK(p.weight != nullptr, "rms_norm: weight is null");
   MS_CHECK(p.x != p.out || p.x_stride == p.out_stride, "rms_norm: out aliases x with another row stride");
   const unsigned grid = static_cast<unsigned>(p.m);
-  switch (reg_pieces(p.n, {{p.x, p.x_stride}, {p.out, p.out_stride}, {p.weight, 0}})) {
-    case 1:
-      rms_norm_reg_kernel<1><<<grid, kRegThreads, 0, stream>>>(p);
-      break;
-    case 2:
-      rms_norm_reg_kernel<2><<<grid, kRegThreads, 0, stream>>>(p);
-      break;
-    case 4:
-      rms_norm_reg_kernel<4><<<grid, kRegThreads, 0, stream>>>(p);
-      break;
-    case 8:
-      rms_norm_reg_kernel<8><<<grid, kRegThreads, 0, stream>>>(p);
-      break;
-    default:
-      rms_norm_kernel<<<grid, kNormThreads, 0, stream>>>(p);
-  }
+  dispatch_pieces(
+      reg_pieces(p.n, {{p.x, p.x_stride}, {p.out, p.out_stride}, {p.weight, 0}}),
+      [&](auto v) { rms_norm_reg_kernel<decltype(v)::value><<<grid, kRegThreads, 0, stream>>>(p); },
+      [&] { rms_norm_kernel<<<grid, kNormThreads, 0, stream>>>(p); });
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -208,23 +221,10 @@ void add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   MS_CHECK(p.out != p.delta || p.out_stride == p.delta_stride,
            "add_rms_norm: out aliases delta with another row stride");
   const unsigned grid = static_cast<unsigned>(p.m);
-  switch (
-      reg_pieces(p.n, {{p.h, p.h_stride}, {p.delta, p.delta_stride}, {p.out, p.out_stride}, {p.weight, 0}})) {
-    case 1:
-      add_rms_norm_reg_kernel<1><<<grid, kRegThreads, 0, stream>>>(p);
-      break;
-    case 2:
-      add_rms_norm_reg_kernel<2><<<grid, kRegThreads, 0, stream>>>(p);
-      break;
-    case 4:
-      add_rms_norm_reg_kernel<4><<<grid, kRegThreads, 0, stream>>>(p);
-      break;
-    case 8:
-      add_rms_norm_reg_kernel<8><<<grid, kRegThreads, 0, stream>>>(p);
-      break;
-    default:
-      add_rms_norm_kernel<<<grid, kNormThreads, 0, stream>>>(p);
-  }
+  dispatch_pieces(
+      reg_pieces(p.n, {{p.h, p.h_stride}, {p.delta, p.delta_stride}, {p.out, p.out_stride}, {p.weight, 0}}),
+      [&](auto v) { add_rms_norm_reg_kernel<decltype(v)::value><<<grid, kRegThreads, 0, stream>>>(p); },
+      [&] { add_rms_norm_kernel<<<grid, kNormThreads, 0, stream>>>(p); });
   CUDA_CHECK(cudaGetLastError());
 }
 

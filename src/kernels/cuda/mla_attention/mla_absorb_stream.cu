@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/ldg.cuh"
 #include "kernels/cuda/mla_attention/mla_absorb_stream.h"
 #include "kernels/cuda/paged_kv/current_caps.h"
 
@@ -41,15 +42,6 @@ constexpr int bytes_of(DenseWeightFormat f) {
 
 int64_t round_up(int64_t x, int64_t to) {
   return (x + to - 1) / to * to;
-}
-
-// Weight bytes are read once per step: do not keep them in L1.
-__device__ __forceinline__ uint4 ld_stream(const void* ptr) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(ptr));
-  return r;
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* global) {
@@ -237,8 +229,9 @@ __global__ void __launch_bounds__(kThreads, 2) out_v_stream_kernel(MlaOutVParams
     for (int j = 0; j < kCh; ++j) {
       const int ch = j * 32 + lane;
       const int64_t row = static_cast<int64_t>(h) * (p.nope + p.v) + p.nope + e0 + rr;
-      raw[rr][j] = e0 + rr < p.v && ch < nch ? ld_stream(wg + (row * r + static_cast<int64_t>(ch) * kE) * es)
-                                             : make_uint4(0, 0, 0, 0);
+      raw[rr][j] = e0 + rr < p.v && ch < nch
+                       ? dev::ld_stream16(wg + (row * r + static_cast<int64_t>(ch) * kE) * es)
+                       : make_uint4(0, 0, 0, 0);
     }
   float scale[kVRows][kCh];
 #pragma unroll

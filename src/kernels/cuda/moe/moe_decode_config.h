@@ -10,21 +10,25 @@
 #include <string>
 
 #include "kernels/cuda/common/kernel_fit.h"
+#include "kernels/cuda/moe/moe_decode_common.h"
 
 namespace ms::cuda::moe_decode_config {
 
+using moe_decode_common::blocks_per_sm;
+using moe_decode_common::kLutBytes;
+using moe_decode_common::kMaxExperts;
+using moe_decode_common::Shape;
+
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = 8;
-constexpr int kMaxM = 64;          // tokens per step (the down kernel's per-warp output tiles)
-constexpr int kMaxSlots = 1024;    // m * top_k
-constexpr int kMaxExperts = 1024;  // expert ids fit 10 bits of a work-list entry
-constexpr int kMaxEc = 1536;       // (expert, chunk) pairs: <= min(E, slots) + slots
-constexpr int kChunk = 8;          // positions of one expert per pass (one mma n-tile)
-constexpr int kGuIdx = 16;         // gate_up: intermediate indices per work item (16 gate + 16 up rows)
-constexpr int kDownRows = 16;      // down: output rows per block
-constexpr int kDownKr = 512;       // down: k of one (expert, k-range) piece; a lane streams 128 of it
-constexpr int kGuUnroll = 3;       // gate_up: 32-k steps whose weights a lane loads before using them
-constexpr size_t kLutBytes = 256 * 32 * sizeof(uint32_t);  // byte -> bf16x2, replicated per lane
+constexpr int kMaxM = 64;        // tokens per step (the down kernel's per-warp output tiles)
+constexpr int kMaxSlots = 1024;  // m * top_k
+constexpr int kMaxEc = 1536;     // (expert, chunk) pairs: <= min(E, slots) + slots
+constexpr int kChunk = 8;        // positions of one expert per pass (one mma n-tile)
+constexpr int kGuIdx = 16;       // gate_up: intermediate indices per work item (16 gate + 16 up rows)
+constexpr int kDownRows = 16;    // down: output rows per block
+constexpr int kDownKr = 512;     // down: k of one (expert, k-range) piece; a lane streams 128 of it
+constexpr int kGuUnroll = 3;     // gate_up: 32-k steps whose weights a lane loads before using them
 
 // gate_up stages the chunk's x rows as bf16 in shared memory. Row layout: 32 segments (warp w, lane quarter t
 // -> segment 4 w + t) of hidden / 32 elements, each padded by 8 elements (16 bytes), and the row by 32
@@ -52,11 +56,6 @@ constexpr size_t down_smem(int m) {
          static_cast<size_t>(kWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
 }
 
-struct Shape {
-  bool nvfp4 = false;
-  int hidden = 0, inter = 0, m = 0, top_k = 0, n_experts = 0;
-};
-
 struct Config {
   bool use = false;
   std::string why;  // when !use: why the other kernels run instead
@@ -73,11 +72,6 @@ inline KernelNeed need_down(int m) {
   return {"moe_decode_down", down_smem(m) + kStaticSmem, 80, false};
 }
 
-// Blocks of `smem` bytes that fit one multiprocessor (1 KB of each block's shared memory is reserved).
-inline int blocks_per_sm(size_t smem, const DeviceLimits& dev) {
-  return static_cast<int>((dev.smem_per_block_optin + 1024) / (smem + 1024));
-}
-
 inline Config choose(const Shape& s, const DeviceLimits& dev) {
   Config c;
   auto no = [&](std::string why) {
@@ -85,13 +79,7 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
     c.why = std::move(why);
     return c;
   };
-  if (!s.nvfp4) return no("the decode path reads NVFP4 experts only");
-  if (s.m < 1 || s.m > kMaxM)
-    return no(fmt::format("m = {} is outside the decode regime [1, {}]", s.m, kMaxM));
-  if (s.top_k < 1 || static_cast<int64_t>(s.m) * s.top_k > kMaxSlots)
-    return no(fmt::format("m * top_k = {} exceeds {}", static_cast<int64_t>(s.m) * s.top_k, kMaxSlots));
-  if (s.n_experts < 1 || s.n_experts > kMaxExperts)
-    return no(fmt::format("n_experts = {} is outside [1, {}]", s.n_experts, kMaxExperts));
+  if (auto why = moe_decode_common::why_outside(s, "decode", kMaxM, kMaxSlots)) return no(*why);
   if (s.hidden <= 0 || s.hidden % 1024 != 0)
     return no(fmt::format("hidden = {} is not a multiple of 1024 (8 warps x 4 lanes x 32 k)", s.hidden));
   if (s.inter <= 0 || s.inter % kDownKr != 0 || s.inter % kGuIdx != 0)

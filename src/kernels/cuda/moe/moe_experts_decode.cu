@@ -32,6 +32,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/ldg.cuh"
+#include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_decode.h"
 
 namespace ms::cuda {
@@ -39,21 +41,9 @@ namespace {
 
 using namespace moe_decode_config;
 
-constexpr unsigned kFull = 0xffffffffu;
-
-__device__ __forceinline__ float e2m1_value(uint32_t code) {
-  const uint32_t m = code & 7u;
-  const float mag = m < 4u ? 0.5f * static_cast<float>(m)
-                           : (m == 4u   ? 2.f
-                              : m == 5u ? 3.f
-                              : m == 6u ? 4.f
-                                        : 6.f);
-  return (code & 8u) ? -mag : mag;
-}
-
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using dev::ld_stream16;
+using dev::ld_stream2;
+using moe_dev::mma_bf16;
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
@@ -67,44 +57,13 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t two, int h) {
   return (z & 0x007f007fu) << 4;
 }
 
-__device__ __forceinline__ uint4 ld_stream16(const void* ptr) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(ptr));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t ld_stream2(const void* ptr) {
-  unsigned short v;
-  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(ptr));
-  return v;
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// lut [256][32]: entry e of lane l at word e * 32 + l: bf16 pair (low nibble, high nibble) x 2^120 (exact:
-// the largest, 6 x 2^120, is far below bf16's range).
-__device__ __forceinline__ void build_lut(uint32_t* lut) {
-  uint4* l4 = reinterpret_cast<uint4*>(lut);
-  const float k = 1.329227995784916e36f;  // 2^120
-  for (int i = threadIdx.x; i < 256 * 8; i += kThreads) {
-    const uint32_t e = static_cast<uint32_t>(i) >> 3;
-    const uint32_t v = bf16x2_bits(__floats2bfloat162_rn(e2m1_value(e & 15u) * k, e2m1_value(e >> 4) * k));
-    l4[i] = make_uint4(v, v, v, v);
-  }
-}
+// The e2m1 table (moe_dev::build_e2m1_lut) holds values x 2^120 (exact: the largest, 6 x 2^120, is far below
+// bf16's range); one bf16 multiply by scale_pair's e4m3 x 2^-120 then gives the weight.
+constexpr float kLutScale = 1.329227995784916e36f;  // 2^120
 
 // lane_addr: shared-space address of the lane's column of the table (table base + 4 lane). PRMT + LEA + LDS.
 __device__ __forceinline__ uint32_t lut_at(uint32_t lane_addr, uint32_t word, int byte) {
@@ -112,30 +71,6 @@ __device__ __forceinline__ uint32_t lut_at(uint32_t lane_addr, uint32_t word, in
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
   return v;
-}
-
-// ec [kMaxEc]: (expert | chunk << 10) for every touched expert in ascending id, chunks of `chunk` positions.
-// Warp 0 writes the list and its length; the caller syncs.
-__device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, int32_t* ec, int* n) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  int base = 0;
-  for (int e0 = 0; e0 < p.n_experts; e0 += 32) {
-    const int e = e0 + lane;
-    const int cnt = e < p.n_experts ? p.expert_counts[e] : 0;
-    const int ch = cnt > 0 ? (cnt + chunk - 1) / chunk : 0;
-    int incl = ch;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(kFull, incl, o);
-      if (lane >= o) incl += v;
-    }
-    const int start = base + incl - ch;
-    for (int i = 0; i < ch; ++i)
-      if (start + i < kMaxEc) ec[start + i] = e | (i << 10);
-    base += __shfl_sync(kFull, incl, 31);
-  }
-  if (lane == 0) *n = min(base, kMaxEc);
 }
 
 // One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), scale pairs s0, s1, B pieces b[4]
@@ -171,8 +106,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
   __shared__ int s_nec;
 
-  build_lut(lut);
-  build_ec(p, x_rows, ec, &s_nec);
+  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
+  moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int tiles = p.inter / kGuIdx;
@@ -282,8 +217,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
   int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
   __shared__ int s_nec;
 
-  build_lut(lut);
-  build_ec(p, kChunk, ec, &s_nec);
+  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
+  moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kThreads) out_w[i] = 0.f;
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;

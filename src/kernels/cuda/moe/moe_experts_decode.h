@@ -3,8 +3,7 @@
 //   gate_up: act[pos] = bf16(w[slot(pos)] * SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T))  (act as bf16
 //            [m * top_k, inter] in the first half of p.act)
 //   down:    out[t] += sum over the touched experts e of token t of (act @ down_e^T): one block owns 16
-//   output
-//            rows for every token and writes them once (no slot_out, no combine launch, no atomics)
+//            output rows for every token and writes them once (no slot_out, no combine launch, no atomics)
 // Both kernels read the plan's per-expert counts and offsets from device memory (graph-safe: fixed grids);
 // untouched experts are neither visited nor read. Deterministic: fixed summation orders, bit-identical
 // reruns.

@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_stream.h"
 
 namespace ms::cuda {
@@ -31,21 +32,8 @@ namespace {
 
 using namespace moe_stream_config;
 
-constexpr unsigned kFull = 0xffffffffu;
-
-__device__ __forceinline__ float e2m1_value(uint32_t code) {
-  const uint32_t m = code & 7u;
-  const float mag = m < 4u ? 0.5f * static_cast<float>(m)
-                           : (m == 4u   ? 2.f
-                              : m == 5u ? 3.f
-                              : m == 6u ? 4.f
-                                        : 6.f);
-  return (code & 8u) ? -mag : mag;
-}
-
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using moe_dev::bf16x2_bits;
+using moe_dev::mma_bf16;
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return bf16x2_bits(__hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b)));
@@ -66,15 +54,6 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint3
   lo = bf16x2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
@@ -85,41 +64,6 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// lut [256][32]: entry e of lane l at word e * 32 + l (conflict-free): bf16 pair (low nibble, high nibble).
-__device__ __forceinline__ void build_lut(uint32_t* lut) {
-  uint4* l4 = reinterpret_cast<uint4*>(lut);
-  for (int i = threadIdx.x; i < 256 * 8; i += kThreads) {
-    const uint32_t e = static_cast<uint32_t>(i) >> 3;
-    const uint32_t v = bf16x2_bits(__floats2bfloat162_rn(e2m1_value(e & 15u), e2m1_value(e >> 4)));
-    l4[i] = make_uint4(v, v, v, v);
-  }
-}
-
-// ec [kMaxEc]: (expert | chunk << 10) for every touched expert in ascending id, chunks of `chunk` positions
-// (8 x the kernel's n-tiles, so an expert with more positions than a pass holds takes several passes).
-// Returns the count through *n (warp 0 writes it; the caller syncs).
-__device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, int32_t* ec, int* n) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  int base = 0;
-  for (int e0 = 0; e0 < p.n_experts; e0 += 32) {
-    const int e = e0 + lane;
-    const int cnt = e < p.n_experts ? p.expert_counts[e] : 0;
-    const int ch = cnt > 0 ? (cnt + chunk - 1) / chunk : 0;
-    int incl = ch;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(kFull, incl, o);
-      if (lane >= o) incl += v;
-    }
-    const int start = base + incl - ch;
-    for (int i = 0; i < ch; ++i)
-      if (start + i < kMaxEc) ec[start + i] = e | (i << 10);
-    base += __shfl_sync(kFull, incl, 31);
-  }
-  if (lane == 0) *n = min(base, kMaxEc);
 }
 
 // A fragment of one 16-row tile for one scale block: rows r0 (g) and r0 + 8 of the stage, block `blk` of the
@@ -155,8 +99,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
   int32_t* ec = reinterpret_cast<int32_t*>(red + 4 * kTokChunk * 16);
   __shared__ int s_nec;
 
-  build_lut(lut);
-  build_ec(p, kChunk, ec, &s_nec);
+  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);
+  moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int row_tiles = p.inter / kGuIdx;
@@ -311,8 +255,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeE
   __shared__ int s_nec;
   __shared__ int s_tok[kTokChunk];
 
-  build_lut(lut);
-  build_ec(p, kChunk, ec, &s_nec);
+  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);
+  moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   for (int i = threadIdx.x; i < p.m * kDownRows; i += kThreads) out_tile[i] = 0.f;
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;

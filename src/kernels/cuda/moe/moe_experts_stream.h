@@ -3,9 +3,8 @@
 //   gate_up: act[pos] = w[slot(pos)] * SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T), written as bf16 hi/lo
 //            pairs (act_hi + act_lo = the f32 value to ~2^-16) into p.act
 //   down:    out[t] += sum over the touched experts e of token t of (act @ down_e^T): one block owns 16
-//   output
-//            rows for every token, walks every touched expert in ascending id order and writes its rows of
-//            `out` once (no slot_out, no combine launch, no atomics: deterministic)
+//            output rows for every token, walks every touched expert in ascending id order and writes its
+//            rows of `out` once (no slot_out, no combine launch, no atomics: deterministic)
 // Both kernels read the per-expert counts and offsets the plan left in device memory (graph-safe: fixed
 // grids); untouched experts are neither visited nor read. Weights stream through a 3-stage cp.async ring in
 // shared memory; each 16-element NVFP4 block is decoded to bf16 (exact: e2m1 x e4m3 fits bf16) and multiplied

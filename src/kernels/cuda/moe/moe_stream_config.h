@@ -10,8 +10,14 @@
 #include <string>
 
 #include "kernels/cuda/common/kernel_fit.h"
+#include "kernels/cuda/moe/moe_decode_common.h"
 
 namespace ms::cuda::moe_stream_config {
+
+using moe_decode_common::blocks_per_sm;
+using moe_decode_common::kLutBytes;
+using moe_decode_common::kMaxExperts;
+using moe_decode_common::Shape;
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = 8;
@@ -24,9 +30,7 @@ constexpr int kDownRows = 16;     // down: output rows per block
 constexpr int kDownKcMax = 2048;  // down: k per stage
 constexpr int kMaxM = 256;        // decode regime: tokens per step
 constexpr int kMaxSlots = 4096;   // m * top_k
-constexpr int kMaxExperts = 1024;
-constexpr int kMaxEc = 1536;  // (expert, chunk of >= 8 positions) pairs: <= min(E, slots) + slots / 8
-constexpr size_t kLutBytes = 256 * 32 * sizeof(uint32_t);  // byte -> bf16x2, replicated per lane
+constexpr int kMaxEc = 1536;      // (expert, chunk of >= 8 positions) pairs: <= min(E, slots) + slots / 8
 
 constexpr int down_kc(int inter) {
   return inter <= kDownKcMax ? inter : kDownKcMax;
@@ -59,11 +63,6 @@ constexpr size_t down_smem(int inter, int m) {
          static_cast<size_t>(m) * kDownRows * sizeof(float);
 }
 
-struct Shape {
-  bool nvfp4 = false;
-  int hidden = 0, inter = 0, m = 0, top_k = 0, n_experts = 0;
-};
-
 struct Config {
   bool use = false;
   std::string why;  // when !use: why the old grouped kernels run instead
@@ -86,13 +85,7 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
     c.why = std::move(why);
     return c;
   };
-  if (!s.nvfp4) return no("the streamed path reads NVFP4 experts only");
-  if (s.m < 1 || s.m > kMaxM)
-    return no(fmt::format("m = {} is outside the decode regime [1, {}]", s.m, kMaxM));
-  if (s.top_k < 1 || static_cast<int64_t>(s.m) * s.top_k > kMaxSlots)
-    return no(fmt::format("m * top_k = {} exceeds {}", static_cast<int64_t>(s.m) * s.top_k, kMaxSlots));
-  if (s.n_experts < 1 || s.n_experts > kMaxExperts)
-    return no(fmt::format("n_experts = {} is outside [1, {}]", s.n_experts, kMaxExperts));
+  if (auto why = moe_decode_common::why_outside(s, "streamed", kMaxM, kMaxSlots)) return no(*why);
   if (s.hidden <= 0 || s.hidden % kGuKc != 0)
     return no(fmt::format("hidden = {} is not a multiple of {}", s.hidden, kGuKc));
   if (s.inter <= 0 || s.inter % kGuKc != 0 || s.inter % down_kc(s.inter) != 0)
@@ -104,10 +97,8 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   c.nt = s.m <= 8 ? 1 : s.m <= 16 ? 2 : 4;
   c.smem_gate_up = gate_up_smem();
   c.smem_down = down_smem(s.inter, s.m);
-  // Blocks per multiprocessor that fit (1 KB of each block's shared memory is reserved by the hardware).
-  const size_t per_sm = dev.smem_per_block_optin + 1024;
-  const int fit = static_cast<int>(std::max<size_t>(1, per_sm / (c.smem_gate_up + 1024)));
-  c.grid_gate_up = std::min(fit, 2) * std::max(dev.multiprocessors, 1);  // persistent
+  const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
+  c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
   c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
   return c;
 }

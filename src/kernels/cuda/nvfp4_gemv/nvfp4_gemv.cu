@@ -21,6 +21,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/ldg.cuh"
+#include "kernels/cuda/common/mma_sm80.cuh"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 
@@ -55,24 +57,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return *reinterpret_cast<uint32_t*>(&r);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// 16 weight bytes, read once: not kept in L1; a miss fetches the whole 256-byte L2 line window, which the
-// block's other warps (the neighbouring k of the same rows) then find in L2: more bytes in flight per load.
-__device__ __forceinline__ uint4 ld_weights(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
+using tc::mma_bf16;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -129,7 +114,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           const int row = min(row_base + tile0 + 16 * r + g + 8 * h, p.n - 1);
           const int kk = k_warp + kw * kWarpK + 32 * t;
           const bool in = active && kk < p.k && tile0 + 16 * r < rows_per_block;
-          wv[r][h][kw] = in ? ld_weights(p.w + row * row_bytes + kk / 2) : make_uint4(0, 0, 0, 0);
+          wv[r][h][kw] =
+              in ? dev::ld_stream16_l2_256(p.w + row * row_bytes + kk / 2) : make_uint4(0, 0, 0, 0);
           sv[r][h][kw] =
               in ? __ldg(reinterpret_cast<const uint16_t*>(p.w_scale + row * scale_bytes + kk / 16)) : 0u;
         }

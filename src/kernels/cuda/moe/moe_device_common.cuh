@@ -1,0 +1,75 @@
+// Device pieces the two NVFP4 decode paths of the routed experts share (moe_experts_decode.cu,
+// moe_experts_stream.cu): the e2m1 byte -> bf16x2 table replicated per lane, the (expert, chunk) work list
+// each block builds from the plan's expert counts, bf16x2 bit access (the mma: tc::mma_bf16, mma_sm80.cuh).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/moe/moe_experts.h"
+
+namespace ms::cuda::moe_dev {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+// Signed E2M1 value of a 4-bit code (bit 3 = sign).
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  const uint32_t m = code & 7u;
+  const float mag = m < 4u ? 0.5f * static_cast<float>(m)
+                           : (m == 4u   ? 2.f
+                              : m == 5u ? 3.f
+                              : m == 6u ? 4.f
+                                        : 6.f);
+  return (code & 8u) ? -mag : mag;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+using tc::mma_bf16;  // m16n8k16, bf16 operands, f32 accumulation
+
+// lut [256][32] u32: entry e of lane l at word e * 32 + l (a warp's lookups are conflict-free): the bf16 pair
+// (low nibble, high nibble) of byte e, each value times `scale` (a power of two the paths pick so the product
+// with their scale encoding is exact). Every thread of the block (kThreads) takes part; the caller syncs.
+template <int kThreads>
+__device__ __forceinline__ void build_e2m1_lut(uint32_t* lut, float scale) {
+  uint4* l4 = reinterpret_cast<uint4*>(lut);
+  for (int i = threadIdx.x; i < 256 * 8; i += kThreads) {
+    const uint32_t e = static_cast<uint32_t>(i) >> 3;
+    const uint32_t v =
+        bf16x2_bits(__floats2bfloat162_rn(e2m1_value(e & 15u) * scale, e2m1_value(e >> 4) * scale));
+    l4[i] = make_uint4(v, v, v, v);
+  }
+}
+
+// ec [kMaxEc]: (expert | chunk << 10) for every touched expert in ascending id, chunks of `chunk` positions
+// (an expert with more positions than a pass holds takes several). Warp 0 writes the list and its length *n
+// (at most kMaxEc); the caller syncs.
+template <int kMaxEc>
+__device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, int32_t* ec, int* n) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  int base = 0;
+  for (int e0 = 0; e0 < p.n_experts; e0 += 32) {
+    const int e = e0 + lane;
+    const int cnt = e < p.n_experts ? p.expert_counts[e] : 0;
+    const int ch = cnt > 0 ? (cnt + chunk - 1) / chunk : 0;
+    int incl = ch;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += v;
+    }
+    const int start = base + incl - ch;
+    for (int i = 0; i < ch; ++i)
+      if (start + i < kMaxEc) ec[start + i] = e | (i << 10);
+    base += __shfl_sync(kFull, incl, 31);
+  }
+  if (lane == 0) *n = min(base, kMaxEc);
+}
+
+}  // namespace ms::cuda::moe_dev
