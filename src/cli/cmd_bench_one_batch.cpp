@@ -72,20 +72,27 @@ double median(std::vector<double>& v) {
   return v[v.size() / 2];
 }
 
-OneBatchResult run_batch(const model::LoadedModel& lm, const OneBatchOptions& o, int batch) {
-  const io::ModelConfig& cfg = lm.model->config();
+// One engine serves the warm-up and every batch size, one batch after the other (so that rank processes,
+// which follow one engine's steps, run them all): sized for the largest batch, whose prompts all fit one
+// prefill step; no prefix cache, so every step computes what it is timed for.
+runtime::EngineConfig engine_config(const model::LoadedModel& lm, const OneBatchOptions& o, int max_batch) {
   runtime::EngineConfig ec;
   ec.page_size = o.eng.page_size;
   ec.kv_cache_dtype = resolve_kv_dtype(o.eng, lm);
   const int64_t seq_pages = (o.input_len + o.output_len + o.eng.page_size - 1) / o.eng.page_size;
-  ec.kv_cache_tokens = batch * seq_pages * o.eng.page_size;
-  ec.max_running = batch;
+  ec.kv_cache_tokens = max_batch * seq_pages * o.eng.page_size;
+  ec.max_running = max_batch;
   // The whole batch's prompts in one step: the prefill figure is one forward pass over all of them.
-  ec.max_prefill_tokens = static_cast<int32_t>(int64_t{batch} * o.input_len);
-  ec.enable_prefix_cache = false;  // every step computes what it is timed for
-  ec.max_context = cfg.max_position_embeddings;
-  auto engine_ptr = make_engine(lm, ec, o.eng.dev);
-  runtime::Engine& engine = *engine_ptr;
+  ec.max_prefill_tokens = static_cast<int32_t>(int64_t{max_batch} * o.input_len);
+  ec.enable_prefix_cache = false;
+  ec.max_context = lm.model->config().max_position_embeddings;
+  return ec;
+}
+
+OneBatchResult run_batch(runtime::Engine& engine, const model::LoadedModel& lm, const OneBatchOptions& o,
+                         int batch) {
+  const io::ModelConfig& cfg = lm.model->config();
+  MS_CHECK(!engine.has_work(), "bench-one-batch: the engine still has work before batch {}", batch);
   for (int s = 0; s < batch; ++s) {
     runtime::Request r;
     r.prompt_ids = synthetic_prompt(s, o.input_len, cfg.vocab_size);
@@ -142,11 +149,6 @@ int run_bench_one_batch(const OneBatchOptions& o) {
   MS_CHECK(o.output_len >= 1, "--output-len must be at least 1, got {}", o.output_len);
   MS_CHECK(o.eng.page_size >= 1, "--page-size must be at least 1, got {}", o.eng.page_size);
   const std::vector<int> batches = parse_batch_sizes(o.batch_sizes);
-  // One engine per batch size (and the warm-up's): the other ranks follow one engine's steps and then end.
-  MS_CHECK(
-      !((o.eng.dev.tp_size > 1 || o.eng.dev.ep_size > 1) && wants_rank_processes(o.eng.dev)),
-      "bench-one-batch runs one engine per batch size, and rank processes follow only one engine: run "
-      "--tp-size/--ep-size without --rank-processes (ranks as threads), or use generate / profile / serve");
   model::LoadedModel lm = load_engine_model(o.eng);
   const int64_t ctx = lm.model->config().max_position_embeddings;
   MS_CHECK(o.input_len + o.output_len <= ctx,
@@ -159,10 +161,12 @@ int run_bench_one_batch(const OneBatchOptions& o) {
   warm.input_len = std::min(o.input_len, 16);
   warm.output_len = 2;
   warm.json = false;
-  run_batch(lm, warm, 1);
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  auto engine = make_engine(lm, engine_config(lm, o, max_batch), o.eng.dev);
+  run_batch(*engine, lm, warm, 1);
   std::vector<OneBatchResult> results;
   for (int b : batches) {
-    results.push_back(run_batch(lm, o, b));
+    results.push_back(run_batch(*engine, lm, o, b));
     const auto& r = results.back();
     if (!o.json) std::fprintf(stderr, "batch %d done in %.2f s\n", b, r.total_s);
   }

@@ -2,6 +2,8 @@
 // user runs it: greedy ids equal the unsplit model's; a worker that dies fails the command naming its rank.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -61,10 +63,21 @@ TEST(RankProcesses, AWorkerThatDiesFailsTheCommandNamingIt) {
   EXPECT_EQ(r.out.find("finish:"), std::string::npos) << r.out;
 }
 
-TEST(RankProcesses, BenchOneBatchIsRefusedNamingTheWayOut) {
-  const auto r = run("bench-one-batch --device cpu --tp-size 2 --rank-processes --batch-size 1", true);
-  EXPECT_NE(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("rank processes follow only one engine"), std::string::npos) << r.out;
+TEST(RankProcesses, BenchOneBatchRunsEveryBatchSizeOnTheRanks) {
+  if (!have_checkpoint()) GTEST_SKIP() << "the random built-in model has no checkpoint to split";
+  const std::string model =
+      (fs::path(MS_TEST_DATA).parent_path().parent_path() / "models" / "builtin").string();
+  const auto r = run("bench-one-batch --device cpu --model " + model +
+                         " --tp-size 2 --rank-processes --batch-size 1,3 --input-len 8 --output-len 3 --json",
+                     false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.at("results").size(), 2u) << r.out;
+  for (const auto& res : j.at("results")) {
+    EXPECT_EQ(res.at("decode_steps").get<int>(), 2) << res.dump();  // 3 tokens: 1 from the prefill, 2 decode
+    EXPECT_GT(res.at("median_decode_step_s").get<double>(), 0.0) << res.dump();
+  }
+  EXPECT_EQ(j.at("results")[1].at("batch_size").get<int>(), 3);
 }
 
 }  // namespace
