@@ -11,6 +11,8 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -43,6 +45,14 @@ struct ServerInfo {
   std::string model;
   int64_t vocab_size = 256;
 };
+
+// GET /metrics, parsed for the engine's loop counters (a server without them: ok = false).
+EngineLoopCounters scrape_engine_counters(const BenchConfig& c) {
+  auto cli = make_client(c);
+  auto r = cli->Get("/metrics");
+  if (!r || r->status != 200) return {};
+  return parse_engine_counters(r->body);
+}
 
 ServerInfo query_server(const BenchConfig& c) {
   auto cli = make_client(c);
@@ -249,6 +259,7 @@ BenchSummary run_bench(const BenchConfig& c) {
   };
 
   const int limit = c.max_concurrency > 0 ? c.max_concurrency : c.num_prompts;
+  const EngineLoopCounters before = scrape_engine_counters(c);
   std::vector<RequestResult> results(jobs.size());
   std::mutex mu;
   std::condition_variable cv;
@@ -304,7 +315,41 @@ BenchSummary run_bench(const BenchConfig& c) {
   for (auto& t : threads) t.join();
   bar.finish();
   results.resize(launched);
-  return summarize(results, seconds_since(start), c.max_concurrency, c.request_rate);
+  BenchSummary s = summarize(results, seconds_since(start), c.max_concurrency, c.request_rate);
+  const EngineLoopCounters after = before.ok ? scrape_engine_counters(c) : EngineLoopCounters{};
+  if (after.ok && after.steps >= before.steps) {
+    s.engine_steps = static_cast<int64_t>(after.steps - before.steps);
+    const double loop = (after.step_s - before.step_s) + (after.gap_s - before.gap_s);
+    s.engine_host_share = loop > 0 ? 1.0 - (after.executor_s - before.executor_s) / loop : 0.0;
+  }
+  return s;
+}
+
+EngineLoopCounters parse_engine_counters(const std::string& text) {
+  EngineLoopCounters e;
+  int found = 0;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos) continue;
+    const std::string name = line.substr(0, sp);
+    double* dst = name == "moeserve_engine_steps_total"              ? &e.steps
+                  : name == "moeserve_engine_step_seconds_total"     ? &e.step_s
+                  : name == "moeserve_engine_executor_seconds_total" ? &e.executor_s
+                  : name == "moeserve_engine_gap_seconds_total"      ? &e.gap_s
+                                                                     : nullptr;
+    if (!dst) continue;
+    try {
+      *dst = std::stod(line.substr(sp + 1));
+      ++found;
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+  e.ok = found == 4;
+  return e;
 }
 
 std::string format_summary(const BenchSummary& s) {
@@ -332,6 +377,11 @@ std::string format_summary(const BenchSummary& s) {
   block("Time per Output Token (excl. 1st token)", "TPOT", s.tpot_ms);
   block("Inter-token Latency", "ITL", s.itl_ms);
   block("End-to-end Latency", "E2E", s.e2e_ms);
+  if (s.engine_steps >= 0) {
+    out += fmt::format("{:-^54}\n", " Engine loop (server's /metrics) ");
+    line("Engine steps:", std::to_string(s.engine_steps));
+    line("Host share of the busy loop (%):", fmt::format("{:.2f}", 100.0 * s.engine_host_share));
+  }
   out += std::string(54, '=') + "\n";
   for (const auto& e : s.errors) out += "error: " + e + "\n";
   return out;
@@ -354,6 +404,8 @@ nlohmann::json summary_json(const BenchSummary& s) {
           {"tpot_ms", p(s.tpot_ms)},
           {"itl_ms", p(s.itl_ms)},
           {"e2e_ms", p(s.e2e_ms)},
+          {"engine_steps", s.engine_steps},
+          {"engine_host_share", s.engine_steps >= 0 ? json(s.engine_host_share) : json(nullptr)},
           {"errors", s.errors}};
 }
 

@@ -51,7 +51,19 @@ struct BenchSummary {
   double per_user_output_tokens_per_s = 0;  // mean over requests of output tokens / (e2e - ttft)
   Percentiles ttft_ms, itl_ms, tpot_ms, e2e_ms;
   std::vector<std::string> errors;  // the first few
+  // From the server's /metrics before and after the run, where it exports moeserve's engine counters
+  // (engine_steps < 0: it does not): engine steps in the run and the share of the engine's busy loop in which
+  // a synchronous device waited for the host, 1 - executor / (step + gap).
+  int64_t engine_steps = -1;
+  double engine_host_share = 0;
 };
+
+// The engine's busy-loop counters of a Prometheus text exposition (moeserve's /metrics); absent: ok = false.
+struct EngineLoopCounters {
+  bool ok = false;
+  double steps = 0, step_s = 0, executor_s = 0, gap_s = 0;
+};
+EngineLoopCounters parse_engine_counters(const std::string& metrics_text);
 
 // Values at fraction q in [0, 1] with linear interpolation between ranks; empty input gives 0.
 double percentile(std::vector<double> values, double q);

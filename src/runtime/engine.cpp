@@ -221,6 +221,9 @@ void Engine::sample_step(double& executor_s) {
 
 std::vector<RequestOutput> Engine::step() {
   const auto t_step = Clock::now();
+  // A gap counts only after a step that left work: the loop was busy, not waiting for requests.
+  const std::optional<Clock::time_point> prev_end = last_step_end_;
+  last_step_end_.reset();
   double executor_s = 0.0;
   std::vector<RequestOutput> out;
   std::vector<uint64_t> cancelled;
@@ -359,12 +362,23 @@ std::vector<RequestOutput> Engine::step() {
   }
   last_times_.executor_s = executor_s;
   last_times_.total_s = seconds_since(t_step);
+  ++model_steps_total_;
+  step_seconds_total_ += last_times_.total_s;
+  executor_seconds_total_ += executor_s;
+  if (prev_end) gap_seconds_total_ += std::chrono::duration<double>(t_step - *prev_end).count();
+  if (has_work()) last_step_end_ = Clock::now();
   bracket.ok = true;
   return out;
 }
 
 EngineStats Engine::stats() const {
-  return engine_stats_from(sched_->stats(), prompt_tokens_total_, generation_tokens_total_, cfg_.max_context);
+  EngineStats e =
+      engine_stats_from(sched_->stats(), prompt_tokens_total_, generation_tokens_total_, cfg_.max_context);
+  e.model_steps_total = model_steps_total_;
+  e.step_seconds_total = step_seconds_total_;
+  e.executor_seconds_total = executor_seconds_total_;
+  e.gap_seconds_total = gap_seconds_total_;
+  return e;
 }
 
 }  // namespace ms::runtime

@@ -11,9 +11,11 @@
 // and generated tokens; to the caller it is still running and no token is reported twice.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kv/kv_pool.h"
@@ -136,6 +138,10 @@ class Engine {
   std::vector<SamplerState*> full_states_;
   std::vector<GeneratedToken> full_tokens_;
   StepTimes last_times_;
+  // Busy-loop totals (EngineStats::step_seconds_total ...); last_step_end_ is set when a step leaves work.
+  int64_t model_steps_total_ = 0;
+  double step_seconds_total_ = 0, executor_seconds_total_ = 0, gap_seconds_total_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> last_step_end_;
 };
 
 // A CpuExecutor for `model` sized by an engine config: its pages, and steps of up to max_running sequences

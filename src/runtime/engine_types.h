@@ -68,6 +68,12 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens
   int64_t preemptions = 0;  // running sequences sent back to wait for pages (recomputed later)
   int64_t max_context = 0;
+  // The busy loop's time (steps that ran the model): the steps' wall time, the part spent waiting on the
+  // executor (on a GPU: the device's work and the copies back), and the gaps between a step that left work
+  // and the next step's start (the caller's own work: delivering tokens, detokenising). The rest of the loop
+  // is host time in which a synchronous device waits: 1 - executor / (step + gap).
+  int64_t model_steps_total = 0;
+  double step_seconds_total = 0, executor_seconds_total = 0, gap_seconds_total = 0;
 };
 
 }  // namespace ms::runtime

@@ -101,6 +101,18 @@ std::string Metrics::render(const runtime::EngineStats& e, size_t active, const 
   out += fmt::format("moeserve_requests_total{{outcome=\"cancelled\"}} {}\n", requests_cancelled.load());
   metric(out, "moeserve_http_client_errors_total", "counter", "Requests answered with a 4xx status.",
          static_cast<double>(http_client_errors.load()));
+  // The engine's busy loop (runtime::EngineStats): 1 - executor / (step + gap) is the share of it in which a
+  // synchronous device waits for the host.
+  metric(out, "moeserve_engine_steps_total", "counter", "Engine steps that ran the model.",
+         static_cast<double>(e.model_steps_total));
+  metric(out, "moeserve_engine_step_seconds_total", "counter", "Wall time of those steps.",
+         e.step_seconds_total);
+  metric(out, "moeserve_engine_executor_seconds_total", "counter",
+         "Of that, time waiting on the executor (the device's work and the copies back).",
+         e.executor_seconds_total);
+  metric(out, "moeserve_engine_gap_seconds_total", "counter",
+         "Time between a step that left work and the next step (the serving loop's own work).",
+         e.gap_seconds_total);
   const std::pair<const Histogram*, const char*> hs[] = {
       {&ttft, "moeserve_time_to_first_token_seconds"},
       {&itl, "moeserve_inter_token_latency_seconds"},

@@ -41,6 +41,22 @@ TEST(BenchStats, SummaryOfResults) {
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
 }
 
+TEST(BenchStats, EngineCountersFromAMetricsText) {
+  const std::string text =
+      "# HELP moeserve_engine_steps_total x\n# TYPE moeserve_engine_steps_total counter\n"
+      "moeserve_engine_steps_total 12\nmoeserve_engine_step_seconds_total 1.5\n"
+      "moeserve_num_requests_running 3\nmoeserve_engine_executor_seconds_total 1.25\n"
+      "moeserve_engine_gap_seconds_total 0.25\n";
+  const EngineLoopCounters c = parse_engine_counters(text);
+  ASSERT_TRUE(c.ok);
+  EXPECT_EQ(c.steps, 12);
+  EXPECT_EQ(c.step_s, 1.5);
+  EXPECT_EQ(c.executor_s, 1.25);
+  EXPECT_EQ(c.gap_s, 0.25);
+  EXPECT_FALSE(parse_engine_counters("moeserve_engine_steps_total 12\n").ok);  // another server's metrics
+  EXPECT_FALSE(parse_engine_counters(text + "moeserve_engine_gap_seconds_total x\n").ok);  // malformed
+}
+
 TEST(BenchPlot, ScriptHoldsEveryPoint) {
   BenchSummary a, b;
   a.max_concurrency = 1;
@@ -83,6 +99,7 @@ TEST(BenchRun, AgainstTheEchoServer) {
   EXPECT_GT(s.itl_ms.median, 0);
   EXPECT_GT(s.output_throughput, 0);
   EXPECT_LE(s.ttft_ms.median, s.ttft_ms.p99);
+  EXPECT_EQ(s.engine_steps, 0);  // the echo backend exports the engine counters but runs no model
 
   // Chat endpoint, Poisson arrivals, random lengths.
   c.chat = true;

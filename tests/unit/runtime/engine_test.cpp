@@ -2,6 +2,10 @@
 // do not disturb each other, cancel and bad input behave.
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include <chrono>
+
 #include <cmath>
 
 #include "core/error.h"
@@ -188,6 +192,35 @@ TEST(Engine, CancelEndsTheRequestAndFreesPages) {
   EXPECT_EQ(e.stats().kv_pages_used, 0);
   EXPECT_FALSE(e.has_work());
   EXPECT_FALSE(e.cancel(id));
+}
+
+// The busy-loop counters the server exports (/metrics) and `moeserve bench` reads: every model step counted,
+// the executor's part within the steps' time, gaps only between steps that left work.
+TEST(Engine, LoopCountersAddUpOverTheBusySteps) {
+  runtime::EngineConfig cfg;
+  cfg.kv_cache_tokens = 1024;
+  cfg.page_size = 16;
+  runtime::Engine e(builtin(), cfg);
+  EXPECT_EQ(e.stats().model_steps_total, 0);
+  e.submit(req({1, 2, 3}, 6));
+  e.submit(req({4, 5}, 4));
+  int steps = 0;
+  while (e.has_work()) {
+    e.step();
+    ++steps;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the caller's own work between steps
+  }
+  const runtime::EngineStats s = e.stats();
+  EXPECT_EQ(s.model_steps_total, steps);
+  EXPECT_GT(s.executor_seconds_total, 0.0);
+  EXPECT_LE(s.executor_seconds_total, s.step_seconds_total);
+  // steps - 1 gaps of at least the 2 ms sleep (the last step left no work: no gap after it).
+  EXPECT_GE(s.gap_seconds_total, 0.002 * (steps - 1) * 0.9);
+  const double gap_before = s.gap_seconds_total;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // idle: not a gap
+  e.submit(req({7}, 1));
+  while (e.has_work()) e.step();
+  EXPECT_LT(e.stats().gap_seconds_total - gap_before, 0.015);
 }
 
 void expect_error(runtime::Engine& e, runtime::Request r, const std::string& needle) {

@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include "loadgen/load_generator.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -34,7 +36,18 @@ TEST(Metrics, ExpositionHasEngineGaugesAndEveryLineIsWellFormed) {
   e.kv_pages_used = 40;
   e.prefix_cache_queries = 10;
   e.prefix_cache_hits = 5;
+  e.model_steps_total = 7;
+  e.step_seconds_total = 0.5;
+  e.executor_seconds_total = 0.25;
+  e.gap_seconds_total = 0.125;
   const std::string out = m.render(e, 5, "echo");
+  EXPECT_NE(out.find("moeserve_engine_steps_total 7\n"), std::string::npos);
+  EXPECT_NE(out.find("moeserve_engine_executor_seconds_total 0.25\n"), std::string::npos);
+  const ms::loadgen::EngineLoopCounters c = ms::loadgen::parse_engine_counters(out);
+  EXPECT_TRUE(c.ok);
+  EXPECT_EQ(c.steps, 7);
+  EXPECT_EQ(c.step_s, 0.5);
+  EXPECT_EQ(c.gap_s, 0.125);
   EXPECT_NE(out.find("moeserve_num_requests_running 3\n"), std::string::npos);
   EXPECT_NE(out.find("moeserve_kv_pages_free 60\n"), std::string::npos);
   EXPECT_NE(out.find("moeserve_prefix_cache_hit_rate 0.5\n"), std::string::npos);
