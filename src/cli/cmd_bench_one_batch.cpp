@@ -143,10 +143,11 @@ int run_bench_one_batch(const OneBatchOptions& o) {
   MS_CHECK(o.eng.page_size >= 1, "--page-size must be at least 1, got {}", o.eng.page_size);
   const std::vector<int> batches = parse_batch_sizes(o.batch_sizes);
   // One engine per batch size (and the warm-up's): the other ranks follow one engine's steps and then end.
-  MS_CHECK(
-      !((o.eng.dev.tp_size > 1 || o.eng.dev.ep_size > 1) && wants_rank_processes(o.eng.dev)),
-      "bench-one-batch runs one engine per batch size, and rank processes follow only one engine: run "
-      "--tp-size/--ep-size without --rank-processes (ranks as threads), or use generate / profile / serve");
+  MS_CHECK(!((o.eng.dev.tp_size > 1 || o.eng.dev.ep_size > 1) && wants_rank_processes(o.eng.dev)),
+           "bench-one-batch runs one engine per batch size, and rank processes follow only one engine: run "
+           "--tp-size/--ep-size without --rank-processes / --nnodes (ranks as threads), or use generate / "
+           "profile / "
+           "serve");
   model::LoadedModel lm = load_engine_model(o.eng);
   const int64_t ctx = lm.model->config().max_position_embeddings;
   MS_CHECK(o.input_len + o.output_len <= ctx,

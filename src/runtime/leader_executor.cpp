@@ -78,6 +78,7 @@ void LeaderExecutor::step(const kv::ForwardBatch& b, const model::StepRouting& r
     const std::string why = message_of(e);
     failure_ = fmt::format("rank 0 of {}, step {}: {}", comm_.size(), step_, why);
     comm_.abort(fmt::format("step {}: {}", step_, why));
+    if (on_group_failure_) on_group_failure_(failure_);
     throw Error(failure_, __FILE__, __LINE__);
   }
 }
@@ -101,7 +102,8 @@ void LeaderExecutor::shutdown() {
   broadcast(StepOp::Shutdown, nullptr, nullptr);
 }
 
-FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging* staging) {
+FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging* staging,
+                         const FollowHook& before_step) {
   HostPlanStaging host;
   PlanStaging& st = staging ? *staging : host;
   const int rank = comm.rank(), n = comm.size();
@@ -123,6 +125,7 @@ FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging*
       MS_CHECK(plan.step == stats.steps, "step plan {} arrived where step {} was due", plan.step,
                stats.steps);
       if (plan.op == StepOp::Shutdown) return stats;
+      if (before_step) before_step(stats.steps);
       (void)local.run(plan.batch, plan.routing, nullptr);
       ++stats.steps;
     }

@@ -10,8 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -80,6 +82,13 @@ class LeaderExecutor final : public Executor {
   // Tells the followers to return from follow_steps; later runs throw. Throws when the broadcast fails.
   void shutdown();
 
+  // Called once, with the step's error ("rank 0 of N, step S: ..."), when a step fails after its
+  // broadcast: the group cannot run another step. Rank processes end rank 0 there (one process per rank
+  // has no other way to go on); empty: run() throws and the Engine fails the step's requests.
+  void set_on_group_failure(std::function<void(const std::string& message)> f) {
+    on_group_failure_ = std::move(f);
+  }
+
   const Executor& local() const { return *local_; }
   int64_t steps() const { return step_; }
 
@@ -96,6 +105,7 @@ class LeaderExecutor final : public Executor {
   int64_t step_ = 0;
   bool failed_ = false, stopped_ = false;
   std::string failure_;
+  std::function<void(const std::string&)> on_group_failure_;
 };
 
 // What a follower did before shutdown.
@@ -103,10 +113,14 @@ struct FollowStats {
   int64_t steps = 0;
 };
 
+// before_step(s) runs before the follower runs step s (a test hook: a rank that dies mid-run).
+using FollowHook = std::function<void(int64_t step)>;
+
 // The loop of ranks 1..N-1: receives each plan from rank 0 and runs it on `local` (this rank's shard, given
 // `comm`), discarding the logits, until the leader broadcasts shutdown. A plan that cannot be decoded, a step
 // out of order, or a step that throws aborts the group with the reason and rethrows it as
 // "rank R of N: ..." (the process should then exit non-zero). staging: null = host memory.
-FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging* staging = nullptr);
+FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging* staging = nullptr,
+                         const FollowHook& before_step = {});
 
 }  // namespace ms::runtime
