@@ -102,6 +102,7 @@ RankProcess& start_rank_process(const DeviceOptions& o, const std::string& devic
   if (device == "cuda") dist::set_nccl_env_defaults();
   if (in.must_launch_local()) rp->workers = dist::launch_local_workers(own_argv(), rp->info);
   const std::chrono::milliseconds timeout(int64_t{o.dist_timeout_s} * 1000);
+  rp->timeout = timeout;
   MS_LOG_INFO(
       "node {} of {}: rank {} of {} on {} (local rank {} of {}, from {}){}; joining rank 0 at {} "
       "(--dist-timeout {} s)",
@@ -151,6 +152,7 @@ std::unique_ptr<runtime::Engine> rank_process_engine(RankProcess& rp,
       std::fflush(nullptr);
       std::_Exit(1);
     });
+    leader->start_keepalive(std::min<std::chrono::milliseconds>(rp.timeout / 4, std::chrono::seconds(60)));
     return std::make_unique<runtime::Engine>(std::move(leader), cfg);
   }
   const auto [kill_rank, kill_step] = test_kill_rank();

@@ -10,11 +10,14 @@
 // Across nodes (--nnodes N --node-rank R --dist-init-addr host:port) each node's first process is rank
 // R x ranks-per-node and starts its node's other ranks; nodes > 0 run no server, only follow_steps. When a
 // step fails after its plan went out (a rank died, hung past --dist-timeout or threw), rank 0 logs the
-// failure, which names the rank (and its node), and ends with status 1: the group cannot go on.
+// failure, which names the rank (and its node), and ends with status 1: the group cannot go on. While idle,
+// rank 0 broadcasts a keepalive plan every quarter of --dist-timeout (at most every 60 s), so the followers'
+// bounded wait for the next plan holds for a server without requests, and a rank lost meanwhile is found.
 // Test hook: MOESERVE_TEST_KILL_RANK=R[:S] (R > 0) makes rank R exit with status 3 where it would start
 // following steps (or before it runs step S), the way a worker that dies looks to rank 0.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -33,8 +36,9 @@ struct RankProcess {
   dist::RankInfo info;
   std::unique_ptr<dist::LocalWorkers> workers;  // rank 0 of a self-launched node: the node's other ranks
   std::unique_ptr<dist::Communicator> comm;
-  std::string device;  // "cpu" or "cuda"
-  ~RankProcess();      // rank 0: waits (bounded) for the workers to end, then stops them
+  std::string device;                         // "cpu" or "cuda"
+  std::chrono::milliseconds timeout{300000};  // --dist-timeout
+  ~RankProcess();  // rank 0: waits (bounded) for the workers to end, then stops them
 };
 
 // Whether this run of a sharded model is one process per rank: --rank-processes, --nnodes / --node-rank /
