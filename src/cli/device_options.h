@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "model/load_model.h"
@@ -27,6 +28,13 @@ struct DeviceOptions {
   int tp_size = 1, ep_size = 1;
   // --rank-processes: one process per rank (cli/rank_processes.h), as under a launcher.
   bool rank_processes = false;
+  // --nnodes / --node-rank / --dist-init-addr host:port: the ranks spread over nodes, each node's first
+  // process starting its node's ranks; rank 0's node listens on the address (the TCP rendezvous of the NCCL
+  // id or of the CPU's TcpComm). Any of them implies rank_processes. Unset: 1 node, node 0 (or a launcher's).
+  std::optional<int> nnodes, node_rank;
+  std::string dist_init_addr;
+  // --dist-timeout: seconds a rank waits for the others to join, and for a collective, before failing.
+  int dist_timeout_s = 300;
 };
 
 void add_device_options(CLI::App& sub, DeviceOptions& o);

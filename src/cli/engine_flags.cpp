@@ -34,6 +34,20 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
     sub.add_flag("--rank-processes", f.dev.rank_processes,
                  "With --tp-size/--ep-size: one process per rank (this one is rank 0 and starts the others; "
                  "CPU ranks talk over TCP), the layout of GPU runs. Implied under torchrun, mpirun or srun");
+    sub.add_option("--nnodes", f.dev.nnodes,
+                   "Nodes the --tp-size/--ep-size ranks spread over (default 1), the same number of ranks on "
+                   "each; start the command on every node with its --node-rank. Implies --rank-processes");
+    sub.add_option("--node-rank", f.dev.node_rank,
+                   "This node's index, 0..nnodes-1 (default 0); node 0 runs rank 0: the HTTP server, "
+                   "tokenizer and scheduler");
+    sub.add_option("--dist-init-addr", f.dev.dist_init_addr,
+                   "host:port where rank 0 (node 0) listens for the other ranks to join (needed with "
+                   "--nnodes above 1; one node: 127.0.0.1 and a free port)");
+    sub.add_option("--dist-timeout", f.dev.dist_timeout_s,
+                   "Seconds a rank waits for the others to join, or for a collective, before the run fails "
+                   "naming the missing ranks")
+        ->check(CLI::Range(1, 86400))
+        ->capture_default_str();
   }
   if (groups & kKvCacheDtype)
     sub.add_option("--kv-cache-dtype", f.kv_dtype,
@@ -71,6 +85,7 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
 }
 
 model::LoadedModel load_engine_model(const EngineFlags& f) {
+  check_node_flags(f.dev);
   const bool sharded = f.dev.tp_size > 1 || f.dev.ep_size > 1;
   if (sharded) {
     const std::string dev = resolve_device(f.dev);

@@ -7,10 +7,17 @@
 //     prints results or serves HTTP);
 //   - on ranks > 0 runs runtime::follow_steps until rank 0's Engine ends and exits 0, or prints the error and
 //     exits 1, so that rank 0's launcher monitor names the rank.
-// Test hook: MOESERVE_TEST_KILL_RANK=R (R > 0) makes rank R exit with status 3 where it would start
-// following steps, the way a worker that dies looks to rank 0.
+// Across nodes (--nnodes N --node-rank R --dist-init-addr host:port) each node's first process is rank
+// R x ranks-per-node and starts its node's other ranks; nodes > 0 run no server, only follow_steps. When a
+// step fails after its plan went out (a rank died, hung past --dist-timeout or threw), rank 0 logs the
+// failure, which names the rank (and its node), and ends with status 1: the group cannot go on. While idle,
+// rank 0 broadcasts a keepalive plan every quarter of --dist-timeout (at most every 60 s), so the followers'
+// bounded wait for the next plan holds for a server without requests, and a rank lost meanwhile is found.
+// Test hook: MOESERVE_TEST_KILL_RANK=R[:S] (R > 0) makes rank R exit with status 3 where it would start
+// following steps (or before it runs step S), the way a worker that dies looks to rank 0.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -29,13 +36,18 @@ struct RankProcess {
   dist::RankInfo info;
   std::unique_ptr<dist::LocalWorkers> workers;  // rank 0 of a self-launched node: the node's other ranks
   std::unique_ptr<dist::Communicator> comm;
-  std::string device;  // "cpu" or "cuda"
-  ~RankProcess();      // rank 0: waits (bounded) for the workers to end, then stops them
+  std::string device;                         // "cpu" or "cuda"
+  std::chrono::milliseconds timeout{300000};  // --dist-timeout
+  ~RankProcess();  // rank 0: waits (bounded) for the workers to end, then stops them
 };
 
-// Whether this run of a sharded model is one process per rank: --rank-processes, or a launcher's environment
-// (MOESERVE_RANK, torchrun, mpirun, srun) is present.
+// Whether this run of a sharded model is one process per rank: --rank-processes, --nnodes / --node-rank /
+// --dist-init-addr, or a launcher's environment (MOESERVE_RANK, torchrun, mpirun, srun) is present.
 bool wants_rank_processes(const DeviceOptions& o);
+
+// The node flags of a run with one rank (no --tp-size/--ep-size above 1) are refused, naming them; the rest
+// (address, range, divisibility, agreement with a launcher) is checked by start_rank_process.
+void check_node_flags(const DeviceOptions& o);
 
 // Sets up this process's rank once (later calls return the same); `device` is the resolved device.
 RankProcess& start_rank_process(const DeviceOptions& o, const std::string& device);

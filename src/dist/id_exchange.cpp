@@ -94,15 +94,6 @@ bool write_all(int fd, const void* buf, size_t n, Clock::time_point deadline) {
   return true;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i == 8) return s + fmt::format(" and {} more", ranks.size() - 8);
-    s += (i ? ", " : "") + std::to_string(ranks[i]);
-  }
-  return s;
-}
-
 double seconds(std::chrono::milliseconds t) {
   return t.count() / 1000.0;
 }
@@ -132,9 +123,8 @@ std::vector<uint8_t> serve_rank0(const RankInfo& info, std::span<const uint8_t> 
       std::vector<int> missing;
       for (int r = 1; r < info.world_size; ++r)
         if (peers[r].get() < 0) missing.push_back(r);
-      MS_THROW("rank 0: timed out after {} s waiting on {} for rank{} {} ({} of {} connected)",
-               seconds(timeout), info.init_addr(), missing.size() > 1 ? "s" : "", rank_list(missing),
-               connected, info.world_size - 1);
+      MS_THROW("rank 0: timed out after {} s waiting on {} for {} ({} of {} connected)", seconds(timeout),
+               info.init_addr(), info.ranks_named(missing), connected, info.world_size - 1);
     }
     Fd c(::accept4(lis.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (c.get() < 0) continue;

@@ -78,6 +78,29 @@ std::string RankInfo::describe() const {
                      local_world_size, node_rank, nnodes, launcher_name(launcher));
 }
 
+std::string RankInfo::rank_name(int rank) const {
+  if (nnodes <= 1) return fmt::format("rank {}", rank);
+  return fmt::format("rank {} (node {})", rank, node_of(rank));
+}
+
+std::string RankInfo::ranks_named(const std::vector<int>& ranks) const {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i == 8) {
+      s += fmt::format(" and {} more", ranks.size() - 8);
+      break;
+    }
+    s += (i ? ", " : "") + std::to_string(ranks[i]);
+  }
+  if (nnodes <= 1 || ranks.empty()) return s;
+  std::vector<int> nodes;
+  for (int r : ranks)
+    if (nodes.empty() || nodes.back() != node_of(r)) nodes.push_back(node_of(r));
+  s += nodes.size() == 1 ? " (node " : " (nodes ";
+  for (size_t i = 0; i < nodes.size(); ++i) s += (i ? ", " : "") + std::to_string(nodes[i]);
+  return s + ")";
+}
+
 std::pair<std::string, int> parse_host_port(const std::string& s, const std::string& what) {
   auto colon = s.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
@@ -99,9 +122,10 @@ EnvLookup process_env() {
 
 RankInfo resolve_rank_info(const DistFlags& flags, const EnvLookup& env) {
   MS_CHECK(flags.world_size >= 1, "--tp-size/--ep-size ask for {} ranks", flags.world_size);
-  if (flags.nnodes < 1) MS_THROW("--nnodes {} must be at least 1", flags.nnodes);
-  if (flags.node_rank < 0 || flags.node_rank >= flags.nnodes)
-    MS_THROW("--node-rank {} is not in 0..{} (--nnodes {})", flags.node_rank, flags.nnodes - 1, flags.nnodes);
+  const int nnodes_flag = flags.nnodes.value_or(1), node_rank_flag = flags.node_rank.value_or(0);
+  if (nnodes_flag < 1) MS_THROW("--nnodes {} must be at least 1", nnodes_flag);
+  if (node_rank_flag < 0 || node_rank_flag >= nnodes_flag)
+    MS_THROW("--node-rank {} is not in 0..{} (--nnodes {})", node_rank_flag, nnodes_flag - 1, nnodes_flag);
   std::optional<std::pair<std::string, int>> addr;
   if (!flags.dist_init_addr.empty()) addr = parse_host_port(flags.dist_init_addr, "--dist-init-addr");
 
@@ -115,7 +139,7 @@ RankInfo resolve_rank_info(const DistFlags& flags, const EnvLookup& env) {
     r.rank = rd.req(rank_var);
     r.world_size = rd.req(world_var);
     r.local_rank = rd.req(local_var);
-    r.local_world_size = rd.opt(local_world_var).value_or(r.world_size / flags.nnodes);
+    r.local_world_size = rd.opt(local_world_var).value_or(r.world_size / nnodes_flag);
     if (!addr)
       addr = parse_host_port(rd.req_str("MOESERVE_DIST_INIT_ADDR", "moeserve's launcher sets it"),
                              "MOESERVE_DIST_INIT_ADDR");
@@ -164,12 +188,14 @@ RankInfo resolve_rank_info(const DistFlags& flags, const EnvLookup& env) {
     }
   } else {
     r.launcher = Launcher::Self;
-    if (flags.world_size % flags.nnodes != 0)
-      MS_THROW("--tp-size/--ep-size ask for {} ranks, not a multiple of --nnodes {}", flags.world_size,
-               flags.nnodes);
+    if (flags.world_size % nnodes_flag != 0)
+      MS_THROW(
+          "--tp-size/--ep-size ask for {} ranks, not a multiple of --nnodes {} (every node runs the same "
+          "number of ranks)",
+          flags.world_size, nnodes_flag);
     r.world_size = flags.world_size;
-    r.nnodes = flags.nnodes;
-    r.node_rank = flags.node_rank;
+    r.nnodes = nnodes_flag;
+    r.node_rank = node_rank_flag;
     r.local_world_size = r.world_size / r.nnodes;
     r.rank = r.node_rank * r.local_world_size;
     r.local_rank = 0;
@@ -192,9 +218,19 @@ RankInfo resolve_rank_info(const DistFlags& flags, const EnvLookup& env) {
   if (r.world_size != flags.world_size)
     MS_THROW("{}={} ({}) but --tp-size/--ep-size ask for {} ranks", world_var, r.world_size,
              launcher_name(r.launcher), flags.world_size);
-  if (flags.nnodes != 1 && flags.nnodes != r.nnodes)
-    MS_THROW("--nnodes {} but {} started {} nodes ({}={}, {}={})", flags.nnodes, launcher_name(r.launcher),
-             r.nnodes, world_var, r.world_size, local_world_var, r.local_world_size);
+  // The launcher's variables say where each rank runs; flags that say otherwise are refused, not ignored.
+  if (flags.nnodes && *flags.nnodes != r.nnodes)
+    MS_THROW(
+        "--nnodes {} but {} started {} nodes ({}={}, {}={}); under a launcher its variables win: drop "
+        "--nnodes or make it agree",
+        *flags.nnodes, launcher_name(r.launcher), r.nnodes, world_var, r.world_size, local_world_var,
+        r.local_world_size);
+  if (flags.node_rank && *flags.node_rank != r.node_rank)
+    MS_THROW(
+        "--node-rank {} but {} put this process on node {} ({}={}, {}={}); under a launcher its "
+        "variables win: drop --node-rank or make it agree",
+        *flags.node_rank, launcher_name(r.launcher), r.node_rank, rank_var, r.rank, local_world_var,
+        r.local_world_size);
   if (!addr) {
     if (r.nnodes > 1)
       MS_THROW("--dist-init-addr host:port (rank 0's node) is needed: {} across {} nodes names no address",

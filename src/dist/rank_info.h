@@ -14,12 +14,14 @@
 //      itself: ranks per node = world / --nnodes.
 // --dist-init-addr host:port, when given, is where rank 0 listens, whatever the launcher; without it a
 // single-node run uses 127.0.0.1 (port from the launcher, or chosen by the self-launching process) and a
-// multi-node run under mpirun or srun is refused, naming the flag.
+// multi-node run under mpirun or srun is refused, naming the flag. Under a launcher its variables say which
+// rank runs where: --nnodes and --node-rank, when given, must agree with them or are refused naming both.
 #pragma once
 
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ms::dist {
 
@@ -37,14 +39,21 @@ struct RankInfo {
   bool must_launch_local() const { return launcher == Launcher::Self && local_world_size > 1; }
   std::string init_addr() const;  // "host:port"
   std::string describe() const;   // "rank 1 of 4 (local 1 of 4, node 0 of 1, from torchrun)"
+  // Ranks fill nodes in order, local_world_size each.
+  int node_of(int rank) const { return local_world_size > 0 ? rank / local_world_size : 0; }
+  // "rank 3" on one node, "rank 3 (node 1)" across nodes.
+  std::string rank_name(int rank) const;
+  // "rank 2" / "ranks 2, 3" (at most 8 listed), across nodes followed by " (node 1)" / " (nodes 1, 2)".
+  std::string ranks_named(const std::vector<int>& ranks) const;
 };
 
 // The command line's share: --nnodes, --node-rank, --dist-init-addr, and the world the flags ask for
 // (max(--tp-size, --ep-size)); a launcher's world must match it.
+// Unset --nnodes / --node-rank: 1 and 0 without a launcher, the launcher's values under one.
 struct DistFlags {
   int world_size = 1;
-  int nnodes = 1;
-  int node_rank = 0;
+  std::optional<int> nnodes;
+  std::optional<int> node_rank;
   std::string dist_init_addr;  // "host:port" or empty
 };
 

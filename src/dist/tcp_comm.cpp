@@ -153,12 +153,6 @@ void store(const std::vector<float>& acc, DType dtype, void* out) {
   }
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 int listen_on(const RankInfo& info) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) MS_THROW("rank 0: socket: {}", std::strerror(errno));
@@ -223,7 +217,7 @@ int connect_to(const RankInfo& info, Clock::time_point deadline, std::string& la
 }  // namespace
 
 TcpComm::TcpComm(const RankInfo& info, TcpCommOptions options)
-    : rank_(info.rank), size_(info.world_size), addr_(info.init_addr()), opt_(options) {
+    : rank_(info.rank), size_(info.world_size), info_(info), addr_(info.init_addr()), opt_(options) {
   MS_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, "tcp group: rank {} of {}", rank_, size_);
   MS_CHECK(opt_.timeout.count() > 0, "tcp group: the timeout must be positive");
   if (size_ == 1) return;
@@ -240,8 +234,8 @@ TcpComm::TcpComm(const RankInfo& info, TcpCommOptions options)
           std::vector<int> missing;
           for (int r = 1; r < size_; ++r)
             if (fds_[static_cast<size_t>(r)] < 0) missing.push_back(r);
-          MS_THROW("rank 0: timed out after {} s waiting on {} for rank{} {} of the tcp group", secs, addr_,
-                   missing.size() > 1 ? "s" : "", rank_list(missing));
+          MS_THROW("rank 0: timed out after {} s waiting on {} for {} of the tcp group ({} of {} connected)",
+                   secs, addr_, info_.ranks_named(missing), connected + 1, size_);
         }
         int c = ::accept4(lis, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (c < 0) continue;
@@ -423,8 +417,8 @@ std::vector<const unsigned char*> TcpComm::gather(const Call& c, const void* in,
     }
     if (rc == 0) {
       // Only those that have not begun their message: one caught mid-message is slow, not missing.
-      fail(fmt::format("rank{} {} did not reach {} within {} ms (rank 0 waited)", who.size() > 1 ? "s" : "",
-                       rank_list(who), call_str(c), opt_.timeout.count()));
+      fail(fmt::format("{} did not reach {} within {} ms (rank 0 waited)", info_.ranks_named(who),
+                       call_str(c), opt_.timeout.count()));
     }
     for (size_t k = 0; k < pf.size(); ++k) {
       if (!pf[k].revents) continue;
@@ -443,7 +437,7 @@ std::vector<const unsigned char*> TcpComm::gather(const Call& c, const void* in,
       ssize_t n = want ? ::recv(pf[k].fd, dst, want, MSG_DONTWAIT) : 0;
       if (want && n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (want && n <= 0)
-        fail(fmt::format("rank {} closed its connection to rank 0 (its process ended?)", r));
+        fail(fmt::format("{} closed its connection to rank 0 (its process ended?)", info_.rank_name(r)));
       if (p.got_head < sizeof(Wire)) {
         p.got_head += static_cast<size_t>(n);
         if (p.got_head == sizeof(Wire)) {
@@ -491,9 +485,10 @@ void TcpComm::reply(int r, const Call& c, const void* p, size_t n) {
   const auto deadline = Clock::now() + opt_.timeout;
   Io io = write_all(fd, &w, sizeof(w), deadline);
   if (io == Io::Ok && n) io = write_all(fd, p, n, deadline);
-  if (io == Io::Closed) fail(fmt::format("rank {} closed its connection to rank 0 (its process ended?)", r));
+  if (io == Io::Closed)
+    fail(fmt::format("{} closed its connection to rank 0 (its process ended?)", info_.rank_name(r)));
   if (io != Io::Ok)
-    fail(fmt::format("rank {} did not take rank 0's answer to {} within {} ms", r, call_str(c),
+    fail(fmt::format("{} did not take rank 0's answer to {} within {} ms", info_.rank_name(r), call_str(c),
                      opt_.timeout.count()));
 }
 

@@ -83,6 +83,7 @@ class TcpComm final : public Communicator {
   std::string call_str(const Call& c) const;
 
   int rank_ = 0, size_ = 1;
+  RankInfo info_;  // names ranks with their node in messages
   std::string addr_;
   TcpCommOptions opt_;
   std::vector<int> fds_;  // rank 0: [size] (its own slot -1); others: [1], the connection to rank 0

@@ -43,6 +43,12 @@ LeaderExecutor::LeaderExecutor(dist::Communicator& comm, std::unique_ptr<Executo
 }
 
 LeaderExecutor::~LeaderExecutor() {
+  {
+    std::lock_guard lk(mu_);
+    keepalive_stop_ = true;
+  }
+  cv_.notify_all();
+  if (keepalive_.joinable()) keepalive_.join();
   if (failed_ || stopped_) return;
   try {
     shutdown();
@@ -61,8 +67,50 @@ void LeaderExecutor::broadcast(StepOp op, const kv::ForwardBatch* b, const model
   comm_.broadcast(buf, n, DType::I32, 0, staging_->stream());
 }
 
+void LeaderExecutor::fail_group(const std::string& what, const std::string& why) {
+  failed_ = true;
+  failure_ = fmt::format("rank 0 of {}, {}: {}", comm_.size(), what, why);
+  comm_.abort(fmt::format("{}: {}", what, why));
+  if (on_group_failure_) on_group_failure_(failure_);
+}
+
+void LeaderExecutor::start_keepalive(std::chrono::milliseconds interval) {
+  MS_CHECK(interval.count() > 0, "leader executor: keepalive interval must be positive");
+  MS_CHECK(!keepalive_.joinable(), "leader executor: keepalives already started");
+  keepalive_ = std::thread(&LeaderExecutor::keepalive_loop, this, interval);
+}
+
+int64_t LeaderExecutor::keepalives() const {
+  std::lock_guard lk(mu_);
+  return keepalives_;
+}
+
+void LeaderExecutor::keepalive_loop(std::chrono::milliseconds interval) {
+  try {
+    staging_->bind_thread();
+  } catch (const std::exception& e) {
+    MS_LOG_ERROR("rank 0 of {}: keepalives cannot use the plan's buffer: {}", comm_.size(), message_of(e));
+    return;
+  }
+  std::unique_lock lk(mu_);
+  for (;;) {
+    if (cv_.wait_until(lk, last_plan_ + interval, [&] { return keepalive_stop_ || failed_ || stopped_; }))
+      return;
+    if (std::chrono::steady_clock::now() < last_plan_ + interval) continue;  // a step came meanwhile
+    try {
+      broadcast(StepOp::Keepalive, nullptr, nullptr);
+      ++keepalives_;
+    } catch (const std::exception& e) {
+      fail_group(fmt::format("keepalive before step {}", step_), message_of(e));
+      return;
+    }
+    last_plan_ = std::chrono::steady_clock::now();
+  }
+}
+
 template <typename F>
 void LeaderExecutor::step(const kv::ForwardBatch& b, const model::StepRouting& routing, F&& local_step) {
+  std::lock_guard lk(mu_);
   if (failed_) MS_THROW("the group failed in an earlier step: {}", failure_);
   if (stopped_) MS_THROW("rank 0 of {}: the group was shut down", comm_.size());
   // A batch that cannot run throws before any rank sees it; the group stays usable.
@@ -71,13 +119,11 @@ void LeaderExecutor::step(const kv::ForwardBatch& b, const model::StepRouting& r
     broadcast(StepOp::Run, &b, &routing);
     local_step();
     ++step_;
+    last_plan_ = std::chrono::steady_clock::now();
   } catch (const std::exception& e) {
     // This rank's own failure, or the group's report of another rank's: either way the others must not
     // wait for rank 0 (abort is a no-op on a group that already failed).
-    failed_ = true;
-    const std::string why = message_of(e);
-    failure_ = fmt::format("rank 0 of {}, step {}: {}", comm_.size(), step_, why);
-    comm_.abort(fmt::format("step {}: {}", step_, why));
+    fail_group(fmt::format("step {}", step_), message_of(e));
     throw Error(failure_, __FILE__, __LINE__);
   }
 }
@@ -95,13 +141,16 @@ void LeaderExecutor::run_rows(const kv::ForwardBatch& b, const LogitsRequest& re
 }
 
 void LeaderExecutor::shutdown() {
+  std::lock_guard lk(mu_);
+  cv_.notify_all();
   if (stopped_) return;
   if (failed_) MS_THROW("the group failed in an earlier step: {}", failure_);
   stopped_ = true;
   broadcast(StepOp::Shutdown, nullptr, nullptr);
 }
 
-FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging* staging) {
+FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging* staging,
+                         const FollowHook& before_step) {
   HostPlanStaging host;
   PlanStaging& st = staging ? *staging : host;
   const int rank = comm.rank(), n = comm.size();
@@ -123,6 +172,8 @@ FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging*
       MS_CHECK(plan.step == stats.steps, "step plan {} arrived where step {} was due", plan.step,
                stats.steps);
       if (plan.op == StepOp::Shutdown) return stats;
+      if (plan.op == StepOp::Keepalive) continue;
+      if (before_step) before_step(stats.steps);
       (void)local.run(plan.batch, plan.routing, nullptr);
       ++stats.steps;
     }

@@ -9,9 +9,15 @@
 // rank 0 sees the collective fail (the launcher names the rank whose process exited).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -33,6 +39,8 @@ class PlanStaging {
   virtual void download(std::span<int32_t> words, const int32_t* buffer) = 0;
   // The stream passed to the communicator (a cudaStream_t; null for host transports).
   virtual void* stream() const { return nullptr; }
+  // Makes the buffer's device current on the calling thread (the leader's keepalives come from their own).
+  virtual void bind_thread() {}
 };
 
 // Host memory; upload and download copy (the words are not broadcast in place, so the caller's stay intact).
@@ -52,7 +60,8 @@ class LeaderExecutor final : public Executor {
   // shard, with comm already given to it (CpuExecutor::set_comm). staging: null = host memory.
   LeaderExecutor(dist::Communicator& comm, std::unique_ptr<Executor> local,
                  std::unique_ptr<PlanStaging> staging = nullptr);
-  // Broadcasts shutdown unless the group failed or shutdown() was called; logs (never throws) on failure.
+  // Stops the keepalives, then broadcasts shutdown unless the group failed or shutdown() was called; logs
+  // (never throws) on failure.
   ~LeaderExecutor() override;
 
   std::string_view name() const override { return "leader"; }
@@ -80,6 +89,20 @@ class LeaderExecutor final : public Executor {
   // Tells the followers to return from follow_steps; later runs throw. Throws when the broadcast fails.
   void shutdown();
 
+  // Called once, with the step's error ("rank 0 of N, step S: ..."), when a step fails after its
+  // broadcast: the group cannot run another step. Rank processes end rank 0 there (one process per rank
+  // has no other way to go on); empty: run() throws and the Engine fails the step's requests.
+  void set_on_group_failure(std::function<void(const std::string& message)> f) {
+    on_group_failure_ = std::move(f);
+  }
+
+  // A server may sit idle longer than the communicator's timeout, which bounds the followers' wait for the
+  // next plan: from now on a thread broadcasts a keepalive plan whenever `interval` passes without a step
+  // (choose it well below that timeout). A keepalive that fails fails the group as a step would (so a rank
+  // that died while idle is found within `interval`). Call once, before the Engine runs steps.
+  void start_keepalive(std::chrono::milliseconds interval);
+  int64_t keepalives() const;
+
   const Executor& local() const { return *local_; }
   int64_t steps() const { return step_; }
 
@@ -88,6 +111,9 @@ class LeaderExecutor final : public Executor {
   // Checks, broadcasts and runs `local_step` on rank 0; a failure after the broadcast fails the group.
   template <typename F>
   void step(const kv::ForwardBatch& b, const model::StepRouting& routing, F&& local_step);
+  // mu_ held: marks the group failed, tells the others, calls on_group_failure_.
+  void fail_group(const std::string& what, const std::string& why);
+  void keepalive_loop(std::chrono::milliseconds interval);
 
   dist::Communicator& comm_;
   std::unique_ptr<Executor> local_;
@@ -96,6 +122,14 @@ class LeaderExecutor final : public Executor {
   int64_t step_ = 0;
   bool failed_ = false, stopped_ = false;
   std::string failure_;
+  std::function<void(const std::string&)> on_group_failure_;
+  // Steps, shutdown and keepalives take turns on the communicator.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread keepalive_;
+  bool keepalive_stop_ = false;
+  int64_t keepalives_ = 0;
+  std::chrono::steady_clock::time_point last_plan_ = std::chrono::steady_clock::now();
 };
 
 // What a follower did before shutdown.
@@ -103,10 +137,14 @@ struct FollowStats {
   int64_t steps = 0;
 };
 
+// before_step(s) runs before the follower runs step s (a test hook: a rank that dies mid-run).
+using FollowHook = std::function<void(int64_t step)>;
+
 // The loop of ranks 1..N-1: receives each plan from rank 0 and runs it on `local` (this rank's shard, given
 // `comm`), discarding the logits, until the leader broadcasts shutdown. A plan that cannot be decoded, a step
 // out of order, or a step that throws aborts the group with the reason and rethrows it as
 // "rank R of N: ..." (the process should then exit non-zero). staging: null = host memory.
-FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging* staging = nullptr);
+FollowStats follow_steps(dist::Communicator& comm, Executor& local, PlanStaging* staging = nullptr,
+                         const FollowHook& before_step = {});
 
 }  // namespace ms::runtime

@@ -95,7 +95,8 @@ class Reader {
 
 void encode_step_plan(StepOp op, int64_t step, const kv::ForwardBatch* batch,
                       const model::StepRouting* routing, std::vector<int32_t>& out) {
-  MS_CHECK(op == StepOp::Run || op == StepOp::Shutdown, "step plan: unknown op {}", static_cast<int32_t>(op));
+  MS_CHECK(op == StepOp::Run || op == StepOp::Shutdown || op == StepOp::Keepalive, "step plan: unknown op {}",
+           static_cast<int32_t>(op));
   MS_CHECK(op != StepOp::Run || (batch && routing), "step plan: a run needs its batch and routing");
   out.clear();
   out.push_back(kStepPlanMagic);
@@ -143,7 +144,8 @@ StepPlan decode_step_plan(std::span<const int32_t> words) {
            sum);
   StepPlan p;
   const int32_t op = words[3];
-  MS_CHECK(op == static_cast<int32_t>(StepOp::Run) || op == static_cast<int32_t>(StepOp::Shutdown),
+  MS_CHECK(op == static_cast<int32_t>(StepOp::Run) || op == static_cast<int32_t>(StepOp::Shutdown) ||
+               op == static_cast<int32_t>(StepOp::Keepalive),
            "step plan: unknown op {}", op);
   p.op = static_cast<StepOp>(op);
   p.step = get64(&words[4]);
@@ -165,7 +167,9 @@ StepPlan decode_step_plan(std::span<const int32_t> words) {
     r.flags(p.routing.decode_tokens, "decode_tokens");
   }
   MS_CHECK(r.pos() == body.size(), "step plan: {} words left over after the {} plan", body.size() - r.pos(),
-           p.op == StepOp::Run ? "run" : "shutdown");
+           p.op == StepOp::Run        ? "run"
+           : p.op == StepOp::Shutdown ? "shutdown"
+                                      : "keepalive");
   return p;
 }
 

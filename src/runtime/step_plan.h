@@ -3,7 +3,8 @@
 // (runtime/leader_executor.h).
 //
 // Layout (every field an int32 word; int64 values as two words, low first):
-//   [0] magic 'MSSP'  [1] version  [2] total words, checksum included  [3] op  [4..5] step
+//   [0] magic 'MSSP'  [1] version  [2] total words, checksum included  [3] op  [4..5] step (for shutdown and
+//   keepalive: the step that would come next)
 //   then, for a run: max_blocks, oea {enabled, k0, kmax}, and the arrays, each as its element count followed
 //   by its elements: token_ids, positions, token_seq, seq_lens, block_table, slot_mapping (two words per
 //   element), logit_rows, decode_tokens (four flags per word, first in the low byte);
@@ -20,7 +21,9 @@
 
 namespace ms::runtime {
 
-enum class StepOp : int32_t { Run = 1, Shutdown = 2 };
+// Keepalive: no forward; rank 0 sends it while idle so that the followers' wait for the next plan (bounded
+// by the communicator's timeout) does not expire, and a rank that died while idle is found.
+enum class StepOp : int32_t { Run = 1, Shutdown = 2, Keepalive = 3 };
 
 struct StepPlan {
   StepOp op = StepOp::Run;

@@ -20,7 +20,7 @@ namespace {
 // collective throws the communicator's error).
 class CudaPlanStaging final : public PlanStaging {
  public:
-  explicit CudaPlanStaging(cudaStream_t stream) : stream_(stream) {}
+  explicit CudaPlanStaging(cudaStream_t stream) : stream_(stream) { CUDA_CHECK(cudaGetDevice(&device_)); }
   ~CudaPlanStaging() override {
     if (buf_) cudaFree(buf_);
   }
@@ -45,9 +45,11 @@ class CudaPlanStaging final : public PlanStaging {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void* stream() const override { return stream_; }
+  void bind_thread() override { CUDA_CHECK(cudaSetDevice(device_)); }
 
  private:
   cudaStream_t stream_;
+  int device_ = 0;  // current when the staging was made: the executor's
   int32_t* buf_ = nullptr;
   size_t cap_ = 0;
 };

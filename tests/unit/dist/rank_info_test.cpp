@@ -227,5 +227,42 @@ TEST(RankInfo, BadValuesAreNamed) {
   EXPECT_THAT(resolve_error(f, kTorchrun), HasSubstr("--nnodes 4 but torchrun started 2 nodes"));
 }
 
+TEST(RankInfo, NodeFlagsUnderALauncherMustAgreeWithIt) {
+  DistFlags f = world(4);
+  f.dist_init_addr = "h:1";
+  f.nnodes = 2;
+  f.node_rank = 1;  // kTorchrun: rank 3 of 4, 2 per node
+  RankInfo r = resolve_rank_info(f, lookup(kTorchrun));
+  EXPECT_EQ(r.launcher, Launcher::Torchrun);
+  EXPECT_EQ(r.node_rank, 1);
+  f.node_rank = 0;
+  EXPECT_EQ(resolve_error(f, kTorchrun),
+            "--node-rank 0 but torchrun put this process on node 1 (RANK=3, LOCAL_WORLD_SIZE=2); under a "
+            "launcher its variables win: drop --node-rank or make it agree");
+  f.nnodes = 1;  // given, not the default: a launcher across 2 nodes contradicts it
+  f.node_rank.reset();
+  EXPECT_THAT(resolve_error(f, kTorchrun), HasSubstr("--nnodes 1 but torchrun started 2 nodes"));
+  f.world_size = 8;
+  f.nnodes.reset();
+  f.node_rank = 0;
+  EXPECT_THAT(resolve_error(f, kSlurm), HasSubstr("--node-rank 0 but srun put this process on node 1"));
+}
+
+TEST(RankInfo, RanksAreNamedWithTheirNodeAcrossNodes) {
+  DistFlags f = world(8);
+  f.nnodes = 2;
+  f.node_rank = 1;
+  f.dist_init_addr = "h:1";
+  const RankInfo r = resolve_rank_info(f, lookup({}));
+  EXPECT_EQ(r.rank, 4);
+  EXPECT_EQ(r.rank_name(5), "rank 5 (node 1)");
+  EXPECT_EQ(r.ranks_named({4, 5, 6, 7}), "ranks 4, 5, 6, 7 (node 1)");
+  EXPECT_EQ(r.ranks_named({3, 4}), "ranks 3, 4 (nodes 0, 1)");
+  const RankInfo one = resolve_rank_info(world(4), lookup({}));
+  EXPECT_EQ(one.rank_name(3), "rank 3");
+  EXPECT_EQ(one.ranks_named({1, 3}), "ranks 1, 3");
+  EXPECT_EQ(one.ranks_named({2}), "rank 2");
+}
+
 }  // namespace
 }  // namespace ms::dist

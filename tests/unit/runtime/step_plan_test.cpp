@@ -111,6 +111,12 @@ TEST(StepPlan, EmptyAndShutdown) {
   EXPECT_EQ(s.step, 42);
   EXPECT_TRUE(s.batch.token_ids.empty());
   EXPECT_THROW(runtime::encode_step_plan(StepOp::Run, 0, nullptr, nullptr, w), Error);
+  runtime::encode_step_plan(StepOp::Keepalive, 7, nullptr, nullptr, w);
+  const StepPlan k = runtime::decode_step_plan(w);
+  EXPECT_EQ(k.op, StepOp::Keepalive);
+  EXPECT_EQ(k.step, 7);
+  w[3] = 4;  // no such op (refused by the checksum first)
+  EXPECT_THROW(runtime::decode_step_plan(w), Error);
 }
 
 TEST(StepPlan, ExpertStatsDoNotTravel) {
