@@ -162,7 +162,9 @@ int run_bench_one_batch(const OneBatchOptions& o) {
   warm.output_len = 2;
   warm.json = false;
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  auto engine = make_engine(lm, engine_config(lm, o, max_batch), o.eng.dev);
+  runtime::EngineConfig ec = engine_config(lm, o, max_batch);
+  apply_expert_recording(o.eng.eplb, ec);  // the warm-up's steps are counted too
+  auto engine = make_engine(lm, ec, o.eng.dev);
   run_batch(*engine, lm, warm, 1);
   std::vector<OneBatchResult> results;
   for (int b : batches) {
@@ -170,6 +172,7 @@ int run_bench_one_batch(const OneBatchOptions& o) {
     const auto& r = results.back();
     if (!o.json) std::fprintf(stderr, "batch %d done in %.2f s\n", b, r.total_s);
   }
+  save_expert_distribution(o.eng.eplb, *engine);
   if (o.json) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& r : results)

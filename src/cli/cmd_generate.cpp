@@ -67,6 +67,7 @@ int run_generate(GenerateOptions o) {
   runtime::EngineConfig ec =
       engine_config_for(lm, o.eng.kv_dtype, static_cast<int64_t>(ids.size()) + o.max_tokens, o.eng.page_size);
   if (const auto oea = oea_config(o.eng)) ec.oea = *oea;
+  apply_expert_recording(o.eng.eplb, ec);
   auto engine_ptr = make_engine(lm, ec, o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
   runtime::Request r;
@@ -97,6 +98,7 @@ int run_generate(GenerateOptions o) {
     std::printf("]\n");
   std::fflush(stdout);
   print_speeds(res);
+  save_expert_distribution(o.eng.eplb, engine);
   return 0;
 }
 

@@ -88,6 +88,7 @@ int run_profile(const ProfileCliOptions& o) {
   const int64_t fill = std::min<int64_t>(static_cast<int64_t>(o.batch) * o.context, kMaxPrefillStep);
   ec.max_prefill_tokens = static_cast<int32_t>(std::max<int64_t>({fill, o.prefill_tokens, o.batch}));
   ec.max_context = cfg.max_position_embeddings;
+  apply_expert_recording(o.eng.eplb, ec);
   auto engine_ptr = make_engine(lm, ec, o.eng.dev);
   runtime::Engine& engine = *engine_ptr;
 
@@ -167,6 +168,7 @@ int run_profile(const ProfileCliOptions& o) {
   if (!decode.trace_path.empty()) std::fprintf(stderr, "trace: %s\n", decode.trace_path.c_str());
   if (prefill && !prefill->trace_path.empty())
     std::fprintf(stderr, "trace: %s\n", prefill->trace_path.c_str());
+  save_expert_distribution(o.eng.eplb, engine);
   return 0;
 }
 

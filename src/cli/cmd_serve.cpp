@@ -84,6 +84,7 @@ int run_serve(ServeOptions o) {
   // costs nothing; on the GPU it syncs every layer and keeps decode steps out of CUDA graphs, so it is asked
   // for there (--expert-stats).
   ec.expert_stats = !gpu || o.expert_stats;
+  apply_expert_recording(o.eng.eplb, ec);  // written when the server stops
   ec.max_context = o.eng.context_length > 0 ? std::min(o.eng.context_length, cfg.max_position_embeddings)
                                             : cfg.max_position_embeddings;
   if (o.eng.kv_cache_tokens > 0) {
@@ -115,6 +116,7 @@ int run_serve(ServeOptions o) {
       parts.profiler.ceilings = profiler::parse_ceilings("1,1");
     }
   }
+  const runtime::Engine& engine = *parts.engine;
   parts.model_name = builtin_model ? std::string("builtin") : o.eng.model_dir;
   server::EngineBackend backend(std::move(parts));
   const std::string name =
@@ -122,8 +124,10 @@ int run_serve(ServeOptions o) {
   MS_LOG_INFO("serving '{}': context {} tokens, KV pool {} pages of {} ({}), up to {} running requests", name,
               backend.max_context(), backend.stats().kv_pages_total, o.eng.page_size,
               kv::kv_cache_dtype_name(ec.kv_cache_dtype), o.eng.max_running);
-  return serve_until_signal(backend, o.http, "moeserve serve",
-                            [&](int port) { return curl_example(o.http.server, port, name); });
+  const int rc = serve_until_signal(backend, o.http, "moeserve serve",
+                                    [&](int port) { return curl_example(o.http.server, port, name); });
+  save_expert_distribution(o.eng.eplb, engine);
+  return rc;
 }
 
 Registration reg("serve", "OpenAI-compatible HTTP server on a model (the built-in one without --model)",

@@ -48,6 +48,7 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
                    "naming the missing ranks")
         ->check(CLI::Range(1, 86400))
         ->capture_default_str();
+    add_expert_placement_flags(sub, f.eplb);
   }
   if (groups & kKvCacheDtype)
     sub.add_option("--kv-cache-dtype", f.kv_dtype,
@@ -93,13 +94,23 @@ model::LoadedModel load_engine_model(const EngineFlags& f) {
     MS_CHECK(f.load_format == "auto", "--tp-size / --ep-size need a checkpoint (--load-format auto)");
     MS_CHECK(!f.model_dir.empty(),
              "--tp-size / --ep-size need a checkpoint directory (--model, or the trained built-in model)");
+    // Every rank builds the same placement from the same files, before any rank starts; rank 0 saves it.
+    std::optional<dist::LayerPlacements> placement;
+    if (wants_expert_placement(f.eplb))
+      placement = expert_placement_for(f.eplb, io::load_model_config(f.model_dir), f.dev.ep_size);
+    const dist::LayerPlacements* pl = placement ? &*placement : nullptr;
     if (processes) {
       model::shard_for_rank(f.dev.tp_size, f.dev.ep_size, 0);  // the sizes, checked before any rank starts
       const RankProcess& rp = start_rank_process(f.dev, dev);
-      return model::load_model_shard(f.model_dir, f.dev.tp_size, f.dev.ep_size, rp.info.rank);
+      if (pl && rp.info.rank == 0) save_expert_placement(f.eplb, *pl);
+      return model::load_model_shard(f.model_dir, f.dev.tp_size, f.dev.ep_size, rp.info.rank, pl);
     }
-    return model::load_model_sharded(f.model_dir, f.dev.tp_size, f.dev.ep_size);
+    if (pl) save_expert_placement(f.eplb, *pl);
+    return model::load_model_sharded(f.model_dir, f.dev.tp_size, f.dev.ep_size, pl);
   }
+  MS_CHECK(!wants_expert_placement(f.eplb),
+           "--ep-num-redundant-experts, --expert-distribution, --ep-placement and --ep-placement-out need "
+           "--ep-size 2 or more");
   if (f.load_format == "auto") {
     MS_CHECK(f.quantization == "bf16",
              "--quantization {} applies to --load-format dummy; a checkpoint keeps its own format",

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/device_options.h"
+#include "cli/expert_placement_flags.h"
 #include "kv/kv_pool.h"
 #include "model/load_model.h"
 #include "moe/router.h"
@@ -31,6 +32,7 @@ struct EngineFlags {
   int max_prefill_tokens = 4096;      // kServing
   int64_t context_length = 0;         // kServing; 0: the model's
   double mem_fraction = 0;            // kServing; 0: the device's default
+  ExpertPlacementFlags eplb;          // kLoadFormat
 };
 
 // Groups of flags, or'ed together.

@@ -167,16 +167,119 @@ void ExpertPlacement::save(const std::filesystem::path& path) const {
   f << to_json().dump(1) << "\n";
 }
 
-ExpertPlacement ExpertPlacement::load(const std::filesystem::path& path) {
+namespace {
+
+json read_json(const std::filesystem::path& path) {
   std::ifstream f(path);
   MS_CHECK(f.good(), "cannot read expert placement {}", path.string());
-  json j;
   try {
-    j = json::parse(f);
+    return json::parse(f);
   } catch (const json::exception& e) {
     MS_THROW("{}: not JSON: {}", path.string(), e.what());
   }
-  return from_json(j);
+}
+
+}  // namespace
+
+ExpertPlacement ExpertPlacement::load(const std::filesystem::path& path) {
+  return from_json(read_json(path));
+}
+
+LayerPlacements LayerPlacements::with_redundancy(int n_experts, int ep_size, int num_redundant,
+                                                 const std::map<int, std::vector<uint64_t>>& counts) {
+  MS_CHECK(!counts.empty(), "expert placement: no layer has routing counts");
+  LayerPlacements p;
+  p.n_experts_ = n_experts;
+  p.ep_size_ = ep_size;
+  for (const auto& [l, c] : counts)
+    p.layers_.emplace(l, ExpertPlacement::with_redundancy(n_experts, ep_size, num_redundant, c));
+  p.check_slots();
+  return p;
+}
+
+const ExpertPlacement* LayerPlacements::layer(int layer) const {
+  auto it = layers_.find(layer);
+  return it == layers_.end() ? nullptr : &it->second;
+}
+
+int LayerPlacements::slots_per_rank() const {
+  return layers_.empty() ? 0 : layers_.begin()->second.slots_per_rank();
+}
+
+void LayerPlacements::check_slots() const {
+  const int slots = slots_per_rank();
+  for (const auto& [l, p] : layers_)
+    for (int r = 0; r < p.ep_size(); ++r)
+      if (static_cast<int>(p.local_experts(r).size()) != slots)
+        MS_THROW("layers.{}.rank_experts[{}]: {} experts, other ranks and layers hold {}", l, r,
+                 p.local_experts(r).size(), slots);
+}
+
+json LayerPlacements::to_json() const {
+  json layers = json::object();
+  for (const auto& [l, p] : layers_) layers[std::to_string(l)] = p.to_json()["rank_experts"];
+  return json{{"n_experts", n_experts_}, {"ep_size", ep_size_}, {"layers", layers}};
+}
+
+LayerPlacements LayerPlacements::from_json(const json& j) {
+  MS_CHECK(j.is_object(), "expert placement: not a JSON object");
+  for (const char* k : {"n_experts", "ep_size", "layers"})
+    if (!j.contains(k)) MS_THROW("expert placement: missing field '{}'", k);
+  if (!j["n_experts"].is_number_integer()) MS_THROW("n_experts: not an integer");
+  if (!j["ep_size"].is_number_integer() || j["ep_size"].get<int64_t>() < 1)
+    MS_THROW("ep_size: not a positive integer");
+  if (!j["layers"].is_object() || j["layers"].empty()) MS_THROW("layers: not a non-empty object");
+  LayerPlacements p;
+  p.n_experts_ = j["n_experts"].get<int>();
+  p.ep_size_ = j["ep_size"].get<int>();
+  for (const auto& [key, v] : j["layers"].items()) {
+    size_t used = 0;
+    int layer = -1;
+    try {
+      layer = std::stoi(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != key.size() || layer < 0) MS_THROW("layers.{}: the key is not a layer index", key);
+    try {
+      p.layers_.emplace(layer,
+                        ExpertPlacement::from_json(
+                            json{{"n_experts", p.n_experts_}, {"ep_size", p.ep_size_}, {"rank_experts", v}}));
+    } catch (const Error& e) {
+      MS_THROW("layers.{}.{}", key, e.message());
+    }
+  }
+  p.check_slots();
+  return p;
+}
+
+void LayerPlacements::save(const std::filesystem::path& path) const {
+  std::ofstream f(path);
+  MS_CHECK(f.good(), "cannot write expert placement {}", path.string());
+  f << to_json().dump() << "\n";
+  MS_CHECK(f.good(), "cannot write expert placement {}", path.string());
+}
+
+LayerPlacements LayerPlacements::load(const std::filesystem::path& path) {
+  try {
+    return from_json(read_json(path));
+  } catch (const Error& e) {
+    MS_THROW("{}: {}", path.string(), e.message());
+  }
+}
+
+void LayerPlacements::check(int n_experts, int ep_size, const std::vector<int>& moe_layers) const {
+  MS_CHECK(n_experts_ == n_experts, "n_experts: the expert placement is for {} experts, the model has {}",
+           n_experts_, n_experts);
+  MS_CHECK(ep_size_ == ep_size, "ep_size: the expert placement is for {} ranks, --ep-size is {}", ep_size_,
+           ep_size);
+  for (int l : moe_layers)
+    MS_CHECK(layers_.count(l), "layers: the expert placement has no entry for MoE layer {}", l);
+  for (const auto& [l, p] : layers_) {
+    bool moe = false;
+    for (int m : moe_layers) moe = moe || m == l;
+    MS_CHECK(moe, "layers.{}: layer {} is not a MoE layer of the model", l, l);
+  }
 }
 
 }  // namespace ms::dist

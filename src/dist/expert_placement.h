@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -53,6 +54,41 @@ class ExpertPlacement {
   int n_experts_ = 0;
   std::vector<std::vector<int>> rank_experts_;     // [ep][slot] -> logical expert
   std::vector<std::vector<ExpertSlot>> replicas_;  // [expert] -> copies
+};
+
+// One placement per MoE layer (each layer's hot experts differ; every layer has the same slots per rank, so
+// the per-layer expert tables keep one shape). Saved and loaded as JSON (--ep-placement-out /
+// --ep-placement):
+//   {"n_experts": N, "ep_size": R, "layers": {"<layer index>": [[e, ...] per rank], ...}}
+// each layer's value being ExpertPlacement's rank_experts.
+class LayerPlacements {
+ public:
+  // ExpertPlacement::with_redundancy for every layer of `counts` (layer -> [n_experts] routed tokens).
+  static LayerPlacements with_redundancy(int n_experts, int ep_size, int num_redundant,
+                                         const std::map<int, std::vector<uint64_t>>& counts);
+
+  int n_experts() const { return n_experts_; }
+  int ep_size() const { return ep_size_; }
+  const std::map<int, ExpertPlacement>& layers() const { return layers_; }
+  // The placement of `layer`, or null when it lists none.
+  const ExpertPlacement* layer(int layer) const;
+  // The slots per rank of every layer (they are equal: checked on construction).
+  int slots_per_rank() const;
+
+  nlohmann::json to_json() const;
+  // Throws ms::Error naming the bad field ("layers.3.rank_experts[1][0]: expert 99 out of range [0, 16)").
+  static LayerPlacements from_json(const nlohmann::json& j);
+  void save(const std::filesystem::path& path) const;
+  static LayerPlacements load(const std::filesystem::path& path);
+
+  // Throws unless the placements fit the model and the run: `n_experts` routed experts, `ep_size` ranks,
+  // exactly the MoE layers `moe_layers`; the message names the field and both values.
+  void check(int n_experts, int ep_size, const std::vector<int>& moe_layers) const;
+
+ private:
+  void check_slots() const;  // every rank of every layer holds the same number of slots
+  int n_experts_ = 0, ep_size_ = 0;
+  std::map<int, ExpertPlacement> layers_;
 };
 
 }  // namespace ms::dist

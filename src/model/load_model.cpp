@@ -30,13 +30,14 @@ LoadedModel load_model(const std::filesystem::path& dir) {
   return out;
 }
 
-LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, int ep_size) {
+LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, int ep_size,
+                               const dist::LayerPlacements* placement) {
   MS_CHECK(!dir.empty(), "a model split over ranks needs a checkpoint directory");
   LoadedModel out;
   io::ModelConfig cfg = io::load_model_config(dir);
   io::QuantConfig q = io::load_quant_config(dir);
   CheckpointSource src(dir);
-  out.shards = load_model_shards(cfg, src, tp_size, ep_size);
+  out.shards = load_model_shards(cfg, src, tp_size, ep_size, placement);
   const char* fmt = q.format == io::WeightFormat::NVFP4      ? "nvfp4"
                     : q.format == io::WeightFormat::FP8Block ? "fp8-block"
                                                              : "bf16";
@@ -48,10 +49,12 @@ LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, in
   return out;
 }
 
-LoadedModel load_model_shard(const std::filesystem::path& dir, int tp_size, int ep_size, int rank) {
+LoadedModel load_model_shard(const std::filesystem::path& dir, int tp_size, int ep_size, int rank,
+                             const dist::LayerPlacements* placement) {
   MS_CHECK(!dir.empty(), "a model split over ranks needs a checkpoint directory");
   WeightShard ws;
   ws.spec = shard_for_rank(tp_size, ep_size, rank);
+  ws.placement = placement;
   LoadedModel out;
   io::ModelConfig cfg = io::load_model_config(dir);
   io::QuantConfig q = io::load_quant_config(dir);
@@ -87,16 +90,14 @@ dist::ShardSpec shard_for_rank(int tp_size, int ep_size, int rank) {
 
 std::vector<std::shared_ptr<Model>> load_model_shards(const io::ModelConfig& cfg, const TensorSource& src,
                                                       int tp_size, int ep_size,
-                                                      const std::vector<std::vector<int>>& rank_experts,
+                                                      const dist::LayerPlacements* placement,
                                                       const ModelOptions& opt) {
   const int world = std::max(tp_size, ep_size);
-  MS_CHECK(rank_experts.empty() || static_cast<int>(rank_experts.size()) == ep_size,
-           "expert placement for {} ranks, --ep-size is {}", rank_experts.size(), ep_size);
   std::vector<std::shared_ptr<Model>> out;
   for (int r = 0; r < world; ++r) {
     WeightShard ws;
     ws.spec = shard_for_rank(tp_size, ep_size, r);
-    if (!rank_experts.empty()) ws.local_experts = rank_experts[static_cast<size_t>(r)];
+    ws.placement = placement;
     out.push_back(std::make_shared<Model>(cfg, load_weights(cfg, src, ws), opt));
   }
   return out;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "dist/expert_placement.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
 #include "model/tensor_source.h"
@@ -26,22 +27,24 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const std::filesystem::path& dir);
-// The checkpoint split over max(tp, ep) ranks (load_model_shards, contiguous expert blocks): each rank reads
-// only its tensors.
-LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, int ep_size);
+// The checkpoint split over max(tp, ep) ranks (load_model_shards): each rank reads only its tensors. Experts
+// as `placement` puts them (redundant copies included), or contiguous blocks without one.
+LoadedModel load_model_sharded(const std::filesystem::path& dir, int tp_size, int ep_size,
+                               const dist::LayerPlacements* placement = nullptr);
 
 // Only rank `rank`'s shard of the checkpoint split over max(tp, ep) ranks (one process per rank): `model`
 // holds that shard, `shards` stays empty.
-LoadedModel load_model_shard(const std::filesystem::path& dir, int tp_size, int ep_size, int rank);
+LoadedModel load_model_shard(const std::filesystem::path& dir, int tp_size, int ep_size, int rank,
+                             const dist::LayerPlacements* placement = nullptr);
 
 // Rank r's ShardSpec in a group of max(tp, ep) ranks: tp rank r when tp > 1, ep rank r when ep > 1. Throws
 // when both are > 1 and differ (one group serves both) or a size is below 1.
 dist::ShardSpec shard_for_rank(int tp_size, int ep_size, int rank);
 // Every rank's model, each loading only its shard from `src` (model/weight_loader: WeightShard).
-// rank_experts: EP placement, rank -> logical experts (empty: contiguous blocks).
+// placement: the EP expert placement per MoE layer (null: contiguous blocks).
 std::vector<std::shared_ptr<Model>> load_model_shards(const io::ModelConfig& cfg, const TensorSource& src,
                                                       int tp_size, int ep_size,
-                                                      const std::vector<std::vector<int>>& rank_experts = {},
+                                                      const dist::LayerPlacements* placement = nullptr,
                                                       const ModelOptions& opt = {});
 
 }  // namespace ms::model

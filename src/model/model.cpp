@@ -114,19 +114,7 @@ Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
     check_shard(cfg_, w_.shard);
     cfg_ = shard_config(cfg_, w_.shard);
   }
-  if (w_.shard.ep_size > 1) {
-    expert_slot_ = Tensor::empty({cfg_.n_routed_experts}, DType::I32);
-    int32_t* slot = expert_slot_.data<int32_t>();
-    std::fill(slot, slot + cfg_.n_routed_experts, -1);
-    for (size_t i = 0; i < w_.local_experts.size(); ++i) {
-      const int e = w_.local_experts[i];
-      MS_CHECK(e >= 0 && e < cfg_.n_routed_experts && slot[e] < 0,
-               "model: local expert {} (slot {}) is out "
-               "of range or held twice",
-               e, i);
-      slot[e] = static_cast<int32_t>(i);
-    }
-  }
+  if (w_.shard.ep_size > 1) build_expert_routes();
   scales_ =
       make_attention_scales(cfg_, opt_.indexer_rope_interleaved.value_or(default_indexer_interleaved(cfg_)));
   router_ = make_router_config(cfg_);
@@ -141,6 +129,55 @@ Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
         cfg_.indexer_types.empty() || static_cast<int>(cfg_.indexer_types.size()) == cfg_.num_hidden_layers,
         "model config: indexer_types has {} entries for {} layers", cfg_.indexer_types.size(),
         cfg_.num_hidden_layers);
+}
+
+void Model::build_expert_routes() {
+  const int E = cfg_.n_routed_experts, rank = w_.shard.ep_rank;
+  expert_route_.assign(w_.layers.size(), {});
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const LayerWeights& L = w_.layers[l];
+    if (!L.is_moe) continue;
+    const MoeWeights& mw = L.moe;
+    MS_CHECK(mw.expert_ids.size() == mw.experts.size() && static_cast<int>(mw.expert_copy_ranks.size()) == E,
+             "model: layer {} has {} expert weights, {} expert ids and copy ranks of {} experts for {}", l,
+             mw.experts.size(), mw.expert_ids.size(), mw.expert_copy_ranks.size(), E);
+    std::vector<int32_t> local(static_cast<size_t>(E), -1);
+    for (size_t i = 0; i < mw.expert_ids.size(); ++i) {
+      const int e = mw.expert_ids[i];
+      MS_CHECK(e >= 0 && e < E && local[static_cast<size_t>(e)] < 0,
+               "model: layer {} local expert {} (slot {}) is out of range or held twice", l, e, i);
+      local[static_cast<size_t>(e)] = static_cast<int32_t>(i);
+    }
+    size_t max_copies = 1;
+    for (const auto& c : mw.expert_copy_ranks) max_copies = std::max(max_copies, c.size());
+    ExpertRoute& r = expert_route_[l];
+    auto i32 = [](const std::vector<int32_t>& v, Shape shape) {
+      Tensor t = Tensor::empty(std::move(shape), DType::I32);
+      std::copy(v.begin(), v.end(), t.data<int32_t>());
+      return t;
+    };
+    std::vector<int32_t> copies(static_cast<size_t>(E)), slots(static_cast<size_t>(E) * max_copies, -1);
+    for (int e = 0; e < E; ++e) {
+      const std::vector<int>& ranks = mw.expert_copy_ranks[static_cast<size_t>(e)];
+      MS_CHECK(!ranks.empty(), "model: layer {} expert {} has no copy", l, e);
+      copies[static_cast<size_t>(e)] = static_cast<int32_t>(ranks.size());
+      int here = 0;
+      for (size_t c = 0; c < ranks.size(); ++c)
+        if (ranks[c] == rank) {
+          slots[static_cast<size_t>(e) * max_copies + c] = local[static_cast<size_t>(e)];
+          ++here;
+        }
+      MS_CHECK(here == (local[static_cast<size_t>(e)] >= 0 ? 1 : 0),
+               "model: layer {} expert {}: the copy ranks list this rank {} times, its slots {}", l, e, here,
+               local[static_cast<size_t>(e)] >= 0 ? 1 : 0);
+    }
+    if (max_copies == 1) {
+      r.slot = i32(local, {E});
+    } else {
+      r.copies = i32(copies, {E});
+      r.slots = i32(slots, {E, static_cast<int64_t>(max_copies)});
+    }
+  }
 }
 
 kv::KvPoolConfig Model::kv_pool_config(int32_t num_pages, int32_t page_size, kv::KvCacheDType dtype) const {
@@ -165,11 +202,13 @@ void Model::place_tables(const ops::Ctx& ctx, const TensorAlloc& alloc) {
     ops::copy_from_host(ctx, host.data<float>(), dev, host.nbytes());
     t->inv_freq = dev;
   }
-  if (expert_slot_.defined() && expert_slot_.device() != ctx.device) {
-    const Tensor host = expert_slot_;
-    expert_slot_ = alloc(host.shape(), DType::I32);
-    ops::copy_from_host(ctx, host.data<int32_t>(), expert_slot_, host.nbytes());
-  }
+  for (ExpertRoute& r : expert_route_)
+    for (Tensor* t : {&r.slot, &r.copies, &r.slots}) {
+      if (!t->defined() || t->device() == ctx.device) continue;
+      const Tensor host = *t;
+      *t = alloc(host.shape(), DType::I32);
+      ops::copy_from_host(ctx, host.data<int32_t>(), *t, host.nbytes());
+    }
 }
 
 void Model::check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool, const StepRouting& routing) const {
@@ -402,8 +441,9 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
       // Expert stats, router probes and the experts' cost read ids on the host: each copies back (a sync on a
       // device; profiled and probed steps only).
       const size_t n_ids = static_cast<size_t>(m) * K;
-      const bool need_ids = stats || opt_.router_probe || sink;
+      const bool need_ids = stats || opt_.router_probe || sink || routing.expert_distribution;
       if (need_ids) ops::copy_to_host(ctx, ids, ws.host_ids.data(), n_ids * sizeof(int32_t));
+      if (routing.expert_distribution) routing.expert_distribution->record(l, ws.host_ids.data(), m, K);
       if (stats) record_stats(ctx, l, in, ws, plain, routing);
       if (opt_.router_probe) opt_.router_probe(RouterProbe{l, &logits, ws.host_ids.data()});
       {
@@ -415,7 +455,11 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
         if (sp.ep_size > 1) {
           // Routing is the same on every rank; each runs only its own experts (other ranks' slots -> -1).
           const Tensor local = rows(ws.local_ids, m);
-          ops::remap_ids(ctx, ids, expert_slot_, local);
+          const ExpertRoute& route = expert_route_[static_cast<size_t>(l)];
+          if (route.slot.defined())
+            ops::remap_ids(ctx, ids, route.slot, local);
+          else  // each assignment of a replicated expert runs on exactly one of its copies' ranks
+            ops::remap_ids_replicated(ctx, ids, route.copies, route.slots, local);
           ops::moe_experts(ctx, xn, local, wts, mw.experts, ffn, ws.moe);
         } else {
           ops::moe_experts(ctx, xn, ids, wts, mw.experts, ffn, ws.moe);

@@ -18,6 +18,7 @@
 #include "model/rope_setup.h"
 #include "model/step_inputs.h"
 #include "model/workspace.h"
+#include "moe/expert_distribution.h"
 #include "moe/expert_stats.h"
 #include "moe/router.h"
 #include "ops/ctx.h"
@@ -61,6 +62,9 @@ struct StepRouting {
   // without any): RoutingKind::Baseline = what plain routing picks (a second routing call when OEA is on),
   // RoutingKind::Oea = what OEA picked (only when on). Layers are indexed as in the model.
   moe::ExpertStats* expert_stats = nullptr;
+  // When set, each MoE layer adds the step's routed ids (every token, as the experts run them) to the
+  // per-expert counts (--expert-distribution-out). A sync on a device; steps run eagerly.
+  moe::ExpertDistribution* expert_distribution = nullptr;
 };
 
 class Model {
@@ -97,6 +101,7 @@ class Model {
                  const StepRouting& routing = {}, profiler::OpSink* sink = nullptr) const;
 
  private:
+  void build_expert_routes();  // EP: expert_route_ from each MoE layer's expert ids and copy ranks
   void record_stats(const ops::Ctx& ctx, int layer, const StepInputs& in, Workspace& ws, const Tensor& plain,
                     const StepRouting& routing) const;
 
@@ -105,7 +110,13 @@ class Model {
   ModelOptions opt_;
   AttentionScales scales_;
   moe::RouterConfig router_;
-  Tensor expert_slot_;  // EP: i32 [n_routed_experts] logical expert -> local slot, -1 elsewhere
+  // EP, one per layer (undefined tensors for dense layers): where this rank runs each routed assignment.
+  struct ExpertRoute {
+    Tensor slot;    // i32 [E] logical expert -> local slot, -1 elsewhere (every expert has one copy)
+    Tensor copies;  // i32 [E] copies over all ranks (some expert has several; slot is then undefined)
+    Tensor slots;   // i32 [E, max copies] this rank's slot of copy c of expert e, -1 elsewhere
+  };
+  std::vector<ExpertRoute> expert_route_;
 };
 
 }  // namespace ms::model

@@ -43,6 +43,11 @@ struct MoeWeights {
   ops::LinearWeight router;                 // [E, H] mlp.gate (run in fp32)
   Tensor correction_bias;                   // f32 [E] e_score_correction_bias, or undefined
   std::vector<ops::ExpertWeights> experts;  // [E] (EP: [local slots]): gate/up [I, H], down [H, I]
+  // EP only (empty otherwise): the logical expert of each local slot, and for each logical expert the EP rank
+  // of every copy in the placement's order (one copy each without redundant experts): the routing sends each
+  // (token, k) assignment to exactly one copy (Model: remap_ids_replicated).
+  std::vector<int> expert_ids;                      // [local slots]
+  std::vector<std::vector<int>> expert_copy_ranks;  // [E][copies]
   bool has_shared = false;
   MlpWeights shared;  // [I * n_shared_experts, H]
 };
@@ -67,9 +72,8 @@ struct ModelWeights {
   // absent.
   std::vector<float> kv_scales;
   // How these weights are split (model/weight_loader: WeightShard). Under TP, attention holds Hn/tp heads and
-  // dense MLPs I/tp; under EP, MoeWeights::experts holds local_experts (slot -> logical expert).
+  // dense MLPs I/tp; under EP, MoeWeights::experts holds the layer's expert_ids (slot -> logical expert).
   dist::ShardSpec shard;
-  std::vector<int> local_experts;
 };
 
 }  // namespace ms::model

@@ -235,15 +235,11 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src, con
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, r = c.kv_lora_rank;
   ModelWeights w;
   w.shard = sp;
-  if (sp.ep_size > 1) {
-    w.local_experts = shard.local_experts;
-    if (w.local_experts.empty()) {
-      const int per = c.n_routed_experts / sp.ep_size;
-      for (int e = 0; e < per; ++e) w.local_experts.push_back(sp.ep_rank * per + e);
-    }
-    for (int e : w.local_experts)
-      MS_CHECK(e >= 0 && e < c.n_routed_experts, "shard: local expert {} outside [0, {})", e,
-               c.n_routed_experts);
+  if (sp.ep_size > 1 && shard.placement) {
+    std::vector<int> moe_layers;
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      if (c.layer_is_moe[static_cast<size_t>(l)]) moe_layers.push_back(l);
+    shard.placement->check(c.n_routed_experts, sp.ep_size, moe_layers);
   }
   // Heads [h0, h0 + hl) of this rank.
   const int64_t hl = Hn / sp.tp_size, h0 = hl * sp.tp_rank;
@@ -301,9 +297,19 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src, con
         MS_CHECK(c.topk_method != "noaux_tc", "{}: tensor '{}' is missing (noaux_tc routing needs it)",
                  src.describe(), mp + ".gate.e_score_correction_bias");
       std::vector<int> all;
-      if (sp.ep_size == 1)
+      if (sp.ep_size == 1) {
         for (int e = 0; e < c.n_routed_experts; ++e) all.push_back(e);
-      const std::vector<int>& mine = sp.ep_size == 1 ? all : w.local_experts;
+      } else {
+        const dist::ExpertPlacement* lp = shard.placement ? shard.placement->layer(l) : nullptr;
+        const dist::ExpertPlacement p =
+            lp ? *lp : dist::ExpertPlacement::contiguous(c.n_routed_experts, sp.ep_size);
+        m.expert_ids = p.local_experts(sp.ep_rank);
+        m.expert_copy_ranks.resize(static_cast<size_t>(c.n_routed_experts));
+        for (int e = 0; e < c.n_routed_experts; ++e)
+          for (const dist::ExpertSlot& cp : p.replicas(e))
+            m.expert_copy_ranks[static_cast<size_t>(e)].push_back(cp.rank);
+      }
+      const std::vector<int>& mine = sp.ep_size == 1 ? all : m.expert_ids;
       m.experts.reserve(mine.size());
       for (int e : mine) {
         MlpWeights x = load_mlp(src, fmt::format("{}.experts.{}", mp, e), H, c.moe_intermediate_size);

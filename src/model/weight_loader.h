@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "dist/expert_placement.h"
 #include "io/model_config.h"
 #include "model/model_weights.h"
 #include "model/tensor_source.h"
@@ -14,13 +15,14 @@ namespace ms::model {
 // What one rank of a tensor / expert parallel group loads. Under TP (tp_size > 1) rank t keeps heads
 // [t * Hn/tp, (t + 1) * Hn/tp): those rows of q_b_proj (or q_proj) and kv_b_proj and those columns of o_proj,
 // and rows [t * I/tp, ...) of the dense MLPs' gate / up with those columns of down. Under EP (ep_size > 1) it
-// keeps only the routed experts `local_experts` lists (slot order; empty: the contiguous block of ep_rank).
+// keeps only the routed experts `placement` gives its rank in each MoE layer, replicas included (slot order;
+// no placement: the contiguous block of ep_rank).
 // Everything else is loaded whole on every rank: embedding, norms, q_a / kv_a, the DSA indexer, the router,
 // the shared expert, lm_head. Only the kept bytes of the checkpoint are read (row slices borrow the
 // mapping; column slices are copied out of it).
 struct WeightShard {
   dist::ShardSpec spec;
-  std::vector<int> local_experts;
+  const dist::LayerPlacements* placement = nullptr;  // EP; must list every MoE layer; outlives load_weights
 };
 
 // Throws naming the field and the sizes when heads, the dense intermediate or the experts do not divide.

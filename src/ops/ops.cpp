@@ -211,6 +211,40 @@ void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tenso
   }
 }
 
+void remap_ids_replicated(const Ctx& ctx, const Tensor& ids, const Tensor& copies, const Tensor& slots,
+                          const Tensor& out) {
+  check_device(ctx, "remap_ids_replicated", {&ids, &copies, &slots, &out});
+  MS_CHECK(ids.dtype() == DType::I32 && ids.dim() == 2 && ids.is_contiguous() && out.dtype() == DType::I32 &&
+               out.is_contiguous() && out.shape() == ids.shape(),
+           "remap_ids_replicated: ids {} and out {} must be contiguous i32 [m, k] of one shape", ids.desc(),
+           out.desc());
+  MS_CHECK(copies.dtype() == DType::I32 && copies.dim() == 1 && copies.is_contiguous(),
+           "remap_ids_replicated: copies must be contiguous i32 [E], got {}", copies.desc());
+  MS_CHECK(slots.dtype() == DType::I32 && slots.dim() == 2 && slots.is_contiguous() &&
+               slots.size(0) == copies.size(0) && slots.size(1) >= 1,
+           "remap_ids_replicated: slots must be contiguous i32 [{}, R >= 1], got {}", copies.size(0),
+           slots.desc());
+  // On the GPU an id past the table or a copy count outside [1, R] gives -1 (the kernel cannot throw).
+  MS_OPS_ON_CUDA(ctx, cuda_ops::remap_ids_replicated(ctx, ids, copies, slots, out));
+  const int32_t* in = ids.data<int32_t>();
+  const int32_t* cp = copies.data<int32_t>();
+  const int32_t* sl = slots.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  const int64_t m = ids.size(0), k = ids.size(1), E = copies.size(0), R = slots.size(1);
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = in[t * k + j];
+      MS_CHECK(e < E, "remap_ids_replicated: id {} outside the table of {}", e, E);
+      if (e < 0) {
+        o[t * k + j] = -1;
+        continue;
+      }
+      MS_CHECK(cp[e] >= 1 && cp[e] <= R, "remap_ids_replicated: expert {} has {} copies, the table holds {}",
+               e, cp[e], R);
+      o[t * k + j] = sl[e * R + (t + j) % cp[e]];
+    }
+}
+
 void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tensor& out) {
   check_device(ctx, "gather_rows", {&x, &rows, &out});
   MS_CHECK(x.dtype() == DType::F32 && x.dim() == 2 && x.is_contiguous(),

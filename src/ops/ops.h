@@ -52,6 +52,13 @@ void fill_zero(const Ctx& ctx, const Tensor& x);
 // out[i] = ids[i] < 0 ? -1 : map[ids[i]] (logical expert ids to a rank's local slots); ids, out i32 same
 // shape contiguous, map i32 [n], every id below n.
 void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tensor& out);
+// Logical expert ids to a rank's local slots when experts have several copies over the EP ranks: assignment
+// (t, j) of ids [m, k] goes to copy c = (t + j) mod copies[e] of its expert e, and
+// out[t, j] = slots[e, c] (this rank's slot holding that copy, -1 when another rank holds it); a negative id
+// gives -1. Every rank computes the same c, so exactly one rank runs each assignment. ids, out i32 [m, k]
+// contiguous; copies i32 [E], each in [1, R]; slots i32 [E, R] contiguous; every id below E.
+void remap_ids_replicated(const Ctx& ctx, const Tensor& ids, const Tensor& copies, const Tensor& slots,
+                          const Tensor& out);
 // out [n, cols] = x[rows[i]] for rows i32 [n], each in [0, x.size(0)); x [m, cols] f32 contiguous.
 void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tensor& out);
 

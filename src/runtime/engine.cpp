@@ -78,6 +78,13 @@ Engine::Engine(std::unique_ptr<Executor> executor, EngineConfig cfg)
   if (cfg_.expert_stats && m->config().n_routed_experts > 0)
     expert_stats_ =
         std::make_unique<moe::ExpertStats>(m->config().num_hidden_layers, m->config().n_routed_experts);
+  if (cfg_.expert_distribution && m->config().n_routed_experts > 0) {
+    std::vector<int> moe_layers;
+    for (int l = 0; l < m->config().num_hidden_layers; ++l)
+      if (m->config().layer_is_moe[static_cast<size_t>(l)]) moe_layers.push_back(l);
+    expert_distribution_ =
+        std::make_unique<moe::ExpertDistribution>(m->config().n_routed_experts, moe_layers);
+  }
 }
 
 moe::DistinctExpertsHistogram Engine::distinct_experts_histogram(moe::RoutingKind kind) const {
@@ -255,6 +262,7 @@ std::vector<RequestOutput> Engine::step() {
     model::StepRouting routing;
     routing.oea = cfg_.oea;
     routing.expert_stats = expert_stats_.get();
+    routing.expert_distribution = expert_distribution_.get();
     for (const auto& p : plan.seqs) {
       Sequence& s = *seqs_.at(p.seq_id);
       if (!s.admitted) {

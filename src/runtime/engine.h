@@ -48,6 +48,9 @@ struct EngineConfig {
   // Record distinct experts per MoE layer per step of decode tokens (with OEA on, the plain-routing baseline
   // costs a second routing call per layer).
   bool expert_stats = false;
+  // Count the tokens routed to each expert per MoE layer over the run (--expert-distribution-out; every
+  // step's ids come back to the host, so steps run without CUDA graphs).
+  bool expert_distribution = false;
   // Steps with fewer sampling rows than this copy full rows: on an H200 (GLM-5 vocabulary 154880) one row
   // came back faster whole (1.44 ms step against 1.49 ms through the one-block summary kernel), 8 and 64
   // rows faster as summaries (2.53 against 2.64 ms, 6.24 against 7.96 ms).
@@ -93,6 +96,8 @@ class Engine {
   const kv::PageAllocator& page_allocator() const { return alloc_; }
   // Null unless EngineConfig::expert_stats; thread-safe to read while another thread steps.
   const moe::ExpertStats* expert_stats() const { return expert_stats_.get(); }
+  // Null unless EngineConfig::expert_distribution; thread-safe to read while another thread steps.
+  const moe::ExpertDistribution* expert_distribution() const { return expert_distribution_.get(); }
   // Distinct experts per MoE layer per decode step, all MoE layers together (for /metrics); empty (no
   // bounds) when stats are off. Kind Oea holds observations only when OEA is on.
   moe::DistinctExpertsHistogram distinct_experts_histogram(moe::RoutingKind kind) const;
@@ -125,6 +130,7 @@ class Engine {
   profiler::OpSink* sink_ = nullptr;
   profiler::StepHook* hook_ = nullptr;
   std::unique_ptr<moe::ExpertStats> expert_stats_;
+  std::unique_ptr<moe::ExpertDistribution> expert_distribution_;
   // Scratch of step(), [rows whose next token comes out of the step], reused across steps.
   std::vector<Sequence*> step_rows_;
   std::vector<const SamplingParams*> step_params_;

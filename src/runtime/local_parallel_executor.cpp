@@ -46,6 +46,7 @@ Tensor LocalParallelExecutor::run(const kv::ForwardBatch& b, const model::StepRo
   std::vector<Tensor> out(n);
   model::StepRouting others = routing;
   others.expert_stats = nullptr;
+  others.expert_distribution = nullptr;
   auto step = [&](size_t r) {
     omp_set_num_threads(omp_threads_);
     try {

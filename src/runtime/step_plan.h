@@ -9,7 +9,8 @@
 //   by its elements: token_ids, positions, token_seq, seq_lens, block_table, slot_mapping (two words per
 //   element), logit_rows, decode_tokens (four flags per word, first in the low byte);
 //   [last] checksum (FNV-1a over every earlier word).
-// The profiler's sink and StepRouting::expert_stats are rank 0's alone and do not travel.
+// The profiler's sink, StepRouting::expert_stats and expert_distribution are rank 0's alone and do not
+// travel.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +30,7 @@ struct StepPlan {
   StepOp op = StepOp::Run;
   int64_t step = 0;            // counts from 0 at the leader's first run; followers check the order
   kv::ForwardBatch batch;      // Run only
-  model::StepRouting routing;  // Run only; expert_stats is always null after decoding
+  model::StepRouting routing;  // Run only; expert_stats and expert_distribution are null after decoding
 };
 
 inline constexpr int32_t kStepPlanMagic = 0x5053534D;  // "MSSP" in little-endian bytes

@@ -15,6 +15,7 @@
 #include "model/random_weights.h"
 #include "model/weight_loader.h"
 #include "model/weight_spec.h"
+#include "moe/expert_distribution.h"
 #include "runtime/local_parallel_executor.h"
 #include "test_executor.h"
 
@@ -26,8 +27,10 @@ struct Greedy {
   std::vector<float> logits;  // every step's last-row logits
 };
 
-// Prompt prefill in one step, then `steps` greedy decode steps, on `exec`'s f32 pages.
-Greedy run_greedy(runtime::Executor& exec, const std::vector<int32_t>& prompt, int steps) {
+// Prompt prefill in one step, then `steps` greedy decode steps, on `exec`'s f32 pages; `record`, when given,
+// counts every step's routing.
+Greedy run_greedy(runtime::Executor& exec, const std::vector<int32_t>& prompt, int steps,
+                  moe::ExpertDistribution* record = nullptr) {
   const int32_t ps = exec.kv_capacity().page_size;
   kv::PageAllocator alloc(exec.kv_capacity().num_pages);
   std::vector<int32_t> pages;
@@ -42,7 +45,9 @@ Greedy run_greedy(runtime::Executor& exec, const std::vector<int32_t>& prompt, i
     kv::ForwardBatchBuilder bb(ps);
     bb.add_sequence(pages, static_cast<int32_t>(start), ids.data() + start, static_cast<int32_t>(n), true);
     kv::ForwardBatch b = bb.finish();
-    const Tensor lg = exec.run(b);
+    model::StepRouting routing;
+    routing.expert_distribution = record;
+    const Tensor lg = exec.run(b, routing);
     EXPECT_EQ(lg.size(0), 1);
     const float* row = lg.data<float>();
     g.logits.insert(g.logits.end(), row, row + V);
@@ -93,7 +98,64 @@ void expect_parallel_matches(const io::ModelConfig& cfg, const model::TensorSour
   }
 }
 
+void expect_close(const Greedy& got, const Greedy& want) {
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.logits.size(); ++i) {
+    num = std::max(num, static_cast<double>(std::fabs(got.logits[i] - want.logits[i])));
+    den = std::max(den, static_cast<double>(std::fabs(want.logits[i])));
+  }
+  EXPECT_LT(num / den, 1e-5) << "max abs diff " << num << " of max " << den;
+}
+
+// Expert parallelism with redundant experts (EPLB): each layer's placement replicates the experts the whole
+// model routed this prompt to most (counts recorded on the same run), so the replicated experts are the ones
+// in use; every assignment must run on exactly one copy for the sums to equal one rank's.
+void expect_replicated_matches(const io::ModelConfig& cfg, const model::TensorSource& src,
+                               const std::vector<int32_t>& prompt, int steps, const std::string& what) {
+  auto whole = std::make_shared<model::Model>(cfg, model::load_weights(cfg, src));
+  runtime::CpuExecutor one(whole, exec_config());
+  std::vector<int> moe_layers;
+  for (int l = 0; l < cfg.num_hidden_layers; ++l)
+    if (cfg.layer_is_moe[static_cast<size_t>(l)]) moe_layers.push_back(l);
+  moe::ExpertDistribution record(cfg.n_routed_experts, moe_layers);
+  const Greedy want = run_greedy(one, prompt, steps, &record);
+  const auto counts = record.counts();
+  struct Case {
+    int tp, ep, redundant;
+  };
+  std::vector<Case> cases{{1, 2, 2}, {1, 2, 4}, {2, 2, 2}};
+  if (cfg.n_routed_experts % 4 == 0) cases.push_back({1, 4, 4}), cases.push_back({1, 4, 8});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} tp {} ep {} redundant {}", what, c.tp, c.ep, c.redundant));
+    const auto placement =
+        dist::LayerPlacements::with_redundancy(cfg.n_routed_experts, c.ep, c.redundant, counts);
+    // The replicas are in use: in every MoE layer an expert with several copies was routed to.
+    for (const auto& [l, p] : placement.layers()) {
+      uint64_t replicated = 0;
+      for (int e = 0; e < cfg.n_routed_experts; ++e)
+        if (p.replicas(e).size() > 1) replicated += counts.at(l)[static_cast<size_t>(e)];
+      EXPECT_GT(replicated, 0u) << "layer " << l;
+    }
+    auto shards = model::load_model_shards(cfg, src, c.tp, c.ep, &placement);
+    const size_t slots = static_cast<size_t>((cfg.n_routed_experts + c.redundant) / c.ep);
+    for (const auto& sh : shards)
+      for (int l : moe_layers)
+        EXPECT_EQ(sh->weights().layers[static_cast<size_t>(l)].moe.experts.size(), slots);
+    std::vector<std::shared_ptr<const model::Model>> ranks(shards.begin(), shards.end());
+    runtime::LocalParallelExecutor par(ranks, exec_config(), std::chrono::milliseconds(60000));
+    expect_close(run_greedy(par, prompt, steps), want);
+  }
+}
+
 class ParallelGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ParallelGolden, RedundantExpertsMatchOneRank) {
+  auto f = test::load_fixture(GetParam());
+  if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
+  expect_replicated_matches(f->cfg, *f->src, f->prompts.front(), 4, GetParam());
+}
 
 TEST_P(ParallelGolden, SplitRanksMatchOneRank) {
   auto f = test::load_fixture(GetParam());

@@ -19,6 +19,8 @@
 #include "kernels/cuda/elementwise/pointwise.h"
 #include "kernels/cuda/elementwise/rope.h"
 #include "kernels/cuda/kv_store/kv_store.h"
+#include "ops/ctx.h"
+#include "ops/ops.h"
 #include "quant/float_formats.h"
 
 namespace {
@@ -442,6 +444,50 @@ TEST(CudaPointwise, RemapIdsMatchesTheMap) {
     const int32_t id = ids[static_cast<size_t>(i)];
     const int32_t want = id < 0 || id >= n_map ? -1 : map[static_cast<size_t>(id)];
     ASSERT_EQ(got[static_cast<size_t>(i)], want) << "id " << id << " at " << i;
+  }
+}
+
+// Router ids to local slots with replicated experts: against the CPU op on random tables (copies 1 to R,
+// some slots elsewhere), with negative ids and bad entries giving -1, and more assignments than one pass of
+// the capped grid covers.
+TEST(CudaPointwise, RemapIdsReplicatedMatchesTheCpuOp) {
+  MS_REQUIRE_GPU();
+  const int64_t E = 96, R = 4, m = 150001, k = 8;
+  std::mt19937 rng(17);
+  std::vector<int32_t> copies(static_cast<size_t>(E)), slots(static_cast<size_t>(E * R));
+  for (auto& c : copies) c = 1 + static_cast<int32_t>(rng() % R);
+  for (auto& s : slots) s = rng() % 3 == 0 ? -1 : static_cast<int32_t>(rng() % 40);
+  std::vector<int32_t> ids(static_cast<size_t>(m * k));
+  for (auto& v : ids) v = static_cast<int32_t>(rng() % (E + 1)) - 1;  // -1 .. E-1
+  std::vector<int32_t> want(ids.size());
+  {
+    const ms::Tensor t_ids = ms::Tensor::borrow(ids.data(), {m, k}, ms::DType::I32);
+    const ms::Tensor t_copies = ms::Tensor::borrow(copies.data(), {E}, ms::DType::I32);
+    const ms::Tensor t_slots = ms::Tensor::borrow(slots.data(), {E, R}, ms::DType::I32);
+    const ms::Tensor t_out = ms::Tensor::borrow(want.data(), {m, k}, ms::DType::I32);
+    ms::ops::remap_ids_replicated(ms::ops::Ctx::cpu(), t_ids, t_copies, t_slots, t_out);
+  }
+  // Bad entries the kernel must map to -1 (the CPU op would throw): an id past the table, a copy count of 0.
+  std::vector<int32_t> gpu_ids = ids, gpu_copies = copies;
+  gpu_ids[3] = static_cast<int32_t>(E + 5);
+  gpu_copies[static_cast<size_t>(gpu_ids[11] < 0 ? 0 : gpu_ids[11])] = 0;
+  DeviceBuffer<int32_t> d_ids(gpu_ids), d_copies(gpu_copies), d_slots(slots), d_out(ids.size());
+  CUDA_CHECK(cudaMemset(d_out.get(), 0x7b, ids.size() * sizeof(int32_t)));
+  ms::cuda::RemapIdsReplicatedParams p;
+  p.ids = d_ids.get();
+  p.copies = d_copies.get();
+  p.slots = d_slots.get();
+  p.out = d_out.get();
+  p.m = m;
+  p.k = k;
+  p.n_experts = E;
+  p.max_copies = R;
+  ms::cuda::remap_ids_replicated(p, nullptr);
+  const auto got = d_out.download();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t e = gpu_ids[i];
+    const bool bad = e >= E || (e >= 0 && gpu_copies[static_cast<size_t>(e)] == 0);
+    ASSERT_EQ(got[i], bad ? -1 : want[i]) << "assignment " << i << " expert " << e;
   }
 }
 

@@ -148,6 +148,20 @@ void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tenso
   cuda::remap_ids(p, cuda_stream(ctx));
 }
 
+void remap_ids_replicated(const Ctx& ctx, const Tensor& ids, const Tensor& copies, const Tensor& slots,
+                          const Tensor& out) {
+  cuda::RemapIdsReplicatedParams p;
+  p.ids = ids.data<int32_t>();
+  p.copies = copies.data<int32_t>();
+  p.slots = slots.data<int32_t>();
+  p.out = out.data<int32_t>();
+  p.m = ids.size(0);
+  p.k = ids.size(1);
+  p.n_experts = copies.size(0);
+  p.max_copies = slots.size(1);
+  cuda::remap_ids_replicated(p, cuda_stream(ctx));
+}
+
 void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src, bytes, cudaMemcpyHostToDevice, cuda_stream(ctx)));
 }

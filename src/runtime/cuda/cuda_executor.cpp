@@ -396,9 +396,10 @@ void CudaExecutor::forward(const kv::ForwardBatch& b, const model::StepRouting& 
   const int n = b.n_tokens();
   bool graph =
       !I.buckets.empty() && sink == nullptr && routing.expert_stats == nullptr &&
-      !model_->options().indexer_probe && !model_->options().router_probe && n == b.n_seqs() &&
-      n <= I.buckets.back() && b.max_blocks <= I.graph_max_blocks &&
-      static_cast<int>(b.logit_rows.size()) == n && static_cast<int>(routing.decode_tokens.size()) == n &&
+      routing.expert_distribution == nullptr && !model_->options().indexer_probe &&
+      !model_->options().router_probe && n == b.n_seqs() && n <= I.buckets.back() &&
+      b.max_blocks <= I.graph_max_blocks && static_cast<int>(b.logit_rows.size()) == n &&
+      static_cast<int>(routing.decode_tokens.size()) == n &&
       std::all_of(routing.decode_tokens.begin(), routing.decode_tokens.end(), [](uint8_t f) { return f; });
   for (int i = 0; graph && i < n; ++i) graph = b.logit_rows[i] == i && b.token_seq[i] == i;
   if (!graph) return run_eager(b, routing, sink, take);

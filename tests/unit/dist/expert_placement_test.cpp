@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -138,6 +140,105 @@ TEST(ExpertPlacement, JsonValidationNamesTheBadField) {
   j = ok;
   j["ep_size"] = "2";
   EXPECT_NE(error_of(j).find("ep_size: not an integer"), std::string::npos);
+}
+
+std::string layer_error_of(const json& j) {
+  try {
+    LayerPlacements::from_json(j);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Each layer's own hot experts get its replicas; every rank of every layer holds n/ep + K/ep slots.
+TEST(LayerPlacements, EachLayerReplicatesItsOwnHottestExperts) {
+  std::map<int, std::vector<uint64_t>> counts;
+  counts[1].assign(16, 10);
+  counts[2].assign(16, 10);
+  counts[1][0] = 500, counts[1][1] = 400;    // both on rank 0 of the contiguous blocks
+  counts[2][14] = 700, counts[2][15] = 300;  // both on rank 3
+  const auto p = LayerPlacements::with_redundancy(16, 4, 4, counts);
+  EXPECT_EQ(p.slots_per_rank(), 5);
+  ASSERT_NE(p.layer(1), nullptr);
+  ASSERT_NE(p.layer(2), nullptr);
+  EXPECT_EQ(p.layer(0), nullptr);
+  for (int l : {1, 2}) {
+    expect_consistent(*p.layer(l));
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(p.layer(l)->local_experts(r).size(), 5u) << l << " " << r;
+    EXPECT_LT(p.layer(l)->imbalance(counts[l]), ExpertPlacement::contiguous(16, 4).imbalance(counts[l]));
+  }
+  // Layer 1: experts 0 and 1 hold the 4 extra copies between them; layer 2: experts 14 and 15.
+  EXPECT_EQ(p.layer(1)->replicas(0).size() + p.layer(1)->replicas(1).size(), 6u);
+  EXPECT_EQ(p.layer(2)->replicas(14).size() + p.layer(2)->replicas(15).size(), 6u);
+  EXPECT_EQ(p.layer(1)->replicas(14).size(), 1u);
+  EXPECT_EQ(p.layer(2)->replicas(0).size(), 1u);
+  p.check(16, 4, {1, 2});
+  EXPECT_THROW(LayerPlacements::with_redundancy(16, 4, 3, counts), Error);  // not a multiple of ep
+}
+
+TEST(LayerPlacements, SaveLoadRoundTripAndChecksAgainstTheModel) {
+  std::map<int, std::vector<uint64_t>> counts;
+  for (int l : {0, 3}) {
+    counts[l].assign(8, 1);
+    counts[l][static_cast<size_t>(l)] = 100;
+  }
+  const auto p = LayerPlacements::with_redundancy(8, 2, 2, counts);
+  const auto path = std::filesystem::temp_directory_path() / "ms_layer_placements_test.json";
+  p.save(path);
+  const auto q = LayerPlacements::load(path);
+  EXPECT_EQ(q.to_json(), p.to_json());
+  for (int l : {0, 3})
+    for (int e = 0; e < 8; ++e) EXPECT_EQ(q.layer(l)->replicas(e), p.layer(l)->replicas(e));
+  auto check_error = [&](int n, int ep, std::vector<int> layers) {
+    try {
+      q.check(n, ep, layers);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(check_error(8, 2, {0, 3}), "");
+  EXPECT_NE(
+      check_error(16, 2, {0, 3}).find("n_experts: the expert placement is for 8 experts, the model has 16"),
+      std::string::npos);
+  EXPECT_NE(check_error(8, 4, {0, 3}).find("ep_size: the expert placement is for 2 ranks, --ep-size is 4"),
+            std::string::npos);
+  EXPECT_NE(check_error(8, 2, {0, 1, 3}).find("no entry for MoE layer 1"), std::string::npos);
+  EXPECT_NE(check_error(8, 2, {3}).find("layers.0: layer 0 is not a MoE layer"), std::string::npos);
+  std::ofstream(path) << "[1, 2";
+  EXPECT_THROW(LayerPlacements::load(path), Error);
+  std::filesystem::remove(path);
+}
+
+TEST(LayerPlacements, JsonValidationNamesTheLayerAndField) {
+  const json ok = {{"n_experts", 4},
+                   {"ep_size", 2},
+                   {"layers", {{"1", {{0, 1, 3}, {2, 3, 0}}}, {"2", {{0, 1, 2}, {2, 3, 1}}}}}};
+  EXPECT_EQ(layer_error_of(ok), "");
+  json j = ok;
+  j["layers"]["2"] = {{0, 1, 2}, {2, 2, 3}};
+  EXPECT_NE(layer_error_of(j).find("layers.2.rank_experts[1][1]: expert 2 is already in slot 0 of rank 1"),
+            std::string::npos)
+      << layer_error_of(j);
+  j = ok;
+  j["layers"]["2"] = {{0, 1}, {2, 3}};  // 2 slots where layer 1 has 3
+  EXPECT_NE(layer_error_of(j).find("other ranks and layers hold"), std::string::npos) << layer_error_of(j);
+  j = ok;
+  j["layers"]["1"] = {{0, 1, 3}, {2, 3, 9}};
+  EXPECT_NE(layer_error_of(j).find("layers.1.rank_experts[1][2]: expert 9 out of range [0, 4)"),
+            std::string::npos)
+      << layer_error_of(j);
+  j = ok;
+  j["layers"]["one"] = j["layers"]["1"];
+  EXPECT_NE(layer_error_of(j).find("layers.one: the key is not a layer index"), std::string::npos);
+  j = ok;
+  j["layers"]["1"] = {{0, 1, 2, 3}};
+  EXPECT_NE(layer_error_of(j).find("layers.1.rank_experts: 1 ranks listed, ep_size is 2"), std::string::npos)
+      << layer_error_of(j);
+  j = ok;
+  j.erase("layers");
+  EXPECT_NE(layer_error_of(j).find("missing field 'layers'"), std::string::npos);
 }
 
 }  // namespace

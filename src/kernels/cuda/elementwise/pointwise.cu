@@ -69,6 +69,23 @@ __global__ void remap_ids_kernel(RemapIdsParams p) {
   }
 }
 
+__global__ void remap_ids_replicated_kernel(RemapIdsReplicatedParams p) {
+  const int64_t n = p.m * p.k;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t e = p.ids[i];
+    int32_t slot = -1;
+    if (e >= 0 && e < p.n_experts) {
+      const int32_t c = p.copies[e];
+      if (c >= 1 && c <= p.max_copies) {
+        const int64_t t = i / p.k, j = i - t * p.k;
+        slot = p.slots[e * p.max_copies + (t + j) % c];
+      }
+    }
+    p.out[i] = slot;
+  }
+}
+
 __global__ void cast_bf16_kernel(CastBf16Params p) {
   MS_FOR_ROWS(p.m) {
     const float* x = p.x + r * p.x_stride;
@@ -123,6 +140,20 @@ void remap_ids(const RemapIdsParams& p, cudaStream_t stream) {
   MS_CHECK(p.n_map == 0 || p.map != nullptr, "remap_ids: map is null");
   const int64_t blocks = std::min<int64_t>((p.n + kElementwiseThreads - 1) / kElementwiseThreads, 4096);
   remap_ids_kernel<<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void remap_ids_replicated(const RemapIdsReplicatedParams& p, cudaStream_t stream) {
+  MS_CHECK(p.m >= 0 && p.k >= 0 && p.n_experts >= 0,
+           "remap_ids_replicated: m {}, k {}, n_experts {} must not be negative", p.m, p.k, p.n_experts);
+  if (p.m == 0 || p.k == 0) return;
+  MS_CHECK(p.ids != nullptr && p.out != nullptr, "remap_ids_replicated: ids or out is null");
+  MS_CHECK(p.max_copies >= 1, "remap_ids_replicated: max_copies {} must be at least 1", p.max_copies);
+  MS_CHECK(p.n_experts == 0 || (p.copies != nullptr && p.slots != nullptr),
+           "remap_ids_replicated: copies or slots is null");
+  const int64_t n = p.m * p.k;
+  const int64_t blocks = std::min<int64_t>((n + kElementwiseThreads - 1) / kElementwiseThreads, 4096);
+  remap_ids_replicated_kernel<<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -60,6 +60,19 @@ struct RemapIdsParams {
 };
 void remap_ids(const RemapIdsParams& p, cudaStream_t stream);
 
+// Router ids to local slots when experts have several copies over the EP ranks (ops::remap_ids_replicated):
+// assignment (t, j) of expert e = ids[t, j] takes copy c = (t + j) mod copies[e] and
+// out[t, j] = slots[e, c] (-1: that copy is on another rank). A negative id, an id at or past n_experts or a
+// copy count outside [1, max_copies] gives -1 (a kernel cannot throw; the host tables never hold one).
+struct RemapIdsReplicatedParams {
+  const int32_t* __restrict__ ids = nullptr;     // [m, k] contiguous, on the device
+  const int32_t* __restrict__ copies = nullptr;  // [n_experts]
+  const int32_t* __restrict__ slots = nullptr;   // [n_experts, max_copies] contiguous
+  int32_t* __restrict__ out = nullptr;           // [m, k] contiguous
+  int64_t m = 0, k = 0, n_experts = 0, max_copies = 0;
+};
+void remap_ids_replicated(const RemapIdsReplicatedParams& p, cudaStream_t stream);
+
 // out = bf16(x), round to nearest even, NaN stays NaN: bit-exact with quant::f32_to_bf16.
 struct CastBf16Params {
   const float* __restrict__ x = nullptr;  // [m, n] rows x_stride apart
