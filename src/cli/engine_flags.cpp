@@ -1,7 +1,18 @@
 #include "cli/engine_flags.h"
 
+#include <algorithm>
+
 #include "cli/rank_processes.h"
+#include "dist/memory_plan.h"
+#include "io/model_config.h"
+#include "io/quant_config.h"
+#include "model/weight_spec.h"
+#include "runtime/kv_budget.h"
+#if MOESERVE_HAVE_CUDA
+#include "runtime/cuda/device_arena.h"
+#endif
 #include "core/error.h"
+#include "core/log.h"
 #include "model/random_weights.h"
 
 namespace ms::cli {
@@ -85,6 +96,63 @@ void add_engine_flags(CLI::App& sub, EngineFlags& f, unsigned groups) {
         ->capture_default_str();
 }
 
+namespace {
+
+// The per-rank memory plan of a sharded run (dist::plan_memory over the checkpoint's stored bytes by role),
+// printed by every rank before it loads anything; a set-up that cannot fit is refused with what to change.
+// The budget is this rank's GPU on cuda; on the CPU the host's available memory shared by the node's ranks
+// (printed there, not enforced).
+void plan_rank_memory(const EngineFlags& f, const std::string& device, const dist::LayerPlacements* pl,
+                      const std::string& who, int ranks_on_node) {
+  const io::ModelConfig cfg = io::load_model_config(f.model_dir);
+  const io::QuantConfig quant = io::load_quant_config(f.model_dir);
+  DType kv = quant.kv_cache_fp8 ? DType::F8_E4M3 : DType::BF16;
+  switch (kv::parse_kv_cache_dtype(f.kv_dtype)) {
+    case kv::KvCacheDType::F32:
+    case kv::KvCacheDType::FP8E4M3Tile128Sim:
+      kv = DType::F32;
+      break;
+    case kv::KvCacheDType::BF16:
+      kv = DType::BF16;
+      break;
+    case kv::KvCacheDType::FP8E4M3:
+      kv = DType::F8_E4M3;
+      break;
+    default:
+      break;
+  }
+  dist::MemoryOptions o;
+  o.tp_size = f.dev.tp_size;
+  o.ep_size = f.dev.ep_size;
+  if (pl) o.num_redundant_experts = pl->slots_per_rank() * f.dev.ep_size - cfg.n_routed_experts;
+  o.page_size = f.page_size;
+  o.max_num_tokens = std::max<int64_t>(f.max_prefill_tokens, 1);
+  o.max_decode_batch = std::max(f.max_running, 1);
+  if (f.kv_cache_tokens > 0) o.min_kv_tokens = std::min<int64_t>(o.min_kv_tokens, f.kv_cache_tokens);
+  const char* budget_of = "host memory available to each of the node's ranks";
+  if (device == "cuda") {
+#if MOESERVE_HAVE_CUDA
+    size_t free_b = 0, total_b = 0;
+    runtime::cuda::device_memory(free_b, total_b);
+    o.gpu_memory_bytes = total_b;
+    o.mem_fraction_static = f.mem_fraction > 0 ? f.mem_fraction : 0.85;
+    budget_of = "this rank's GPU";
+#endif
+  } else {
+    o.gpu_memory_bytes =
+        runtime::available_memory_bytes(Device::CPU) / static_cast<size_t>(std::max(ranks_on_node, 1));
+    o.mem_fraction_static = f.mem_fraction > 0 ? f.mem_fraction : 0.85;
+  }
+  if (o.gpu_memory_bytes == 0) return;  // no device to judge (a build without CUDA refuses cuda elsewhere)
+  const dist::MemoryPlan plan = dist::plan_memory(model::parallel_weight_bytes(cfg, quant, kv), o);
+  MS_LOG_INFO("{} ({}):\n{}", who, budget_of, dist::format_memory_plan(plan, o));
+  // GPU ranks are refused before they allocate; CPU ranks (tests, small models) only print the plan, whose
+  // workspace and KV figures are sized for GPU serving.
+  if (device == "cuda") dist::require_fits(plan);
+}
+
+}  // namespace
+
 model::LoadedModel load_engine_model(const EngineFlags& f) {
   check_node_flags(f.dev);
   const bool sharded = f.dev.tp_size > 1 || f.dev.ep_size > 1;
@@ -102,9 +170,11 @@ model::LoadedModel load_engine_model(const EngineFlags& f) {
     if (processes) {
       model::shard_for_rank(f.dev.tp_size, f.dev.ep_size, 0);  // the sizes, checked before any rank starts
       const RankProcess& rp = start_rank_process(f.dev, dev);
+      plan_rank_memory(f, dev, pl, rp.info.rank_name(rp.info.rank), rp.info.local_world_size);
       if (pl && rp.info.rank == 0) save_expert_placement(f.eplb, *pl);
       return model::load_model_shard(f.model_dir, f.dev.tp_size, f.dev.ep_size, rp.info.rank, pl);
     }
+    plan_rank_memory(f, dev, pl, "every rank", std::max(f.dev.tp_size, f.dev.ep_size));
     if (pl) save_expert_placement(f.eplb, *pl);
     return model::load_model_sharded(f.model_dir, f.dev.tp_size, f.dev.ep_size, pl);
   }

@@ -63,6 +63,18 @@ TEST(RankProcesses, GiveTheSameTokensAsOneProcess) {
   }
 }
 
+// Every rank prints its memory plan (weights by role, workspace, KV pages, budget) before it loads.
+TEST(RankProcesses, EveryRankPrintsItsMemoryPlanBeforeLoading) {
+  if (!have_checkpoint()) GTEST_SKIP() << "the random built-in model has no checkpoint to split";
+  const auto r = run(kBase + "--tp-size 2 --ep-size 2 --rank-processes", true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* who : {"rank 0 (host memory", "rank 1 (host memory"})
+    EXPECT_NE(r.out.find(who), std::string::npos) << who << "\n" << r.out;
+  EXPECT_NE(r.out.find("memory plan per rank (tp 2, ep 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("routed_experts"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kv cache"), std::string::npos) << r.out;
+}
+
 TEST(RankProcesses, AWorkerThatDiesFailsTheCommandNamingIt) {
   if (!have_checkpoint()) GTEST_SKIP() << "the random built-in model has no checkpoint to split";
   const auto r = run(kBase + "--tp-size 2 --rank-processes", true, "MOESERVE_TEST_KILL_RANK=1");
