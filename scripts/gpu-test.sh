@@ -5,7 +5,8 @@
 # kernel benchmarks, and one summary table at the end.
 # Switches: GPU_TEST_SLICE=0 (no glm5-slice checkpoint), GPU_TEST_SLICE_FORMATS="nvfp4 fp8 bf16",
 # GPU_TEST_E2E=0, GPU_TEST_BENCH=0, GPU_TEST_NO_GRAPH_BENCH=0 (bench-one-batch with graphs only),
-# GPU_TEST_BENCH_TIMEOUT=seconds (each kernel benchmark), BUILD=dir.
+# GPU_TEST_BENCH_TIMEOUT=seconds (each kernel benchmark), GPU_TEST_SHARD=K/N (a shard of the GPU tests),
+# BUILD=dir.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}
@@ -69,6 +70,19 @@ fi
 slice="${slices[0]:-}"
 [ ${#slices[@]} -gt 0 ] && export MOESERVE_TEST_SLICES=$(IFS=,; echo "${slices[*]}")
 
+# GPU_TEST_SHARD=K/N runs the K-th of N shards of every GPU test binary (gtest sharding; K from 0), so that
+# the whole suite can be spread over several shorter runs.
+if [ -n "${GPU_TEST_SHARD:-}" ]; then
+  case "$GPU_TEST_SHARD" in
+    */*) export GTEST_SHARD_INDEX="${GPU_TEST_SHARD%/*}" GTEST_TOTAL_SHARDS="${GPU_TEST_SHARD#*/}" ;;
+    *) echo "GPU_TEST_SHARD must be K/N (e.g. 0/2), got '$GPU_TEST_SHARD'" >&2; exit 2 ;;
+  esac
+  if ! [[ "$GTEST_SHARD_INDEX" =~ ^[0-9]+$ && "$GTEST_TOTAL_SHARDS" =~ ^[1-9][0-9]*$ ]] ||
+     [ "$GTEST_SHARD_INDEX" -ge "$GTEST_TOTAL_SHARDS" ]; then
+    echo "GPU_TEST_SHARD must be K/N with 0 <= K < N, got '$GPU_TEST_SHARD'" >&2
+    exit 2
+  fi
+fi
 (cd "$build" && ctest -L gpu -V) >"$log/ctest" 2>&1
 grep -h "^\[ measured \]" "$log/ctest" | sed 's/^\[ measured \] /  /'
 grep -E "^\[  FAILED  \]|Failure$" -A3 "$log/ctest" | head -60
