@@ -415,16 +415,20 @@ std::string csv_header() {
          "output_throughput,total_token_throughput,per_user_output_tokens_per_s,ttft_mean_ms,ttft_median_ms,"
          "ttft_p99_ms,tpot_mean_ms,tpot_median_ms,tpot_p99_ms,itl_mean_ms,itl_median_ms,itl_p99_ms,e2e_mean_"
          "ms,"
-         "e2e_median_ms,e2e_p99_ms\n";
+         "e2e_median_ms,e2e_p99_ms,engine_steps,engine_host_share\n";
 }
 
 std::string csv_row(const BenchSummary& s) {
   auto p = [](const Percentiles& x) { return fmt::format("{:.3f},{:.3f},{:.3f}", x.mean, x.median, x.p99); };
-  return fmt::format("{},{},{},{},{:.3f},{},{},{:.4f},{:.3f},{:.3f},{:.3f},{},{},{},{}\n", s.max_concurrency,
-                     std::isinf(s.request_rate) ? std::string("inf") : fmt::format("{}", s.request_rate),
-                     s.completed, s.failed, s.duration_s, s.input_tokens, s.output_tokens,
-                     s.request_throughput, s.output_throughput, s.total_token_throughput,
-                     s.per_user_output_tokens_per_s, p(s.ttft_ms), p(s.tpot_ms), p(s.itl_ms), p(s.e2e_ms));
+  // The engine columns are empty where the server does not export moeserve's engine counters.
+  const std::string engine =
+      s.engine_steps >= 0 ? fmt::format("{},{:.4f}", s.engine_steps, s.engine_host_share) : std::string(",");
+  return fmt::format(
+      "{},{},{},{},{:.3f},{},{},{:.4f},{:.3f},{:.3f},{:.3f},{},{},{},{},{}\n", s.max_concurrency,
+      std::isinf(s.request_rate) ? std::string("inf") : fmt::format("{}", s.request_rate), s.completed,
+      s.failed, s.duration_s, s.input_tokens, s.output_tokens, s.request_throughput, s.output_throughput,
+      s.total_token_throughput, s.per_user_output_tokens_per_s, p(s.ttft_ms), p(s.tpot_ms), p(s.itl_ms),
+      p(s.e2e_ms), engine);
 }
 
 }  // namespace ms::loadgen

@@ -39,6 +39,14 @@ TEST(BenchStats, SummaryOfResults) {
   EXPECT_NE(csv_row(s).find("4,inf,2,1,"), std::string::npos);
   const std::string header = csv_header(), row = csv_row(s);
   EXPECT_EQ(std::count(header.begin(), header.end(), ','), std::count(row.begin(), row.end(), ','));
+  EXPECT_NE(row.find(",,\n"), std::string::npos) << row;  // no engine counters: empty columns
+  s.engine_steps = 12;
+  s.engine_host_share = 0.0425;
+  const std::string with_engine = csv_row(s);
+  EXPECT_NE(with_engine.find(",12,0.0425\n"), std::string::npos) << with_engine;
+  EXPECT_EQ(std::count(header.begin(), header.end(), ','),
+            std::count(with_engine.begin(), with_engine.end(), ','));
+  EXPECT_NE(format_summary(s).find("Host share of the busy loop (%):"), std::string::npos);
 }
 
 TEST(BenchStats, EngineCountersFromAMetricsText) {
