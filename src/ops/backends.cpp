@@ -5,6 +5,8 @@
 
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90_config.h"
+#include "kernels/cuda/moe/moe_decode_config.h"
+#include "kernels/cuda/moe/moe_experts_mma_config.h"
 #include "kernels/cuda/moe/moe_stream_config.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 #include "ops/cuda_backend.h"
@@ -163,6 +165,47 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
     if (b.usable) fit(b, dev, why_none, cuda::moe_stream_config::need_gate_up());
     b.smem_bytes = std::max(cuda::moe_stream_config::gate_up_smem(),
                             cuda::moe_stream_config::down_smem(2048, cuda::moe_stream_config::kMaxM));
+    out.push_back(b);
+  }
+  {
+    BackendInfo b{
+        "moe",
+        "grouped_decode",
+        "cuda",
+        "nvfp4",
+        "decode steps of 1 to 64 tokens (m * top_k <= 1024, up to 1024 experts); hidden a multiple of "
+        "1024 and intermediate of 512; weights streamed straight into registers, tensor cores with "
+        "bf16 activations, down summed in a fixed order; used by `grouped` first where it applies "
+        "(not in exact mode)",
+        "sm_80 or newer",
+        0,
+        false,
+        ""};
+    // GLM-5's widths at the largest token count (the down kernel's tiles grow with m).
+    fit(b, dev, why_none, cuda::moe_decode_config::need_down(cuda::moe_decode_config::kMaxM));
+    if (b.usable) fit(b, dev, why_none, cuda::moe_decode_config::need_gate_up(6144, 1));
+    b.smem_bytes = std::max(cuda::moe_decode_config::gate_up_smem(6144, 1),
+                            cuda::moe_decode_config::down_smem(cuda::moe_decode_config::kMaxM));
+    out.push_back(b);
+  }
+  {
+    BackendInfo b{
+        "moe",
+        "grouped_mma",
+        "cuda",
+        "nvfp4, bf16",
+        "prefill steps (grouped rows averaging 8+ per expert); hidden a multiple of 128 and "
+        "intermediate of 64, up to 1024 experts; multi-stage cp.async tiles, nvfp4 expanded to bf16 in "
+        "shared memory, mma.sync; used by `grouped` automatically where it applies (not in exact mode)",
+        "sm_80 or newer",
+        0,
+        false,
+        ""};
+    // The smallest configuration (64 rows, two stages) at GLM-5's 256 experts: what a device is judged by.
+    const cuda::KernelNeed need{"moe_experts_mma bm64 stages2",
+                                cuda::moe_mma_smem_bytes(cuda::MoeMmaFormat::NVFP4, 64, 2, 256), 80, false};
+    fit(b, dev, why_none, need);
+    b.smem_bytes = need.smem_bytes;
     out.push_back(b);
   }
   {

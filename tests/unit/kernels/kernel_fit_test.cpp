@@ -279,6 +279,8 @@ TEST(Backends, JudgedAgainstEachTargetPart) {
   EXPECT_TRUE(find(on_h200, "mla_decode_sm90").usable);
   EXPECT_FALSE(find(on_rtx, "mla_decode_sm90").usable);  // its smallest tile needs ~104 KiB
   EXPECT_TRUE(find(on_rtx, "cpu").usable);
+  for (const char* moe : {"grouped_stream", "grouped_decode", "grouped_mma"})  // every MoE kernel is listed
+    EXPECT_TRUE(find(on_h200, moe).usable) << moe << ": " << find(on_h200, moe).why;
   for (const auto& b : on_rtx)
     if (b.usable && b.device == "cuda") {
       EXPECT_LE(b.smem_bytes, rtx.smem_per_block_optin) << b.name;
