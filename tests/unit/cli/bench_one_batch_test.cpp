@@ -7,18 +7,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "run_command.h"
+
 namespace {
 
 std::string run(const std::string& args, int& status, bool with_stderr = false) {
-  std::string out;
-  FILE* p =
-      popen((std::string(MS_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
-  if (!p) return out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  status = pclose(p);
-  return out;
+  ms::test::CmdResult r = ms::test::run_moeserve(args, with_stderr);
+  status = r.status;
+  return r.out;
 }
 
 TEST(BenchOneBatch, BuiltinModelJson) {

@@ -10,23 +10,14 @@
 
 #include <unistd.h>
 
+#include "run_command.h"
+
 namespace {
 
-struct CmdResult {
-  int status = -1;
-  std::string out;
-};
+using ms::test::CmdResult;
 
 CmdResult run(const std::string& args) {
-  const std::string cmd = std::string(MS_BINARY) + " " + args + " 2>&1";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  r.status = pclose(p);
-  return r;
+  return ms::test::run_moeserve(args, true);
 }
 
 // The --help line of `flag`, or "" when the command has no such flag.

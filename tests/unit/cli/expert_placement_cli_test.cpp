@@ -12,33 +12,21 @@
 #include <fstream>
 #include <string>
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CmdResult {
-  int status = -1;
-  std::string out;
-};
+using ms::test::CmdResult;
 
 CmdResult run(const std::string& args, bool with_stderr) {
-  const std::string cmd = std::string(MS_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  r.status = pclose(p);
-  return r;
+  return ms::test::run_moeserve(args, with_stderr);
 }
 
 // The split needs the trained built-in model's checkpoint (the random one is made in code).
 bool have_checkpoint() {
-  if (const char* env = std::getenv("MOESERVE_BUILTIN_MODEL"); env && *env)
-    return std::string(env) != "random";
-  return fs::exists(fs::path(MS_TEST_DATA).parent_path().parent_path() / "models" / "builtin" /
-                    "config.json");
+  return ms::test::have_trained_builtin();
 }
 
 nlohmann::json read_json(const fs::path& p) {

@@ -18,35 +18,22 @@
 #include <string>
 #include <thread>
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CmdResult {
-  int status = -1;
-  std::string out;
-};
+using ms::test::CmdResult;
 
 // `env` is prepended to the command line (VAR=value ...).
 CmdResult run(const std::string& args, bool with_stderr, const std::string& env = {}) {
-  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(MS_BINARY) + " " + args +
-                          (with_stderr ? " 2>&1" : " 2>/dev/null");
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  r.status = pclose(p);
-  return r;
+  return ms::test::run_moeserve(args, with_stderr, env);
 }
 
 // The split needs the trained built-in model's checkpoint (the random one is made in code).
 bool have_checkpoint() {
-  if (const char* env = std::getenv("MOESERVE_BUILTIN_MODEL"); env && *env)
-    return std::string(env) != "random";
-  return fs::exists(fs::path(MS_TEST_DATA).parent_path().parent_path() / "models" / "builtin" /
-                    "config.json");
+  return ms::test::have_trained_builtin();
 }
 
 const std::string kBase = "generate --prompt 'The package manager' --max-tokens 8 --print-ids --device cpu ";
@@ -85,8 +72,7 @@ TEST(RankProcesses, AWorkerThatDiesFailsTheCommandNamingIt) {
 
 TEST(RankProcesses, BenchOneBatchRunsEveryBatchSizeOnTheRanks) {
   if (!have_checkpoint()) GTEST_SKIP() << "the random built-in model has no checkpoint to split";
-  const std::string model =
-      (fs::path(MS_TEST_DATA).parent_path().parent_path() / "models" / "builtin").string();
+  const std::string model = ms::test::trained_builtin_dir().string();
   const auto r = run("bench-one-batch --device cpu --model " + model +
                          " --tp-size 2 --rank-processes --batch-size 1,3 --input-len 8 --output-len 3 --json",
                      false);
@@ -205,11 +191,9 @@ TEST(RankProcesses, NodeFlagsAreCheckedNamingTheFlag) {
     EXPECT_NE(r.out.find(c.want), std::string::npos) << c.args << ": " << r.out;
   }
   // bench-one-batch takes the node flags too (it runs on rank processes) and checks them the same way.
-  const auto b =
-      run("bench-one-batch --device cpu --model " +
-              (fs::path(MS_TEST_DATA).parent_path().parent_path() / "models" / "builtin").string() +
-              " --tp-size 2 --nnodes 2 --dist-init-addr nohost --batch-size 1",
-          true);
+  const auto b = run("bench-one-batch --device cpu --model " + ms::test::trained_builtin_dir().string() +
+                         " --tp-size 2 --nnodes 2 --dist-init-addr nohost --batch-size 1",
+                     true);
   EXPECT_EQ(exit_code(b.status), 1) << b.out;
   EXPECT_NE(b.out.find("--dist-init-addr='nohost' is not host:port"), std::string::npos) << b.out;
 }

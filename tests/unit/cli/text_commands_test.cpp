@@ -11,32 +11,23 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CmdResult {
-  int status = -1;
-  std::string out;
-};
+using ms::test::CmdResult;
 
 // Runs `moeserve args`; stdout only unless `with_stderr`.
 CmdResult run(const std::string& args, bool with_stderr = true, const std::string& stdin_text = {}) {
-  std::string cmd = std::string(MS_BINARY) + " " + args;
   fs::path in_file;
   if (!stdin_text.empty()) {
     in_file = fs::temp_directory_path() / ("moeserve_cli_stdin_" + std::to_string(getpid()));
     std::ofstream(in_file) << stdin_text;
-    cmd += " < '" + in_file.string() + "'";
   }
-  cmd += with_stderr ? " 2>&1" : " 2>/dev/null";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  r.status = pclose(p);
+  CmdResult r =
+      ms::test::run_moeserve(args, with_stderr, {}, in_file.empty() ? "" : "< '" + in_file.string() + "'");
   if (!in_file.empty()) fs::remove(in_file);
   return r;
 }
@@ -58,8 +49,7 @@ TEST(Generate, TextPromptStreamsTextAndPrintsSpeeds) {
 // Vocabulary of the model the commands use without --model: the trained one of models/builtin when present,
 // else the random built-in model generated in code (512 ids).
 int builtin_vocab() {
-  const fs::path cfg =
-      fs::path(MS_TEST_DATA).parent_path().parent_path() / "models" / "builtin" / "config.json";
+  const fs::path cfg = ms::test::trained_builtin_dir() / "config.json";
   if (const char* env = std::getenv("MOESERVE_BUILTIN_MODEL"); env && *env) {
     if (std::string(env) == "random") return 512;
     return nlohmann::json::parse(std::ifstream(fs::path(env) / "config.json"))["vocab_size"].get<int>();
