@@ -804,6 +804,8 @@ TEST(CudaDsaIndexer, IdenticalSelectionsOnExactData) {
     run_indexer({mixed, 3, 20, 1, 8, f, true}, seed++);
   }
   run_indexer({{{3000, 2}, {2047, 1}, {100, 1}}, 32, 128, 64, 2048, gpu::KvFormat::BF16, true}, seed++);
+  // 16 tokens of long contexts: each scoring block walks several chunks of its token's keys.
+  run_indexer({{{3000, 12}, {2500, 4}}, 8, 32, 64, 64, gpu::KvFormat::BF16, true}, seed++);
 }
 
 TEST(CudaDsaIndexer, TrueTopKOnContinuousData) {

@@ -31,14 +31,16 @@ __device__ __forceinline__ int visible_keys(const DsaIndexerParams& p, int i) {
   return min(p.meta.positions[i] + 1, p.max_keys);
 }
 
-// Block (64 keys, token i0 + blockIdx.y): scores[row, j] for the block's visible keys j.
+// Block (token i0 + blockIdx.y, every gridDim.x-th chunk of kb keys from blockIdx.x): scores[row, j] for the
+// visible keys j of its chunks. The grid is sized for the GPU, not for the context capacity (max_keys / kb
+// blocks per token, nearly all empty at short contexts, cost ~2 us per thousand), and the token's q and head
+// weights are staged once per block.
 __global__ void __launch_bounds__(kScoreThreads)
     score_kernel(DsaIndexerParams p, int i0, int kb, float* __restrict__ scores) {
-  const int row = blockIdx.y, i = i0 + row, j0 = blockIdx.x * kb;
+  const int row = blockIdx.y, i = i0 + row;
   const int n = visible_keys(p, i);
-  if (n <= p.topk || j0 >= n) return;  // block-uniform
+  if (n <= p.topk || static_cast<int64_t>(blockIdx.x) * kb >= n) return;  // block-uniform
   const int heads = p.heads, dim = p.dim, ds = padded(dim), seq = p.meta.token_seq[i];
-  const int kn = min(kb, n - j0);
   extern __shared__ float smem[];
   float* q_s = smem;                                   // [heads, ds]
   float* w_s = q_s + static_cast<size_t>(heads) * ds;  // [heads]
@@ -47,26 +49,31 @@ __global__ void __launch_bounds__(kScoreThreads)
   for (int idx = threadIdx.x; idx < heads * dim; idx += kScoreThreads)
     q_s[(idx / dim) * ds + idx % dim] = p.q[static_cast<int64_t>(i) * heads * dim + idx];
   for (int h = threadIdx.x; h < heads; h += kScoreThreads) w_s[h] = p.w[static_cast<int64_t>(i) * heads + h];
-  for (int idx = threadIdx.x; idx < kn * dim; idx += kScoreThreads) {
-    const int kk = idx / dim, c = idx % dim;
-    const int64_t slot = kv_slot(p.keys, p.meta, seq, j0 + kk);
-    k_s[kk * ds + c] = slot >= 0 ? kv_read(p.keys, slot, c) : 0.0f;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < heads * kn; idx += kScoreThreads) {
-    const int h = idx / kn, kk = idx % kn;
-    const float* q = q_s + h * ds;
-    const float* k = k_s + kk * ds;
-    float dot = 0.0f;
-    for (int c = 0; c < dim; ++c) dot = fmaf(q[c], k[c], dot);
-    const float s = dot * p.softmax_scale;
-    part_s[kk * (heads + 1) + h] = w_s[h] * (s > 0.0f ? s : 0.0f);
-  }
-  __syncthreads();
-  for (int kk = threadIdx.x; kk < kn; kk += kScoreThreads) {
-    float total = 0.0f;
-    for (int h = 0; h < heads; ++h) total += part_s[kk * (heads + 1) + h];
-    scores[static_cast<int64_t>(row) * p.max_keys + j0 + kk] = total == 0.0f ? 0.0f : total;  // no -0
+  for (int64_t j0 = static_cast<int64_t>(blockIdx.x) * kb; j0 < n;
+       j0 += static_cast<int64_t>(gridDim.x) * kb) {
+    const int kn = static_cast<int>(min(static_cast<int64_t>(kb), n - j0));
+    __syncthreads();  // q_s / w_s staged; the previous chunk's k_s and part_s are no longer read
+    for (int idx = threadIdx.x; idx < kn * dim; idx += kScoreThreads) {
+      const int kk = idx / dim, c = idx % dim;
+      const int64_t slot = kv_slot(p.keys, p.meta, seq, static_cast<int>(j0) + kk);
+      k_s[kk * ds + c] = slot >= 0 ? kv_read(p.keys, slot, c) : 0.0f;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < heads * kn; idx += kScoreThreads) {
+      const int h = idx / kn, kk = idx % kn;
+      const float* q = q_s + h * ds;
+      const float* k = k_s + kk * ds;
+      float dot = 0.0f;
+      for (int c = 0; c < dim; ++c) dot = fmaf(q[c], k[c], dot);
+      const float s = dot * p.softmax_scale;
+      part_s[kk * (heads + 1) + h] = w_s[h] * (s > 0.0f ? s : 0.0f);
+    }
+    __syncthreads();
+    for (int kk = threadIdx.x; kk < kn; kk += kScoreThreads) {
+      float total = 0.0f;
+      for (int h = 0; h < heads; ++h) total += part_s[kk * (heads + 1) + h];
+      scores[static_cast<int64_t>(row) * p.max_keys + j0 + kk] = total == 0.0f ? 0.0f : total;  // no -0
+    }
   }
 }
 
@@ -172,11 +179,13 @@ void dsa_indexer(const DsaIndexerParams& p, cudaStream_t stream) {
   const int rows =
       static_cast<int>(std::min<size_t>({p.workspace_bytes / row_bytes, static_cast<size_t>(p.m), 65535}));
   auto* scores = static_cast<float*>(p.workspace);
-  const unsigned key_blocks = static_cast<unsigned>((p.max_keys + kb - 1) / kb);
+  const int key_blocks = (p.max_keys + kb - 1) / kb;
   for (int i0 = 0; i0 < p.m; i0 += rows) {
     const int n = std::min(rows, p.m - i0);
-    score_kernel<<<dim3(key_blocks, static_cast<unsigned>(n)), kScoreThreads, smem, stream>>>(p, i0, kb,
-                                                                                              scores);
+    // About four blocks per multiprocessor over the pass's tokens; each walks its token's chunks.
+    const int per_token = std::clamp((4 * std::max(caps.multiprocessors, 1) + n - 1) / n, 1, key_blocks);
+    score_kernel<<<dim3(static_cast<unsigned>(per_token), static_cast<unsigned>(n)), kScoreThreads, smem,
+                   stream>>>(p, i0, kb, scores);
     CUDA_CHECK(cudaGetLastError());
     select_kernel<<<static_cast<unsigned>(n), kSelectThreads, 0, stream>>>(p, i0, scores);
     CUDA_CHECK(cudaGetLastError());
