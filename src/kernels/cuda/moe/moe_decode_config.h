@@ -30,15 +30,12 @@ constexpr int kDownRows = 16;    // down: output rows per block
 constexpr int kDownKr = 512;     // down: k of one (expert, k-range) piece; a lane streams 128 of it
 constexpr int kGuUnroll = 3;     // gate_up: 32-k steps whose weights a lane loads before using them
 
-// gate_up stages the chunk's x rows as bf16 in shared memory. Row layout: 32 segments (warp w, lane quarter t
-// -> segment 4 w + t) of hidden / 32 elements, each padded by 8 elements (16 bytes), and the row by 32
-// elements (64 bytes), so the 16-byte B reads of one quarter-warp (rows g, g + 1; quarters t = 0..3) fall in
-// distinct 16-byte bank groups.
-constexpr int64_t xs_seg(int hidden) {
-  return hidden / 32 + 8;
-}
+// gate_up stages the chunk's x rows as bf16 in shared memory, in k order, rows hidden + 16 elements apart (32
+// bytes past a multiple of 128), with the four 16-byte pieces of every 64-byte group g stored in the order
+// q ^ ((g >> 1) & 1): the 16-byte B reads of one quarter-warp (rows r, r + 1; lane quarters t = 0..3 reading
+// the same piece of groups 4 s + t) then fall in eight distinct 16-byte bank groups.
 constexpr int64_t xs_ld(int hidden) {
-  return 32 * xs_seg(hidden) + 32;
+  return hidden + 16;
 }
 constexpr size_t gate_up_red_bytes() {  // [8 warps][2 gate/up][8 positions][16 rows] f32
   return static_cast<size_t>(kWarps) * 2 * kChunk * 16 * sizeof(float);

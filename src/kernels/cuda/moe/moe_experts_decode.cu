@@ -1,10 +1,11 @@
 // Register-streamed NVFP4 experts for decode (see moe_experts_decode.h).
 //
 // Warp tile: 16 weight rows x one k-range, mma.sync m16n8k16 (weights as A, up to 8 positions as the n8 B
-// tile, f32 accumulation). Lane (g = lane / 4, t = lane % 4) owns rows g and g + 8 and the contiguous quarter
-// t of the warp's k-range, which it walks in steps of 32 k: one 16-byte load per row (bytes of k .. k + 31)
-// and one 2-byte load of the row's two e4m3 scales. The k order inside a step is permuted (a dot product
-// does not care), identically for A and B:
+// tile, f32 accumulation). Lane (g = lane / 4, t = lane % 4) owns rows g and g + 8; a step of the warp covers
+// 128 k of its range, of which lane t takes the 32 k from 32 t: one 16-byte load per row (bytes of k .. k +
+// 31, so the four lanes of a quad read 64 contiguous bytes of the row: whole 32-byte sectors per load
+// instruction) and one 2-byte load of the row's two e4m3 scales. The k order inside a lane's 32 is permuted
+// (a dot product does not care), identically for A and B:
 //   mma j (0..7) of a step at k (lane's physical k) uses k + 4 j .. k + 4 j + 3:
 //     a0 = row g    (k + 4j, k + 4j + 1) = weight byte 2j,     a2 = row g    (k + 4j + 2, +3) = byte 2j + 1
 //     a1 = row g+8  (k + 4j, k + 4j + 1),                      a3 = row g+8  (k + 4j + 2, +3)
@@ -16,16 +17,18 @@
 // memory (entry e of lane l at word e * 32 + l: conflict-free), one LDS per weight byte, times the group's
 // e4m3 scale read as bf16 bits ((b & 0x7f) << 4 = the value x 2^-120, subnormals included): exact.
 // No shared-memory staging of weights and no barrier inside a work item's k loop; each lane has its loads for
-// kGuUnroll steps (gate_up: 12 x 16 bytes) or a whole piece (down: 8 x 16 bytes) in flight before the math.
+// kGuUnroll steps (gate_up: 12 x 16 bytes) or the next piece (down: 8 x 16 bytes, one piece ahead of the
+// math in a second register buffer) in flight.
 //
-// gate_up: work item = (expert chunk of <= x_rows positions, 16 indices = 16 gate + 16 up rows); a persistent
-// grid walks the items. Warp w takes k [w H / 8, (w + 1) H / 8) of both tiles (one B fragment feeds both).
-// The chunk's x rows are staged once per item as bf16 in shared memory (moe_decode_config.h: xs layout) while
-// the first weight loads are in flight; warps' partial sums meet in shared memory in warp order.
-// down: block = 16 output rows; pieces (expert chunk of <= 8 positions, k-range of 512) in ascending order,
-// warp w takes a contiguous run of them and keeps its sum in registers while the chunk stays the same; at a
-// chunk change it adds the chunk's rows x down_scale2 into its own tile out_w[warp][token][16] (positions in
-// order); the block then sums the 8 tiles in warp order and adds to out once.
+// gate_up: work item = (expert chunk of <= x_rows positions, 16 indices = 16 gate + 16 up rows); block b of
+// the persistent grid takes a contiguous run of items (so consecutive tiles of one chunk reuse its staged x
+// rows). Warp w takes k [w H / 8, (w + 1) H / 8) of both tiles (one B fragment feeds both). The chunk's x
+// rows are staged as bf16 in shared memory (moe_decode_config.h: xs layout) while the first weight loads are
+// in flight; warps' partial sums meet in shared memory in warp order. down: block = 16 output rows; pieces
+// (expert chunk of <= 8 positions, k-range of 512) in ascending order, warp w takes a contiguous run of them
+// and keeps its sum in registers while the chunk stays the same; at a chunk change it adds the chunk's rows x
+// down_scale2 into its own tile out_w[warp][token][16] (positions in order); the block then sums the 8 tiles
+// in warp order and adds to out once.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     moe_decode_gate_up_kernel(const MoeExpertsParams p, int x_rows) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
-  const int64_t xld = xs_ld(H), xseg = xs_seg(H);
+  const int64_t xld = xs_ld(H);
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + kLutBytes);
   float* red = reinterpret_cast<float*>(smem + kLutBytes + static_cast<size_t>(x_rows) * xld * 2);
@@ -112,17 +115,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int tiles = p.inter / kGuIdx;
   const int items = s_nec * tiles;
-  const int steps = H / 1024;  // 32-k steps of a lane's quarter (H / 32 k)
-  const int quarter = H / 32;
-  const int k0 = warp * (H / 8) + t * quarter;  // the lane's first k
+  const int steps = H / 1024;  // 128-k steps of a warp's eighth of k
+  // Step s of lane (g, t) covers k [k_lane + 128 s, + 32) with k_lane = warp H / 8 + 32 t: the four lanes of
+  // a quad read 64 contiguous weight bytes of their row per step.
+  const int k_lane = warp * (H / 8) + 32 * t;
   const int64_t row_bytes = H / 2, srow_bytes = H / 16;
   const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
-  // The lane's B row: segment 4 warp + t of xs row g.
-  const __nv_bfloat16* xs_lane = xs + g * xld + (warp * 4 + t) * xseg;
+  // The lane's B row (x row g), at its 64-byte group k_lane / 32; pieces are swizzled by bit 1 of the group
+  // index, which is t >> 1 for every step (H / 256 and 4 s are multiples of 4).
+  const __nv_bfloat16* xs_lane = xs + g * xld + k_lane;
+  const int sw = (t >> 1) & 1;
   __nv_bfloat16* actb = reinterpret_cast<__nv_bfloat16*>(p.act);
+  // Block b takes the contiguous items [it0, it1): consecutive tiles of one (expert, chunk) share the staged
+  // x rows.
+  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
+  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
 
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int code = ec[item / tiles];
+  int staged = -1;  // the work-list entry whose x rows xs holds
+  for (int item = it0; item < it1; ++item) {
+    const int eci = item / tiles;
+    const int code = ec[eci];
     const int e = code & 1023, chunk = code >> 10, tile = item % tiles;
     const int count = p.expert_counts[e], off = p.expert_offsets[e];
     const int rows = min(x_rows, count - chunk * x_rows);
@@ -135,8 +147,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int64_t row = idx + (r & 1) * 8;
-      wp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate : ew.up) + row * row_bytes + k0 / 2;
-      sp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k0 / 16;
+      wp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
+      sp[r] =
+          static_cast<const uint8_t*>(r < 2 ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k_lane / 16;
     }
     uint4 w[kGuUnroll][4];
     uint32_t sc[kGuUnroll][4];
@@ -146,22 +159,26 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (s0 + u < steps) {
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            w[u][r] = ld_stream16(wp[r] + (s0 + u) * 16);
-            sc[u][r] = ld_stream2(sp[r] + (s0 + u) * 2);
+            w[u][r] = ld_stream16(wp[r] + (s0 + u) * 64);
+            sc[u][r] = ld_stream2(sp[r] + (s0 + u) * 8);
           }
         }
       }
     };
     issue(0);  // weights do not wait for the x rows
-    // Stage the chunk's x rows as bf16: 4 k per thread and step.
-    const int row_quads = H / 4;
-    for (int i = tid; i < rows * row_quads; i += kThreads) {
-      const int r = i / row_quads, k = (i - r * row_quads) * 4;
-      const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
-      const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
-      __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-      *reinterpret_cast<uint2*>(xs + r * xld + (k / quarter) * xseg + k % quarter) =
-          *reinterpret_cast<const uint2*>(pr);
+    if (eci != staged) {
+      // Stage the chunk's x rows as bf16 (layout: moe_decode_config.h xs_ld): 4 k per thread and pass.
+      const int row_quads = H / 4;
+      for (int i = tid; i < rows * row_quads; i += kThreads) {
+        const int r = i / row_quads, k = (i - r * row_quads) * 4;
+        const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
+        const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
+        const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
+        __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+        *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) =
+            *reinterpret_cast<const uint2*>(pr);
+      }
+      staged = eci;
     }
     __syncthreads();
     float acc[2][4] = {};
@@ -173,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         uint4 b[4];
 #pragma unroll
         for (int j2 = 0; j2 < 4; ++j2)
-          b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + (s0 + u) * 32 + 8 * j2)
+          b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + (s0 + u) * 128 + 8 * (j2 ^ sw))
                            : make_uint4(0u, 0u, 0u, 0u);
         tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b, lut_lane);
         tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b, lut_lane);
@@ -235,8 +252,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
 
   int cur = -1, rows = 0, pos0 = 0;
   float s2 = 0.f;
-  const uint8_t* wbase = nullptr;
-  const uint8_t* sbase = nullptr;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&]() {
     scr_w[(2 * t) * 16 + g] = acc[0];
@@ -253,7 +268,27 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
     }
     __syncwarp();
   };
-  for (int pc = p_begin; pc < p_end; ++pc) {
+  // Step s of a piece: lane (g, t) covers k [k0 + 128 s + 32 t, + 32) of rows row0 + g, + 8 (a quad reads 64
+  // contiguous bytes of its row); a piece's 8 loads are issued one piece ahead of its math (two register
+  // buffers), so a warp always has the next piece's bytes in flight.
+  constexpr int kSteps = kDownKr / 128;
+  auto load = [&](int pc, uint4(&w)[kSteps][2], uint32_t(&sc)[kSteps][2]) {
+    const int ei = pc / ks_per, ks = pc - ei * ks_per;
+    const MoeExpertWeights& ew = p.experts[ec[ei] & 1023];
+    const int64_t k0 = static_cast<int64_t>(ks) * kDownKr + 32 * t;
+    const uint8_t* wb =
+        static_cast<const uint8_t*>(ew.down) + static_cast<int64_t>(row0 + g) * row_bytes + k0 / 2;
+    const uint8_t* sb =
+        static_cast<const uint8_t*>(ew.down_scale) + static_cast<int64_t>(row0 + g) * srow_bytes + k0 / 16;
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        w[st][r] = ld_stream16(wb + r * 8 * row_bytes + 64 * st);
+        sc[st][r] = ld_stream2(sb + r * 8 * srow_bytes + 8 * st);
+      }
+  };
+  auto process = [&](int pc, const uint4(&w)[kSteps][2], const uint32_t(&sc)[kSteps][2]) {
     const int ei = pc / ks_per, ks = pc - ei * ks_per;
     if (ei != cur) {
       if (cur >= 0) flush();
@@ -263,34 +298,30 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
       const int count = p.expert_counts[e];
       rows = min(kChunk, count - chunk * kChunk);
       pos0 = p.expert_offsets[e] + chunk * kChunk;
-      const MoeExpertWeights& ew = p.experts[e];
-      s2 = ew.down_scale2;
-      wbase = static_cast<const uint8_t*>(ew.down) + static_cast<int64_t>(row0 + g) * row_bytes;
-      sbase = static_cast<const uint8_t*>(ew.down_scale) + static_cast<int64_t>(row0 + g) * srow_bytes;
+      s2 = p.experts[e].down_scale2;
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] = 0.f;
     }
-    const int k0 = ks * kDownKr + t * (kDownKr / 4);
-    constexpr int kSteps = kDownKr / 128;  // 32-k steps of the lane's quarter
-    uint4 w[kSteps][2];
-    uint32_t sc[kSteps][2];
+    const __nv_bfloat16* arow = actb + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        w[s][r] = ld_stream16(wbase + r * 8 * row_bytes + (k0 + 32 * s) / 2);
-        sc[s][r] = ld_stream2(sbase + r * 8 * srow_bytes + (k0 + 32 * s) / 16);
-      }
-    const __nv_bfloat16* arow = actb + static_cast<int64_t>(pos0 + g) * p.inter + k0;
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
+    for (int st = 0; st < kSteps; ++st) {
       uint4 b[4];
 #pragma unroll
       for (int j2 = 0; j2 < 4; ++j2)
-        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 32 * s + 8 * j2))
+        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
                          : make_uint4(0u, 0u, 0u, 0u);
-      tile_step(acc, w[s][0], w[s][1], sc[s][0], sc[s][1], b, lut_lane);
+      tile_step(acc, w[st][0], w[st][1], sc[st][0], sc[st][1], b, lut_lane);
     }
+  };
+  uint4 wa[kSteps][2], wb2[kSteps][2];
+  uint32_t sa[kSteps][2], sb2[kSteps][2];
+  if (p_begin < p_end) load(p_begin, wa, sa);
+  for (int pc = p_begin; pc < p_end; pc += 2) {
+    if (pc + 1 < p_end) load(pc + 1, wb2, sb2);
+    process(pc, wa, sa);
+    if (pc + 1 >= p_end) break;
+    if (pc + 2 < p_end) load(pc + 2, wa, sa);
+    process(pc + 1, wb2, sb2);
   }
   if (cur >= 0) flush();
   __syncthreads();
