@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/dsa_indexer/dsa_indexer.h"
 #include "kernels/cuda/paged_kv/current_caps.h"
 
@@ -34,6 +36,7 @@ __device__ __forceinline__ int visible_keys(const DsaIndexerParams& p, int i) {
 // Block (64 keys, token i0 + blockIdx.y): scores[row, j] for the block's visible keys j.
 __global__ void __launch_bounds__(kScoreThreads)
     score_kernel(DsaIndexerParams p, int i0, int kb, float* __restrict__ scores) {
+  dev::grid_dep_enter();
   const int row = blockIdx.y, i = i0 + row, j0 = blockIdx.x * kb;
   const int n = visible_keys(p, i);
   if (n <= p.topk || j0 >= n) return;  // block-uniform
@@ -79,6 +82,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 // Block per token: radix select of the topk-th largest key, then an ascending scan writing the selection.
 __global__ void __launch_bounds__(kSelectThreads)
     select_kernel(DsaIndexerParams p, int i0, const float* __restrict__ scores) {
+  dev::grid_dep_enter();
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ unsigned hist[256];
@@ -175,11 +179,10 @@ void dsa_indexer(const DsaIndexerParams& p, cudaStream_t stream) {
   const unsigned key_blocks = static_cast<unsigned>((p.max_keys + kb - 1) / kb);
   for (int i0 = 0; i0 < p.m; i0 += rows) {
     const int n = std::min(rows, p.m - i0);
-    score_kernel<<<dim3(key_blocks, static_cast<unsigned>(n)), kScoreThreads, smem, stream>>>(p, i0, kb,
-                                                                                              scores);
-    CUDA_CHECK(cudaGetLastError());
-    select_kernel<<<static_cast<unsigned>(n), kSelectThreads, 0, stream>>>(p, i0, scores);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel("score", score_kernel, dim3(key_blocks, static_cast<unsigned>(n)), kScoreThreads, smem,
+                  stream, p, i0, kb, scores);
+    launch_kernel("select", select_kernel, static_cast<unsigned>(n), kSelectThreads, 0, stream, p, i0,
+                  scores);
   }
 }
 
