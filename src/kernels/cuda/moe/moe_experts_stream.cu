@@ -24,6 +24,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_stream.h"
 
@@ -89,6 +91,7 @@ __device__ __forceinline__ AFrag load_a(const uint8_t* data, size_t ld, const ui
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const MoeExpertsParams p) {
+  dev::grid_dep_enter();
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kChunk = 8 * NT;  // positions per pass
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
@@ -243,6 +246,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeExpertsParams p) {
+  dev::grid_dep_enter();
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kChunk = 8 * NT;  // positions per pass
   const int kc_len = down_kc(p.inter);
@@ -378,10 +382,8 @@ void launch(const MoeExpertsParams& p, const Config& c, cudaStream_t stream) {
                                   static_cast<int>(c.smem_gate_up)));
   CUDA_CHECK(
       cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_down)));
-  gu<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
-  dn<<<c.grid_down, kThreads, c.smem_down, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("moe_stream_gate_up", gu, c.grid_gate_up, kThreads, c.smem_gate_up, stream, p);
+  launch_kernel("moe_stream_down", dn, c.grid_down, kThreads, c.smem_down, stream, p);
 }
 
 }  // namespace
