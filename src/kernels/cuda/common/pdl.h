@@ -47,7 +47,7 @@ inline cudaLaunchConfig_t pdl_launch_config(dim3 grid, dim3 block, size_t smem, 
 template <typename... Expected, typename... Actual>
 void launch_kernel(const char* name, void (*kernel)(Expected...), dim3 grid, dim3 block, size_t smem,
                    cudaStream_t stream, Actual&&... args) {
-  cudaLaunchAttribute attr;
+  cudaLaunchAttribute attr{};
   const cudaLaunchConfig_t cfg = pdl_launch_config(grid, block, smem, stream, attr);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Actual>(args)...);
   if (err != cudaSuccess) {
@@ -60,7 +60,7 @@ void launch_kernel(const char* name, void (*kernel)(Expected...), dim3 grid, dim
 // The same for a kernel given as a pointer with its arguments as an array (cudaLaunchKernel's form).
 inline void launch_kernel_args(const char* name, const void* kernel, dim3 grid, dim3 block, void** args,
                                size_t smem, cudaStream_t stream) {
-  cudaLaunchAttribute attr;
+  cudaLaunchAttribute attr{};
   const cudaLaunchConfig_t cfg = pdl_launch_config(grid, block, smem, stream, attr);
   const cudaError_t err = cudaLaunchKernelExC(&cfg, kernel, args);
   if (err != cudaSuccess) {
