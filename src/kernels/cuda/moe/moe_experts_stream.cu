@@ -91,7 +91,6 @@ __device__ __forceinline__ AFrag load_a(const uint8_t* data, size_t ld, const ui
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const MoeExpertsParams p) {
-  dev::grid_dep_enter();
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kChunk = 8 * NT;  // positions per pass
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
@@ -102,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
   int32_t* ec = reinterpret_cast<int32_t*>(red + 4 * kTokChunk * 16);
   __shared__ int s_nec;
 
-  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);
+  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);  // shared memory from constants: before the wait
+  dev::grid_dep_enter();
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -246,7 +246,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeExpertsParams p) {
-  dev::grid_dep_enter();
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kChunk = 8 * NT;  // positions per pass
   const int kc_len = down_kc(p.inter);
@@ -259,7 +258,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeE
   __shared__ int s_nec;
   __shared__ int s_tok[kTokChunk];
 
-  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);
+  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);  // shared memory from constants: before the wait
+  dev::grid_dep_enter();
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   for (int i = threadIdx.x; i < p.m * kDownRows; i += kThreads) out_tile[i] = 0.f;
   __syncthreads();
