@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/sampling/logits_topc.h"
 #include "ops/ops.h"
 #include "runtime/cuda/cuda_event_timer.h"
@@ -95,6 +96,7 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
                            CudaExecutorOptions opt)
     : cfg_(resolve_executor_config(mc, cfg, true)), opt_(opt), impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
+  ms::cuda::set_pdl_enabled(opt_.pdl);
   CUDA_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
   I.ctx = I.backend.ctx(I.stream);
   I.backend.set_attention_kernel(opt_.attention_kernel);
@@ -192,10 +194,11 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
   if (!opt_.quiet)
     MS_LOG_INFO(
         "cuda executor on {}: weights {:.2f} GiB, workspace {:.2f} GiB, KV {} pages of {} ({:.2f} GiB, {}), "
-        "graphs for decode batches up to {}",
+        "graphs for decode batches up to {}, programmatic dependent launch {}",
         I.backend.device_name(), I.weights.reserved() / 1073741824.0, I.work.reserved() / 1073741824.0,
         cfg_.num_pages, cfg_.page_size, I.kv.reserved() / 1073741824.0,
-        kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), I.buckets.empty() ? 0 : I.buckets.back());
+        kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), I.buckets.empty() ? 0 : I.buckets.back(),
+        ms::cuda::pdl_active() ? "on" : "off");
 }
 
 CudaExecutor::~CudaExecutor() {
