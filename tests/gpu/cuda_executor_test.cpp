@@ -223,7 +223,15 @@ TEST_P(CudaGolden, ProgrammaticDependentLaunchChangesNoResult) {
                 GetParam().c_str(), graphs ? "graphs" : "eager", e,
                 logits[0].size() / static_cast<size_t>(V));
     EXPECT_LT(e, 1e-5) << GetParam() << (graphs ? " graphs" : " eager");
-    if (graphs) EXPECT_GE(stats[1].replays, 1) << "no decode step was replayed from a graph";
+    if (graphs) {
+      EXPECT_GE(stats[1].replays, 1) << "no decode step was replayed from a graph";
+      std::printf("[ measured ] %s graphs: %lld programmatic edges with PDL on, %lld off\n",
+                  GetParam().c_str(), static_cast<long long>(stats[1].programmatic_edges),
+                  static_cast<long long>(stats[0].programmatic_edges));
+      EXPECT_EQ(stats[0].programmatic_edges, 0);
+      if (cuda::pdl_active())
+        EXPECT_GT(stats[1].programmatic_edges, 0) << "capture kept no programmatic edge";
+    }
   }
   runtime::cuda::GraphStats gs;
   const auto on = engine_greedy(*f, m, true, &gs, true, true);

@@ -45,6 +45,9 @@ struct GraphStats {
   int64_t captured = 0;  // graphs captured (one per bucket)
   int64_t replays = 0;   // steps run by replaying a graph
   int64_t eager = 0;     // steps run op by op
+  // Edges of the captured graphs (all of them together) that let a kernel start before its predecessor ends
+  // (programmatic dependent launch, kernels/cuda/common/pdl.h): 0 with --disable-pdl or before sm_90.
+  int64_t programmatic_edges = 0;
 };
 
 class CudaExecutor final : public Executor {
