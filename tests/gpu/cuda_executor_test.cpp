@@ -198,7 +198,10 @@ TEST_P(CudaGolden, ProgrammaticDependentLaunchChangesNoResult) {
   auto f = load_fixture(GetParam());
   if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
   model::Model m(f->cfg, model::load_weights(f->cfg, *f->src));
-  const bool was = cuda::pdl_enabled();
+  struct Restore {  // the process-wide switch as it was, whatever the assertions do
+    bool was = cuda::pdl_enabled();
+    ~Restore() { cuda::set_pdl_enabled(was); }
+  } restore;
   std::printf("[ measured ] %s programmatic dependent launch active: %s\n", GetParam().c_str(),
               cuda::pdl_active() ? "yes" : "no (MOESERVE_DISABLE_PDL or a device before sm_90)");
   const int64_t V = f->cfg.vocab_size;
@@ -241,7 +244,6 @@ TEST_P(CudaGolden, ProgrammaticDependentLaunchChangesNoResult) {
     EXPECT_EQ(on.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (PDL on)";
     EXPECT_EQ(off.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (PDL off)";
   }
-  cuda::set_pdl_enabled(was);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
