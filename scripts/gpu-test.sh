@@ -5,6 +5,7 @@
 # kernel benchmarks, and one summary table at the end.
 # Switches: GPU_TEST_SLICE=0 (no glm5-slice checkpoint), GPU_TEST_SLICE_FORMATS="nvfp4 fp8 bf16",
 # GPU_TEST_E2E=0, GPU_TEST_BENCH=0, GPU_TEST_NO_GRAPH_BENCH=0 (bench-one-batch with graphs only),
+# GPU_TEST_NO_PDL_BENCH=0 (no bench-one-batch run with --disable-pdl),
 # GPU_TEST_BENCH_TIMEOUT=seconds (each kernel benchmark), GPU_TEST_SHARD=K/N (a shard of the GPU tests),
 # BUILD=dir.
 set -uo pipefail
@@ -91,6 +92,8 @@ if grep -q "100% tests passed" "$log/ctest"; then status "gpu tests" ok; else st
 if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -n "$slice" ]; then
   graph_modes=("")
   [ "${GPU_TEST_NO_GRAPH_BENCH:-1}" = 1 ] && graph_modes+=("--disable-cuda-graph")
+  # Graphs without programmatic dependent launch: what PDL saves per step.
+  [ "${GPU_TEST_NO_PDL_BENCH:-1}" = 1 ] && graph_modes+=("--disable-pdl")
   for g in "${graph_modes[@]}"; do
     if "$bin" bench-one-batch --model "$slice" --device cuda --batch-size 1,8,64 --input-len 128 \
          --output-len 32 --kv-cache-dtype fp8_e4m3 $g >"$log/bench-one-batch$g" 2>&1; then

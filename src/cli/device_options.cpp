@@ -16,6 +16,9 @@ void add_device_options(CLI::App& sub, DeviceOptions& o) {
       ->capture_default_str();
   sub.add_flag("--disable-cuda-graph", o.disable_cuda_graph,
                "Run decode steps op by op instead of from CUDA graphs");
+  sub.add_flag("--disable-pdl", o.disable_pdl,
+               "Launch kernels plainly instead of as programmatic dependents (sm_90+: a kernel's launch and "
+               "prologue overlap the previous kernel's tail); MOESERVE_DISABLE_PDL=1 does the same");
   sub.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs,
                  "Largest decode batch replayed from a CUDA graph")
       ->capture_default_str();
@@ -83,6 +86,7 @@ std::string checked_device(const DeviceOptions& o) {
 runtime::cuda::CudaExecutorOptions cuda_options(const DeviceOptions& o) {
   runtime::cuda::CudaExecutorOptions co;
   co.cuda_graphs = !o.disable_cuda_graph;
+  co.pdl = !o.disable_pdl;
   co.cuda_graph_max_bs = o.cuda_graph_max_bs;
   co.attention_kernel = o.attention_backend;
   return co;

@@ -1,5 +1,6 @@
-// The device flags every engine command shares (--device, --disable-cuda-graph, --cuda-graph-max-bs,
-// --attention-backend, --moe-runner-backend) and the one place that builds an Engine on the chosen device.
+// The device flags every engine command shares (--device, --disable-cuda-graph, --disable-pdl,
+// --cuda-graph-max-bs, --attention-backend, --moe-runner-backend) and the one place that builds an Engine on
+// the chosen device.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -18,6 +19,7 @@ namespace ms::cli {
 struct DeviceOptions {
   std::string device = "auto";  // auto: cuda where a GPU is visible and the build has CUDA, else cpu
   bool disable_cuda_graph = false;
+  bool disable_pdl = false;  // --disable-pdl: kernels launch plainly (CudaExecutorOptions::pdl)
   int cuda_graph_max_bs = 64;
   std::string attention_backend = "auto", moe_runner_backend = "auto";
   // --gpu-sampling on|off: candidate summaries of logits rows from the GPU (EngineConfig::logits_summaries).

@@ -18,6 +18,7 @@
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/pdl.h"
 #include "kv/forward_batch.h"
 #include "kv/page_allocator.h"
 #include "model/checkpoint_source.h"
@@ -127,11 +128,13 @@ TEST_P(CudaGolden, LogitsMatchTransformersAndTheCpuExecutor) {
 }
 
 std::map<size_t, std::vector<int32_t>> engine_greedy(const Fixture& f, const model::Model& m, bool graphs,
-                                                     runtime::cuda::GraphStats* stats, bool exact = true) {
+                                                     runtime::cuda::GraphStats* stats, bool exact = true,
+                                                     bool pdl = true) {
   runtime::cuda::CudaExecutorOptions opt;
   opt.quiet = true;
   opt.cuda_graphs = graphs;
   opt.exact_linear = exact;
+  opt.pdl = pdl;
   auto ex = std::make_unique<runtime::cuda::CudaExecutor>(m, exec_config(m, kv::KvCacheDType::F32, 256), opt);
   runtime::cuda::CudaExecutor* raw = ex.get();
   runtime::EngineConfig ec;
@@ -184,6 +187,62 @@ TEST_P(CudaGolden, GreedyTokensIdenticalWithAndWithoutGraphs) {
   for (size_t i = 0; i < f->prompts.size(); ++i) {
     EXPECT_EQ(with.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (graphs)";
     EXPECT_EQ(without.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (no graphs)";
+  }
+}
+
+// Programmatic dependent launch (kernels/cuda/common/pdl.h) changes no result: decode logits with PDL on and
+// off agree (every kernel waits for its predecessor before touching what it wrote), eagerly and replayed from
+// graphs, and greedy tokens through the Engine are the fixture's either way.
+TEST_P(CudaGolden, ProgrammaticDependentLaunchChangesNoResult) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto f = load_fixture(GetParam());
+  if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
+  model::Model m(f->cfg, model::load_weights(f->cfg, *f->src));
+  struct Restore {  // the process-wide switch as it was, whatever the assertions do
+    bool was = cuda::pdl_enabled();
+    ~Restore() { cuda::set_pdl_enabled(was); }
+  } restore;
+  std::printf("[ measured ] %s programmatic dependent launch active: %s\n", GetParam().c_str(),
+              cuda::pdl_active() ? "yes" : "no (MOESERVE_DISABLE_PDL or a device before sm_90)");
+  const int64_t V = f->cfg.vocab_size;
+  for (bool graphs : {true, false}) {
+    std::vector<float> logits[2];
+    runtime::cuda::GraphStats stats[2];
+    std::vector<int32_t> ids = f->prompts[0];
+    ids.insert(ids.end(), f->greedy[0].begin(), f->greedy[0].end() - 1);
+    for (int on = 0; on < 2; ++on) {
+      runtime::cuda::CudaExecutorOptions opt;
+      opt.quiet = true;
+      opt.cuda_graphs = graphs;
+      opt.pdl = on == 1;
+      runtime::cuda::CudaExecutor ex(m, exec_config(m, kv::KvCacheDType::F32), opt);
+      if (on == 0) EXPECT_FALSE(cuda::pdl_active());
+      logits[on] = run(ex, ids, f->prompts[0].size(), true);
+      stats[on] = ex.graph_stats();
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    const double e = rel_err(logits[1].data(), logits[0].data(), logits[0].size());
+    std::printf("[ measured ] %s %s: PDL on vs off, logits rel err %.2e over %zu decode positions\n",
+                GetParam().c_str(), graphs ? "graphs" : "eager", e,
+                logits[0].size() / static_cast<size_t>(V));
+    EXPECT_LT(e, 1e-5) << GetParam() << (graphs ? " graphs" : " eager");
+    if (graphs) {
+      EXPECT_GE(stats[1].replays, 1) << "no decode step was replayed from a graph";
+      std::printf("[ measured ] %s graphs: %lld programmatic edges with PDL on, %lld off\n",
+                  GetParam().c_str(), static_cast<long long>(stats[1].programmatic_edges),
+                  static_cast<long long>(stats[0].programmatic_edges));
+      EXPECT_EQ(stats[0].programmatic_edges, 0);
+      if (cuda::pdl_active())
+        EXPECT_GT(stats[1].programmatic_edges, 0) << "capture kept no programmatic edge";
+    }
+  }
+  runtime::cuda::GraphStats gs;
+  const auto on = engine_greedy(*f, m, true, &gs, true, true);
+  const auto off = engine_greedy(*f, m, true, nullptr, true, false);
+  EXPECT_GE(gs.replays, 1);
+  for (size_t i = 0; i < f->prompts.size(); ++i) {
+    EXPECT_EQ(on.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (PDL on)";
+    EXPECT_EQ(off.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (PDL off)";
   }
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/sampling/logits_topc.h"
 #include "ops/ops.h"
 #include "runtime/cuda/cuda_event_timer.h"
@@ -16,6 +17,31 @@
 #include "runtime/cuda/weight_upload.h"
 
 namespace ms::runtime::cuda {
+
+namespace {
+
+// Edges of `g` that are programmatic (a kernel node's launch overlapping its predecessor's tail).
+int64_t programmatic_edges(cudaGraph_t g) {
+  size_t n = 0;
+#if CUDART_VERSION >= 13000
+  CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+#else
+  CUDA_CHECK(cudaGraphGetEdges_v2(g, nullptr, nullptr, nullptr, &n));
+#endif
+  if (n == 0) return 0;
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+#if CUDART_VERSION >= 13000
+  CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
+#else
+  CUDA_CHECK(cudaGraphGetEdges_v2(g, from.data(), to.data(), data.data(), &n));
+#endif
+  return std::count_if(data.begin(), data.begin() + static_cast<int64_t>(n), [](const cudaGraphEdgeData& e) {
+    return e.type == cudaGraphDependencyTypeProgrammatic;
+  });
+}
+
+}  // namespace
 
 std::vector<int> cuda_graph_buckets(int max_bs) {
   std::vector<int> b;
@@ -95,6 +121,7 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
                            CudaExecutorOptions opt)
     : cfg_(resolve_executor_config(mc, cfg, true)), opt_(opt), impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
+  ms::cuda::set_pdl_enabled(opt_.pdl);
   CUDA_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
   I.ctx = I.backend.ctx(I.stream);
   I.backend.set_attention_kernel(opt_.attention_kernel);
@@ -192,10 +219,11 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
   if (!opt_.quiet)
     MS_LOG_INFO(
         "cuda executor on {}: weights {:.2f} GiB, workspace {:.2f} GiB, KV {} pages of {} ({:.2f} GiB, {}), "
-        "graphs for decode batches up to {}",
+        "graphs for decode batches up to {}, programmatic dependent launch {}",
         I.backend.device_name(), I.weights.reserved() / 1073741824.0, I.work.reserved() / 1073741824.0,
         cfg_.num_pages, cfg_.page_size, I.kv.reserved() / 1073741824.0,
-        kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), I.buckets.empty() ? 0 : I.buckets.back());
+        kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), I.buckets.empty() ? 0 : I.buckets.back(),
+        ms::cuda::pdl_active() ? "on" : "off");
 }
 
 CudaExecutor::~CudaExecutor() {
@@ -356,6 +384,13 @@ void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting
       throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(I.stream, &g));
+    int64_t prog = 0;
+    try {
+      prog = programmatic_edges(g);
+    } catch (...) {
+      cudaGraphDestroy(g);
+      throw;
+    }
     Impl::Graph graph;
     const cudaError_t err = cudaGraphInstantiate(&graph.exec, g, 0);
     cudaGraphDestroy(g);
@@ -364,6 +399,7 @@ void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting
     graph.logits = captured;
     I.graphs.emplace(bucket, graph);
     ++graphs_stats_.captured;
+    graphs_stats_.programmatic_edges += prog;
     return;
   }
   CUDA_CHECK(cudaGraphLaunch(it->second.exec, I.stream));

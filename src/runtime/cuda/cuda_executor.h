@@ -23,7 +23,11 @@ namespace ms::runtime::cuda {
 struct CudaExecutorOptions {
   bool cuda_graphs = true;     // --disable-cuda-graph turns it off
   int cuda_graph_max_bs = 64;  // --cuda-graph-max-bs: largest decode batch replayed from a graph
-  bool quiet = false;          // no load log lines
+  // Our kernels launch as programmatic dependents on sm_90+ (kernels/cuda/common/pdl.h), their launch and
+  // prologue overlapping the previous kernel's tail; --disable-pdl turns it off. Process-wide (set when the
+  // executor is made); MOESERVE_DISABLE_PDL=1 in the environment turns it off whatever this says.
+  bool pdl = true;
+  bool quiet = false;  // no load log lines
   // With ExecutorConfig::num_pages 0: the share of the GPU's memory for weights, workspace and KV pages
   // together (--mem-fraction-static); the KV pages take what the weights and the workspace leave.
   double mem_fraction_static = 0.85;
@@ -41,6 +45,9 @@ struct GraphStats {
   int64_t captured = 0;  // graphs captured (one per bucket)
   int64_t replays = 0;   // steps run by replaying a graph
   int64_t eager = 0;     // steps run op by op
+  // Edges of the captured graphs (all of them together) that let a kernel start before its predecessor ends
+  // (programmatic dependent launch, kernels/cuda/common/pdl.h): 0 with --disable-pdl or before sm_90.
+  int64_t programmatic_edges = 0;
 };
 
 class CudaExecutor final : public Executor {

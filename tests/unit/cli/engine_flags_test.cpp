@@ -42,6 +42,7 @@ TEST(EngineFlags, EveryEngineCommandTakesTheSharedFlags) {
         << r.out;
     EXPECT_NE(help_line(r.out, "--device").find("{auto,cuda,cpu}=auto"), std::string::npos) << r.out;
     EXPECT_NE(help_line(r.out, "--disable-cuda-graph"), "") << r.out;
+    EXPECT_NE(help_line(r.out, "--disable-pdl"), "") << r.out;
     // Help says what the option accepts, f32 included (#15).
     const std::string kv = help_line(r.out, "--kv-cache-dtype");
     EXPECT_NE(kv.find("f32 (exact), bf16 or fp8_e4m3"), std::string::npos) << r.out;

@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/dsa_indexer/dsa_indexer.h"
 #include "kernels/cuda/paged_kv/current_caps.h"
 
@@ -37,6 +39,7 @@ __device__ __forceinline__ int visible_keys(const DsaIndexerParams& p, int i) {
 // weights are staged once per block.
 __global__ void __launch_bounds__(kScoreThreads)
     score_kernel(DsaIndexerParams p, int i0, int kb, float* __restrict__ scores) {
+  dev::grid_dep_enter();
   const int row = blockIdx.y, i = i0 + row;
   const int n = visible_keys(p, i);
   if (n <= p.topk || static_cast<int64_t>(blockIdx.x) * kb >= n) return;  // block-uniform
@@ -86,6 +89,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 // Block per token: radix select of the topk-th largest key, then an ascending scan writing the selection.
 __global__ void __launch_bounds__(kSelectThreads)
     select_kernel(DsaIndexerParams p, int i0, const float* __restrict__ scores) {
+  dev::grid_dep_enter();
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ unsigned hist[256];
@@ -184,11 +188,10 @@ void dsa_indexer(const DsaIndexerParams& p, cudaStream_t stream) {
     const int n = std::min(rows, p.m - i0);
     // About four blocks per multiprocessor over the pass's tokens; each walks its token's chunks.
     const int per_token = std::clamp((4 * std::max(caps.multiprocessors, 1) + n - 1) / n, 1, key_blocks);
-    score_kernel<<<dim3(static_cast<unsigned>(per_token), static_cast<unsigned>(n)), kScoreThreads, smem,
-                   stream>>>(p, i0, kb, scores);
-    CUDA_CHECK(cudaGetLastError());
-    select_kernel<<<static_cast<unsigned>(n), kSelectThreads, 0, stream>>>(p, i0, scores);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel("score", score_kernel, dim3(static_cast<unsigned>(per_token), static_cast<unsigned>(n)),
+                  kScoreThreads, smem, stream, p, i0, kb, scores);
+    launch_kernel("select", select_kernel, static_cast<unsigned>(n), kSelectThreads, 0, stream, p, i0,
+                  scores);
   }
 }
 

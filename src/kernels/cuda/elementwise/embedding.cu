@@ -1,5 +1,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/common/weight_decode.cuh"
 #include "kernels/cuda/elementwise/embedding.h"
 
@@ -11,6 +13,7 @@ constexpr int64_t kEmbedSlice = 1024;  // columns of one block (4 per thread)
 // One block per output row; threads stride over the hidden size (coalesced on table and out).
 template <WeightFormat F>
 __global__ void embedding_kernel(EmbeddingParams p) {
+  dev::grid_dep_enter();
   // blockIdx.y: a slice of kEmbedSlice columns, so that one token's row is spread over several blocks.
   const int64_t i = blockIdx.x;
   const int64_t id = p.ids[i];
@@ -38,10 +41,9 @@ void embedding(const EmbeddingParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.m),
                   static_cast<unsigned>((p.table.cols + kEmbedSlice - 1) / kEmbedSlice));
   if (p.table.format == WeightFormat::F32)
-    embedding_kernel<WeightFormat::F32><<<grid, kElementwiseThreads, 0, stream>>>(p);
+    launch_kernel("embedding", embedding_kernel<WeightFormat::F32>, grid, kElementwiseThreads, 0, stream, p);
   else
-    embedding_kernel<WeightFormat::BF16><<<grid, kElementwiseThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+    launch_kernel("embedding", embedding_kernel<WeightFormat::BF16>, grid, kElementwiseThreads, 0, stream, p);
 }
 
 }  // namespace ms::cuda

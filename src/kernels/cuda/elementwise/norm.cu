@@ -6,6 +6,8 @@
 // aliases an input is only written by the thread that read that element.
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/elementwise/norm.h"
 
 #include <initializer_list>
@@ -37,6 +39,7 @@ __device__ float block_sum(float v, float* red) {
 }
 
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(RmsNormParams p) {
+  dev::grid_dep_enter();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const float* x = p.x + r * p.x_stride;
@@ -49,6 +52,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(RmsNormParams p)
 }
 
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormParams p) {
+  dev::grid_dep_enter();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   float* h = p.h + r * p.h_stride;
@@ -66,6 +70,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormPa
 }
 
 __global__ void __launch_bounds__(kNormThreads) layer_norm_kernel(LayerNormParams p) {
+  dev::grid_dep_enter();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const float* x = p.x + r * p.x_stride;
@@ -86,6 +91,7 @@ constexpr int kRegThreads = 512;
 // Row in registers: thread t holds float4 pieces t, t + 512, ... (V of them; pieces past n / 4 are zero).
 template <int V>
 __global__ void __launch_bounds__(kRegThreads) rms_norm_reg_kernel(RmsNormParams p) {
+  dev::grid_dep_enter();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const float4* x = reinterpret_cast<const float4*>(p.x + r * p.x_stride);
@@ -119,6 +125,7 @@ __global__ void __launch_bounds__(kRegThreads) rms_norm_reg_kernel(RmsNormParams
 // squares (V = 1), which changes the rounding.
 template <int V>
 __global__ void __launch_bounds__(kRegThreads) add_rms_norm_reg_kernel(AddRmsNormParams p) {
+  dev::grid_dep_enter();
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   float4* h = reinterpret_cast<float4*>(p.h + r * p.h_stride);
@@ -205,9 +212,11 @@ void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(p.m);
   dispatch_pieces(
       reg_pieces(p.n, {{p.x, p.x_stride}, {p.out, p.out_stride}, {p.weight, 0}}),
-      [&](auto v) { rms_norm_reg_kernel<decltype(v)::value><<<grid, kRegThreads, 0, stream>>>(p); },
-      [&] { rms_norm_kernel<<<grid, kNormThreads, 0, stream>>>(p); });
-  CUDA_CHECK(cudaGetLastError());
+      [&](auto v) {
+        launch_kernel("rms_norm_reg", rms_norm_reg_kernel<decltype(v)::value>, grid, kRegThreads, 0, stream,
+                      p);
+      },
+      [&] { launch_kernel("rms_norm", rms_norm_kernel, grid, kNormThreads, 0, stream, p); });
 }
 
 void add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
@@ -223,9 +232,11 @@ void add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(p.m);
   dispatch_pieces(
       reg_pieces(p.n, {{p.h, p.h_stride}, {p.delta, p.delta_stride}, {p.out, p.out_stride}, {p.weight, 0}}),
-      [&](auto v) { add_rms_norm_reg_kernel<decltype(v)::value><<<grid, kRegThreads, 0, stream>>>(p); },
-      [&] { add_rms_norm_kernel<<<grid, kNormThreads, 0, stream>>>(p); });
-  CUDA_CHECK(cudaGetLastError());
+      [&](auto v) {
+        launch_kernel("add_rms_norm_reg", add_rms_norm_reg_kernel<decltype(v)::value>, grid, kRegThreads, 0,
+                      stream, p);
+      },
+      [&] { launch_kernel("add_rms_norm", add_rms_norm_kernel, grid, kNormThreads, 0, stream, p); });
 }
 
 void layer_norm(const LayerNormParams& p, cudaStream_t stream) {
@@ -235,8 +246,7 @@ void layer_norm(const LayerNormParams& p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return;
   MS_CHECK(p.weight != nullptr, "layer_norm: weight is null");
   MS_CHECK(p.x != p.out || p.x_stride == p.out_stride, "layer_norm: out aliases x with another row stride");
-  layer_norm_kernel<<<static_cast<unsigned>(p.m), kNormThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("layer_norm", layer_norm_kernel, static_cast<unsigned>(p.m), kNormThreads, 0, stream, p);
 }
 
 }  // namespace ms::cuda

@@ -4,6 +4,8 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/float_codecs.cuh"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/elementwise/pointwise.h"
 
 namespace ms::cuda {
@@ -15,6 +17,7 @@ namespace {
        c += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void silu_mul_kernel(SiluMulParams p) {
+  dev::grid_dep_enter();
   MS_FOR_ROWS(p.m) {
     const float* g = p.x + r * p.x_stride;
     const float* u = g + p.n;
@@ -26,6 +29,7 @@ __global__ void silu_mul_kernel(SiluMulParams p) {
 }
 
 __global__ void add_inplace_kernel(AddInplaceParams p) {
+  dev::grid_dep_enter();
   MS_FOR_ROWS(p.m) {
     float* y = p.y + r * p.y_stride;
     const float* x = p.x + r * p.x_stride;
@@ -36,6 +40,7 @@ __global__ void add_inplace_kernel(AddInplaceParams p) {
 }
 
 __global__ void scale_inplace_kernel(ScaleInplaceParams p) {
+  dev::grid_dep_enter();
   MS_FOR_ROWS(p.m) {
     float* y = p.y + r * p.y_stride;
     MS_FOR_COLS(p.n) {
@@ -45,6 +50,7 @@ __global__ void scale_inplace_kernel(ScaleInplaceParams p) {
 }
 
 __global__ void gather_rows_kernel(GatherRowsParams p) {
+  dev::grid_dep_enter();
   MS_FOR_ROWS(p.k) {
     const int64_t s = p.index[r];
     float* d = p.dst + r * p.dst_stride;
@@ -62,6 +68,7 @@ __global__ void gather_rows_kernel(GatherRowsParams p) {
 }
 
 __global__ void remap_ids_kernel(RemapIdsParams p) {
+  dev::grid_dep_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t id = p.ids[i];
@@ -70,6 +77,7 @@ __global__ void remap_ids_kernel(RemapIdsParams p) {
 }
 
 __global__ void remap_ids_replicated_kernel(RemapIdsReplicatedParams p) {
+  dev::grid_dep_enter();
   const int64_t n = p.m * p.k;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -87,6 +95,7 @@ __global__ void remap_ids_replicated_kernel(RemapIdsReplicatedParams p) {
 }
 
 __global__ void cast_bf16_kernel(CastBf16Params p) {
+  dev::grid_dep_enter();
   MS_FOR_ROWS(p.m) {
     const float* x = p.x + r * p.x_stride;
     uint16_t* o = reinterpret_cast<uint16_t*>(p.out) + r * p.out_stride;
@@ -105,23 +114,21 @@ void silu_mul(const SiluMulParams& p, cudaStream_t stream) {
   check_matrix(p.x, p.m, 2 * p.n, p.x_stride, "silu_mul", "x");
   check_matrix(p.out, p.m, p.n, p.out_stride, "silu_mul", "out");
   if (p.m == 0 || p.n == 0) return;
-  silu_mul_kernel<<<rows_grid(p.m, p.n), kElementwiseThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("silu_mul", silu_mul_kernel, rows_grid(p.m, p.n), kElementwiseThreads, 0, stream, p);
 }
 
 void add_inplace(const AddInplaceParams& p, cudaStream_t stream) {
   check_matrix(p.y, p.m, p.n, p.y_stride, "add_inplace", "y");
   check_matrix(p.x, p.m, p.n, p.x_stride, "add_inplace", "x");
   if (p.m == 0 || p.n == 0) return;
-  add_inplace_kernel<<<rows_grid(p.m, p.n), kElementwiseThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("add_inplace", add_inplace_kernel, rows_grid(p.m, p.n), kElementwiseThreads, 0, stream, p);
 }
 
 void scale_inplace(const ScaleInplaceParams& p, cudaStream_t stream) {
   check_matrix(p.y, p.m, p.n, p.y_stride, "scale_inplace", "y");
   if (p.m == 0 || p.n == 0) return;
-  scale_inplace_kernel<<<rows_grid(p.m, p.n), kElementwiseThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("scale_inplace", scale_inplace_kernel, rows_grid(p.m, p.n), kElementwiseThreads, 0, stream,
+                p);
 }
 
 void gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
@@ -129,8 +136,7 @@ void gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
   check_matrix(p.src, p.src_rows, p.n, p.src_stride, "gather_rows", "src");
   if (p.k == 0 || p.n == 0) return;
   MS_CHECK(p.index != nullptr, "gather_rows: index is null");
-  gather_rows_kernel<<<rows_grid(p.k, p.n), kElementwiseThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("gather_rows", gather_rows_kernel, rows_grid(p.k, p.n), kElementwiseThreads, 0, stream, p);
 }
 
 void remap_ids(const RemapIdsParams& p, cudaStream_t stream) {
@@ -139,8 +145,8 @@ void remap_ids(const RemapIdsParams& p, cudaStream_t stream) {
   MS_CHECK(p.ids != nullptr && p.out != nullptr, "remap_ids: ids or out is null");
   MS_CHECK(p.n_map == 0 || p.map != nullptr, "remap_ids: map is null");
   const int64_t blocks = std::min<int64_t>((p.n + kElementwiseThreads - 1) / kElementwiseThreads, 4096);
-  remap_ids_kernel<<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("remap_ids", remap_ids_kernel, static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream,
+                p);
 }
 
 void remap_ids_replicated(const RemapIdsReplicatedParams& p, cudaStream_t stream) {
@@ -153,16 +159,15 @@ void remap_ids_replicated(const RemapIdsReplicatedParams& p, cudaStream_t stream
            "remap_ids_replicated: copies or slots is null");
   const int64_t n = p.m * p.k;
   const int64_t blocks = std::min<int64_t>((n + kElementwiseThreads - 1) / kElementwiseThreads, 4096);
-  remap_ids_replicated_kernel<<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("remap_ids_replicated", remap_ids_replicated_kernel, static_cast<unsigned>(blocks),
+                kElementwiseThreads, 0, stream, p);
 }
 
 void cast_f32_to_bf16(const CastBf16Params& p, cudaStream_t stream) {
   check_matrix(p.x, p.m, p.n, p.x_stride, "cast_f32_to_bf16", "x");
   check_matrix(p.out, p.m, p.n, p.out_stride, "cast_f32_to_bf16", "out");
   if (p.m == 0 || p.n == 0) return;
-  cast_bf16_kernel<<<rows_grid(p.m, p.n), kElementwiseThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("cast_bf16", cast_bf16_kernel, rows_grid(p.m, p.n), kElementwiseThreads, 0, stream, p);
 }
 
 }  // namespace ms::cuda

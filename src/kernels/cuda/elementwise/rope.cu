@@ -2,6 +2,8 @@
 // threads rotate every (head, pair) of the row.
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/elementwise/rope.h"
 
 namespace ms::cuda {
@@ -11,6 +13,7 @@ constexpr int kRopeThreads = 256;
 constexpr int64_t kRopeMaxHalf = 4096;  // 32 KB of cos/sin: within the default shared memory of any GPU
 
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(RopeParams p) {
+  dev::grid_dep_enter();
   extern __shared__ float cs[];  // [2, half]: cos then sin, both times attention_scaling
   const int64_t r = blockIdx.x, half = p.dim / 2;
   // f32 angle, then f32 cos and sin of it, as the CPU reference.
@@ -50,8 +53,7 @@ void rope(const RopeParams& p, cudaStream_t stream) {
   MS_CHECK(p.m == 1 || p.row_stride >= (p.heads - 1) * p.head_stride + p.offset + p.dim,
            "rope: row_stride {} is smaller than the {} heads it holds", p.row_stride, p.heads);
   const size_t smem = static_cast<size_t>(p.dim) * sizeof(float);
-  rope_kernel<<<static_cast<unsigned>(p.m), kRopeThreads, smem, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("rope", rope_kernel, static_cast<unsigned>(p.m), kRopeThreads, smem, stream, p);
 }
 
 }  // namespace ms::cuda

@@ -3,6 +3,8 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/float_codecs.cuh"
 #include "kernels/cuda/common/launch.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/kv_store/kv_store.h"
 
 namespace ms::cuda {
@@ -12,6 +14,7 @@ namespace {
 // f32, as the CPU reference computes it.
 template <KvCacheFormat F>
 __global__ void kv_store_kernel(KvStoreParams p, float inv_scale) {
+  dev::grid_dep_enter();
   const int64_t total_slots = p.num_pages * p.page_size;
   for (int64_t r = blockIdx.y; r < p.m; r += gridDim.y) {
     const int64_t slot = p.slots[r];
@@ -46,18 +49,20 @@ void kv_store(const KvStoreParams& p, cudaStream_t stream) {
   const dim3 grid = rows_grid(p.m, p.width);
   switch (p.format) {
     case KvCacheFormat::F32:
-      kv_store_kernel<KvCacheFormat::F32><<<grid, kElementwiseThreads, 0, stream>>>(p, inv_scale);
+      launch_kernel("kv_store", kv_store_kernel<KvCacheFormat::F32>, grid, kElementwiseThreads, 0, stream, p,
+                    inv_scale);
       break;
     case KvCacheFormat::BF16:
-      kv_store_kernel<KvCacheFormat::BF16><<<grid, kElementwiseThreads, 0, stream>>>(p, inv_scale);
+      launch_kernel("kv_store", kv_store_kernel<KvCacheFormat::BF16>, grid, kElementwiseThreads, 0, stream, p,
+                    inv_scale);
       break;
     case KvCacheFormat::FP8E4M3:
-      kv_store_kernel<KvCacheFormat::FP8E4M3><<<grid, kElementwiseThreads, 0, stream>>>(p, inv_scale);
+      launch_kernel("kv_store", kv_store_kernel<KvCacheFormat::FP8E4M3>, grid, kElementwiseThreads, 0, stream,
+                    p, inv_scale);
       break;
     default:
       MS_THROW("kv_store: unknown cache format {}", static_cast<int>(p.format));
   }
-  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace ms::cuda

@@ -7,6 +7,8 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/mla_attention/mla_absorb.h"
 #include "kernels/cuda/mla_attention/mla_absorb_stream.h"
 #include "kernels/cuda/paged_kv/current_caps.h"
@@ -40,6 +42,7 @@ __device__ __forceinline__ float weight_at(const DenseWeightView& w, int64_t row
 }
 
 __global__ void __launch_bounds__(kAbsorbCols) absorb_q_kernel(MlaAbsorbQParams p) {
+  dev::grid_dep_enter();
   extern __shared__ float q_s[];  // [kT, nope]
   const int h = blockIdx.y, i0 = blockIdx.z * kT, tn = min(kT, p.m - i0);
   const int qd = p.nope + p.rope, r = p.kv_lora_rank, width = r + p.rope;
@@ -72,6 +75,7 @@ __global__ void __launch_bounds__(kAbsorbCols) absorb_q_kernel(MlaAbsorbQParams 
 }
 
 __global__ void __launch_bounds__(kOutWarps * 32) out_v_kernel(MlaOutVParams p) {
+  dev::grid_dep_enter();
   extern __shared__ float lat_s[];  // [kT, kv_lora_rank]
   const int h = blockIdx.y, i0 = blockIdx.z * kT, tn = min(kT, p.m - i0), r = p.kv_lora_rank;
   for (int idx = threadIdx.x; idx < kT * r; idx += blockDim.x) {
@@ -136,8 +140,7 @@ void mla_absorb_q(const MlaAbsorbQParams& p, cudaStream_t stream) {
   const dim3 grid((p.kv_lora_rank + kAbsorbCols - 1) / kAbsorbCols, p.heads, (p.m + kT - 1) / kT);
   MS_CHECK(grid.z <= 65535u && p.heads <= 65535, "mla_absorb_q: m {} / heads {} exceed the grid", p.m,
            p.heads);
-  absorb_q_kernel<<<grid, kAbsorbCols, smem, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("absorb_q", absorb_q_kernel, grid, kAbsorbCols, smem, stream, p);
 }
 
 void mla_out_v(const MlaOutVParams& p, cudaStream_t stream) {
@@ -160,8 +163,7 @@ void mla_out_v(const MlaOutVParams& p, cudaStream_t stream) {
   prepare_smem(caps, "mla_out_v", out_v_kernel, smem);
   const dim3 grid((p.v + kOutRows - 1) / kOutRows, p.heads, (p.m + kT - 1) / kT);
   MS_CHECK(grid.z <= 65535u && p.heads <= 65535, "mla_out_v: m {} / heads {} exceed the grid", p.m, p.heads);
-  out_v_kernel<<<grid, kOutWarps * 32, smem, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("out_v", out_v_kernel, grid, kOutWarps * 32, smem, stream, p);
 }
 
 std::string mla_absorb_q_streaming_refusal(const MlaAbsorbQParams& p) {

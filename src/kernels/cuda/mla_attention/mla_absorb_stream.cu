@@ -19,6 +19,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/ldg.cuh"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/mla_attention/mla_absorb_stream.h"
 #include "kernels/cuda/paged_kv/current_caps.h"
 
@@ -120,6 +122,7 @@ QSmem q_smem(DenseWeightFormat f, int nope, int tg) {
 
 template <DenseWeightFormat F, int TG>
 __global__ void __launch_bounds__(kThreads) absorb_q_stream_kernel(MlaAbsorbQParams p, QSmem L) {
+  dev::grid_dep_enter();
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int es = bytes_of(F);
   constexpr int kChunksPerRow = kQCols * es / 16;
@@ -208,6 +211,7 @@ __global__ void __launch_bounds__(kThreads) absorb_q_stream_kernel(MlaAbsorbQPar
 
 template <DenseWeightFormat F, int TG>
 __global__ void __launch_bounds__(kThreads, 2) out_v_stream_kernel(MlaOutVParams p) {
+  dev::grid_dep_enter();
   extern __shared__ __align__(16) float4 lat_s[];  // [kVStage, kv_lora_rank / 4] slots permuted (see below)
   constexpr int es = bytes_of(F), kE = 16 / es;    // weights per 16-byte chunk
   constexpr int kCh = kVLaneWeights / kE;          // chunks per lane per row
@@ -444,7 +448,7 @@ void absorb_q_stream(const MlaAbsorbQParams& p, const DeviceCaps& caps, cudaStre
                   (p.m + kMlaStreamTokens - 1) / kMlaStreamTokens);
   MlaAbsorbQParams a = p;
   void* args[] = {&a, const_cast<QSmem*>(&L)};
-  CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(kThreads), args, L.total, stream));
+  launch_kernel_args("mla_absorb_q streaming", kernel, grid, dim3(kThreads), args, L.total, stream);
 }
 
 void out_v_stream(const MlaOutVParams& p, const DeviceCaps& caps, cudaStream_t stream) {
@@ -456,7 +460,7 @@ void out_v_stream(const MlaOutVParams& p, const DeviceCaps& caps, cudaStream_t s
                   (p.m + kMlaStreamTokens - 1) / kMlaStreamTokens);
   MlaOutVParams a = p;
   void* args[] = {&a};
-  CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(kThreads), args, smem, stream));
+  launch_kernel_args("mla_out_v streaming", kernel, grid, dim3(kThreads), args, smem, stream);
 }
 
 }  // namespace ms::cuda::detail

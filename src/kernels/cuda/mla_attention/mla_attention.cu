@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/mla_attention/mla_attention.h"
 #include "kernels/cuda/mla_attention/mla_attention_general.h"
 #include "kernels/cuda/mla_decode/mla_decode.h"
@@ -25,6 +27,7 @@ size_t q_bf16_bytes(int m, int heads) {
 }
 
 __global__ void cast_q_kernel(const float* __restrict__ q, __nv_bfloat16* __restrict__ out, int64_t n) {
+  dev::grid_dep_enter();
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[idx] = __float2bfloat16_rn(q[idx]);
@@ -234,8 +237,8 @@ void mla_attention(const MlaAttentionConfig& c, const MlaAttentionParams& p, cud
   const int64_t n = static_cast<int64_t>(p.m) * p.heads * kMlaHeadDim;
   const int blocks =
       static_cast<int>(std::min<int64_t>((n + 255) / 256, 8L * std::max(caps.multiprocessors, 1)));
-  cast_q_kernel<<<blocks, 256, 0, stream>>>(p.q_cat, static_cast<__nv_bfloat16*>(p.workspace), n);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("cast_q", cast_q_kernel, blocks, 256, 0, stream, p.q_cat,
+                static_cast<__nv_bfloat16*>(p.workspace), n);
   mla_decode(decode_params(c, p), stream);
 }
 

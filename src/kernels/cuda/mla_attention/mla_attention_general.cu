@@ -10,6 +10,8 @@
 #include <cmath>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/mla_attention/mla_attention_general.h"
 #include "kernels/cuda/paged_kv/current_caps.h"
 
@@ -25,6 +27,7 @@ __host__ __device__ inline int padded(int width) {
 }
 
 __global__ void __launch_bounds__(kThreads) mla_general_kernel(MlaAttentionParams p, int hg, int kc) {
+  dev::grid_dep_enter();
   const int i = blockIdx.x, h0 = blockIdx.y * hg, hn = min(hg, p.heads - h0);
   const int r = p.kv_lora_rank, width = p.kv.width, ws = padded(width);
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -141,8 +144,8 @@ void mla_general_launch(const MlaAttentionParams& p, int heads_per_block, int ke
   const dim3 grid(static_cast<unsigned>(p.m),
                   static_cast<unsigned>((p.heads + heads_per_block - 1) / heads_per_block));
   MS_CHECK(grid.y <= 65535u, "mla_attention: {} head groups exceed the grid", grid.y);
-  mla_general_kernel<<<grid, kThreads, smem, stream>>>(p, heads_per_block, keys_per_chunk);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("mla_general", mla_general_kernel, grid, kThreads, smem, stream, p, heads_per_block,
+                keys_per_chunk);
 }
 
 }  // namespace ms::cuda

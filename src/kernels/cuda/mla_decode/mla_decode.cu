@@ -20,6 +20,8 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/mla_decode/mla_decode.h"
 
 namespace ms::cuda {
@@ -59,6 +61,7 @@ __device__ __forceinline__ int seq_pages(const int32_t* seq_lens, int b, int str
 // cut into near-equal chunks. work[i] = (sequence, first page, end page, 0); seq[b] = (first item, items).
 __global__ void mla_plan_kernel(const int32_t* __restrict__ seq_lens, int batch, int stride, int target,
                                 int4* __restrict__ work, int2* __restrict__ seq, int* __restrict__ num_work) {
+  dev::grid_dep_enter();
   __shared__ int total;
   __shared__ int per_split;
   if (threadIdx.x == 0) total = 0;
@@ -130,6 +133,7 @@ using tc::pack_bf16;
 __global__ void __launch_bounds__(kThreads, 1)
     mla_split_kernel(MlaDecodeParams p, const int4* __restrict__ work, const int* __restrict__ num_work,
                      float* __restrict__ lse_out, float* __restrict__ part_out) {
+  dev::grid_dep_enter();
   const int wi = blockIdx.x;
   if (wi >= *num_work) return;
   const int4 item = work[wi];
@@ -303,6 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // One block per (sequence, head): weights 2^(lse_s - max) over the sequence's chunks, in chunk order.
 __global__ void mla_combine_kernel(MlaDecodeParams p, const int2* __restrict__ seq,
                                    const float* __restrict__ lse, const float* __restrict__ part) {
+  dev::grid_dep_enter();
   const int b = blockIdx.x, h = blockIdx.y, d = threadIdx.x * 4;
   const int2 s = seq[b];
   float mx = -INFINITY;
@@ -372,10 +377,9 @@ void mla_decode_plan(const MlaDecodeParams& p, cudaStream_t stream) {
   const Layout l = layout(p.batch, p.heads, p.split_target);
   char* ws = static_cast<char*>(p.workspace);
   const int target = std::max(1, p.split_target / head_groups(p.heads));
-  mla_plan_kernel<<<1, 256, 0, stream>>>(
-      p.seq_lens, p.batch, p.block_table_stride, target, reinterpret_cast<int4*>(ws + l.work),
-      reinterpret_cast<int2*>(ws + l.seq), reinterpret_cast<int*>(ws + l.num_work));
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("mla_plan", mla_plan_kernel, 1, 256, 0, stream, p.seq_lens, p.batch, p.block_table_stride,
+                target, reinterpret_cast<int4*>(ws + l.work), reinterpret_cast<int2*>(ws + l.seq),
+                reinterpret_cast<int*>(ws + l.num_work));
 }
 
 void mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
@@ -390,13 +394,11 @@ void mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   auto* lse = reinterpret_cast<float*>(ws + l.lse);
   auto* part = reinterpret_cast<float*>(ws + l.part);
   dim3 grid(l.capacity, head_groups(p.heads));
-  mla_split_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, reinterpret_cast<const int4*>(ws + l.work),
-                                                           reinterpret_cast<const int*>(ws + l.num_work), lse,
-                                                           part);
-  CUDA_CHECK(cudaGetLastError());
-  mla_combine_kernel<<<dim3(p.batch, p.heads), kMlaLatentDim / 4, 0, stream>>>(
-      p, reinterpret_cast<const int2*>(ws + l.seq), lse, part);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("mla_split", mla_split_kernel, grid, kThreads, kSmemBytes, stream, p,
+                reinterpret_cast<const int4*>(ws + l.work), reinterpret_cast<const int*>(ws + l.num_work),
+                lse, part);
+  launch_kernel("mla_combine", mla_combine_kernel, dim3(p.batch, p.heads), kMlaLatentDim / 4, 0, stream, p,
+                reinterpret_cast<const int2*>(ws + l.seq), lse, part);
 }
 
 }  // namespace ms::cuda

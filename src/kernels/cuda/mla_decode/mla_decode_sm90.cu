@@ -33,6 +33,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90.h"
 
 namespace ms::cuda {
@@ -123,6 +125,7 @@ template <int RG, bool FP8>
 __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
     mla_sm90_split(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits, int min_tiles,
                    float* __restrict__ part, float* __restrict__ lse) {
+  dev::grid_dep_enter();
   constexpr int M = 16 * RG;  // rows of the block
   constexpr int KS = 8 / RG;  // k-range shares of the score product (8 warps / RG row groups)
   constexpr int CPR = FP8 ? kDim / 16 : kDim / 8;  // 16-byte chunks per cache row
@@ -445,6 +448,7 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
 // One block per (unit, row of the unit): weights 2^(lse_s - max) over the unit's splits, in split order.
 __global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, int min_tiles,
                                  const float* __restrict__ lse, const float* __restrict__ part) {
+  dev::grid_dep_enter();
   __shared__ int red[32];
   const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
   const int tps = tiles_per_split(p, max_splits, min_tiles, red);
@@ -523,9 +527,8 @@ void launch(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part
   auto* k = mla_sm90_split<RG, FP8>;
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem)));
   const dim3 grid(c.max_splits, c.head_groups, c.units);
-  k<<<grid, kThreads, c.smem, stream>>>(p, c.heads_per_block, c.q_per_unit, c.stages, c.max_splits,
-                                        c.min_tiles_per_split, part, lse);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("mla_decode_sm90", k, grid, kThreads, c.smem, stream, p, c.heads_per_block, c.q_per_unit,
+                c.stages, c.max_splits, c.min_tiles_per_split, part, lse);
 }
 
 }  // namespace
@@ -569,9 +572,8 @@ void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cu
       MS_THROW("mla_decode_sm90: row_groups {} must be 1, 2 or 4", c.row_groups);
   }
   if (c.max_splits > 1) {
-    mla_sm90_combine<<<dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0, stream>>>(
-        p, c.q_per_unit, c.max_splits, c.min_tiles_per_split, lse, part);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel("mla_sm90_combine", mla_sm90_combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0,
+                  stream, p, c.q_per_unit, c.max_splits, c.min_tiles_per_split, lse, part);
   }
 }
 

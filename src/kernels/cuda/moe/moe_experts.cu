@@ -27,6 +27,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_experts_decode.h"
 #include "kernels/cuda/moe/moe_experts_stream.h"
@@ -177,6 +179,7 @@ __device__ __forceinline__ void mma_step(const float* xs, const float* ws, int t
 // kGateUp: grid (inter / 32, n_experts, z); else (down): grid (hidden / 64, n_experts, z).
 template <MoeWeightFormat F, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) moe_experts_gemm_kernel(const MoeExpertsParams p) {
+  dev::grid_dep_enter();
   __shared__ float smem[kSmemFloats];
   float* xs = smem;            // [kK][kT]
   float* ws = smem + kK * kT;  // [kK][kW]
@@ -300,6 +303,7 @@ __device__ __forceinline__ float weight_at(const void* data, const void* scale, 
 // n_experts, z).
 template <MoeWeightFormat F, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) moe_experts_gemm_general_kernel(const MoeExpertsParams p) {
+  dev::grid_dep_enter();
   __shared__ float smem[kSmemFloatsGeneral];
   float* xs = smem;                      // [kK][kXsLdGeneral]
   float* ws = smem + kK * kXsLdGeneral;  // [kK][kWsLdGeneral]
@@ -406,6 +410,7 @@ constexpr int kCombineThreads = 256;
 
 // One block per token: out[t] += sum over its valid slots, in slot order, of weight * slot_out row.
 __global__ void __launch_bounds__(kCombineThreads) moe_experts_combine_kernel(const MoeExpertsParams p) {
+  dev::grid_dep_enter();
   const int64_t t = blockIdx.x;
   const int32_t* ids = p.topk_ids + t * p.top_k;
   const float* wts = p.topk_weights + t * p.top_k;
@@ -434,6 +439,7 @@ __global__ void __launch_bounds__(kCombineThreads) moe_experts_combine_kernel(co
 // The general path's combine: one column per thread, the same per-element sum as the vector kernel.
 __global__ void __launch_bounds__(kCombineThreads)
     moe_experts_combine_general_kernel(const MoeExpertsParams p) {
+  dev::grid_dep_enter();
   const int64_t t = blockIdx.x;
   const int32_t* ids = p.topk_ids + t * p.top_k;
   const float* wts = p.topk_weights + t * p.top_k;
@@ -456,9 +462,10 @@ int token_splits(int m) {
 template <MoeWeightFormat F, bool kGateUp>
 void launch_gemm_format(const MoeExpertsParams& p, MoeExpertsPath path, dim3 grid, cudaStream_t stream) {
   if (path == MoeExpertsPath::Tiled) {
-    moe_experts_gemm_kernel<F, kGateUp><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel("moe_experts_gemm", moe_experts_gemm_kernel<F, kGateUp>, grid, kThreads, 0, stream, p);
   } else {
-    moe_experts_gemm_general_kernel<F, kGateUp><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel("moe_experts_gemm_general", moe_experts_gemm_general_kernel<F, kGateUp>, grid, kThreads, 0,
+                  stream, p);
   }
 }
 
@@ -567,9 +574,10 @@ void moe_experts_combine(const MoeExpertsParams& p, cudaStream_t stream) {
   moe_experts_check(p);
   if (p.m == 0) return;
   if (moe_experts_path(p) == MoeExpertsPath::Tiled) {
-    moe_experts_combine_kernel<<<p.m, kCombineThreads, 0, stream>>>(p);
+    launch_kernel("moe_experts_combine", moe_experts_combine_kernel, p.m, kCombineThreads, 0, stream, p);
   } else {
-    moe_experts_combine_general_kernel<<<p.m, kCombineThreads, 0, stream>>>(p);
+    launch_kernel("moe_experts_combine_general", moe_experts_combine_general_kernel, p.m, kCombineThreads, 0,
+                  stream, p);
   }
   CUDA_CHECK(cudaGetLastError());
 }

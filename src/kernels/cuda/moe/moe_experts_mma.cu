@@ -41,6 +41,8 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/moe/moe_experts_mma.h"
 
 namespace ms::cuda {
@@ -154,6 +156,7 @@ struct Layout {
 
 template <int BM, int STAGES, MoeMmaFormat F, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(const MmaParams p) {
+  dev::grid_dep_enter();
   using L = Layout<BM, STAGES, F>;
   constexpr int WM = BM / 2;   // rows per warp
   constexpr int MI = WM / 16;  // m16 tiles per warp
@@ -413,6 +416,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(const MmaParams p)
 __global__ void __launch_bounds__(256)
     moe_mma_convert_kernel(const float* __restrict__ x, int64_t ldx, __nv_bfloat16* __restrict__ xb, int m,
                            int hidden) {
+  dev::grid_dep_enter();
   const int64_t per_row = hidden / 8;
   const int64_t n = static_cast<int64_t>(m) * per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -469,8 +473,8 @@ void launch_one(const MmaParams& mp, const MoeExpertsParams& p, const DeviceCaps
   const int64_t items = (slots / BM + std::min<int64_t>(slots, p.n_experts)) * mp.n_tiles;
   const int64_t grid =
       std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(per_sm) * caps.multiprocessors));
-  moe_mma_kernel<BM, STAGES, F, kGateUp><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(mp);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("moe_mma", moe_mma_kernel<BM, STAGES, F, kGateUp>, static_cast<unsigned>(grid), kThreads,
+                smem, stream, mp);
 }
 
 template <MoeMmaFormat F, bool kGateUp>
@@ -553,8 +557,8 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
     const int64_t n = static_cast<int64_t>(p.m) * (p.hidden / 8);
     const int blocks =
         static_cast<int>(std::min<int64_t>((n + 255) / 256, int64_t{caps.multiprocessors} * 8));
-    moe_mma_convert_kernel<<<std::max(blocks, 1), 256, 0, stream>>>(p.x, p.ldx, xb, p.m, p.hidden);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel("moe_mma_convert", moe_mma_convert_kernel, std::max(blocks, 1), 256, 0, stream, p.x, p.ldx,
+                  xb, p.m, p.hidden);
   }
   MmaParams mp;
   mp.counts = p.expert_counts;

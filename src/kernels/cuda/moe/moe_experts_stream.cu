@@ -24,6 +24,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_stream.h"
 
@@ -99,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_gate_up_kernel(const M
   int32_t* ec = reinterpret_cast<int32_t*>(red + 4 * kTokChunk * 16);
   __shared__ int s_nec;
 
-  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);
+  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);  // shared memory from constants: before the wait
+  dev::grid_dep_enter();
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -255,7 +258,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_stream_down_kernel(const MoeE
   __shared__ int s_nec;
   __shared__ int s_tok[kTokChunk];
 
-  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);
+  moe_dev::build_e2m1_lut<kThreads>(lut, 1.f);  // shared memory from constants: before the wait
+  dev::grid_dep_enter();
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   for (int i = threadIdx.x; i < p.m * kDownRows; i += kThreads) out_tile[i] = 0.f;
   __syncthreads();
@@ -378,10 +382,8 @@ void launch(const MoeExpertsParams& p, const Config& c, cudaStream_t stream) {
                                   static_cast<int>(c.smem_gate_up)));
   CUDA_CHECK(
       cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_down)));
-  gu<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
-  dn<<<c.grid_down, kThreads, c.smem_down, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("moe_stream_gate_up", gu, c.grid_gate_up, kThreads, c.smem_gate_up, stream, p);
+  launch_kernel("moe_stream_down", dn, c.grid_down, kThreads, c.smem_down, stream, p);
 }
 
 }  // namespace

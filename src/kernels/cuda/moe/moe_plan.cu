@@ -9,6 +9,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/moe/moe_plan.h"
 
 namespace ms::cuda {
@@ -19,6 +21,7 @@ constexpr int kScatterWarps = 4;  // small blocks: the experts' warps spread ove
 constexpr unsigned kFull = 0xffffffffu;
 
 __global__ void __launch_bounds__(kCountThreads) moe_plan_count_kernel(const MoePlanParams p) {
+  dev::grid_dep_enter();
   __shared__ int32_t s_count[kMoePlanMaxExperts];
   const int n = p.n_experts;
   for (int e = threadIdx.x; e < n; e += kCountThreads) s_count[e] = 0;
@@ -52,6 +55,7 @@ __global__ void __launch_bounds__(kCountThreads) moe_plan_count_kernel(const Moe
 }
 
 __global__ void __launch_bounds__(kScatterWarps * 32) moe_plan_scatter_kernel(const MoePlanParams p) {
+  dev::grid_dep_enter();
   const int64_t slots = static_cast<int64_t>(p.m) * p.top_k;
   const int32_t total = p.expert_offsets[p.n_experts];
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -98,12 +102,10 @@ void moe_plan(const MoePlanParams& p, cudaStream_t stream) {
            "moe_plan: topk_ids / sorted_slots is null");
   // Static shared memory: the histogram.
   check_smem(current_device_caps(), "moe_plan_count", kMoePlanMaxExperts * sizeof(int32_t));
-  moe_plan_count_kernel<<<1, kCountThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("moe_plan_count", moe_plan_count_kernel, 1, kCountThreads, 0, stream, p);
   if (p.m == 0) return;
   const int blocks = (p.n_experts + kScatterWarps - 1) / kScatterWarps;
-  moe_plan_scatter_kernel<<<blocks, kScatterWarps * 32, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("moe_plan_scatter", moe_plan_scatter_kernel, blocks, kScatterWarps * 32, 0, stream, p);
 }
 
 }  // namespace ms::cuda

@@ -9,6 +9,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/moe/moe_route.h"
 
 namespace ms::cuda {
@@ -73,6 +75,7 @@ __device__ int pick(float* val, int n, int lane, const uint8_t* filter, int coun
 // base_pass: OR the row's top-k0 into base_set (mask-1 rows only). Otherwise write the row's slots.
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_kernel(const MoeRouteConfig cfg, const MoeRouteParams p, const bool base_pass) {
+  dev::grid_dep_enter();
   extern __shared__ float route_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row = blockIdx.x * kRouteWarps + warp;
@@ -189,8 +192,7 @@ void launch_route(const MoeRouteConfig& cfg, const MoeRouteParams& p, bool base_
   const size_t smem = moe_route_smem_bytes(cfg.n_experts);
   check_smem(current_device_caps(), "moe_route", smem);
   const int blocks = (p.m + kRouteWarps - 1) / kRouteWarps;
-  moe_route_kernel<<<blocks, kRouteThreads, smem, stream>>>(cfg, p, base_pass);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("moe_route", moe_route_kernel, blocks, kRouteThreads, smem, stream, cfg, p, base_pass);
 }
 
 }  // namespace

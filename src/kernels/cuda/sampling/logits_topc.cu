@@ -11,6 +11,8 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/sampling/logits_topc.h"
 
 namespace ms::cuda {
@@ -128,6 +130,7 @@ __device__ void select_digit(Shared& sh, int bins, uint32_t k) {
 }
 
 __global__ void __launch_bounds__(kThreads) logits_topc_kernel(LogitsTopCParams p) {
+  dev::grid_dep_enter();
   __shared__ Shared sh;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r = blockIdx.x;
@@ -293,8 +296,7 @@ void logits_topc(const LogitsTopCParams& p, cudaStream_t stream) {
   MS_CHECK(reinterpret_cast<uintptr_t>(p.out) % alignof(kernels::cpu::LogitsTopC) == 0,
            "logits_topc: out is not {}-byte aligned", alignof(kernels::cpu::LogitsTopC));
   check_smem(current_device_caps(), "logits_topc", sizeof(Shared));
-  logits_topc_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("logits_topc", logits_topc_kernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
 }
 
 }  // namespace ms::cuda
