@@ -55,8 +55,10 @@ runtime::ExecutorConfig exec_config(const model::Model& m, kv::KvCacheDType dt, 
 }
 
 // Logits of every position of `ids`: one forward over all of them, or the prompt then one token per step.
+// decode_routing: the one-token steps say they are decode tokens (StepRouting::decode_tokens), which is what
+// lets the CUDA executor replay them from its graphs.
 std::vector<float> run(runtime::Executor& ex, const std::vector<int32_t>& ids, size_t prompt_len,
-                       bool decode) {
+                       bool decode, bool decode_routing = false) {
   kv::PageAllocator alloc(ex.kv_capacity().num_pages);
   const int32_t ps = ex.kv_capacity().page_size;
   std::vector<int32_t> pages;
@@ -70,7 +72,9 @@ std::vector<float> run(runtime::Executor& ex, const std::vector<int32_t>& ids, s
     bb.add_sequence(pages, static_cast<int32_t>(start), ids.data() + start, static_cast<int32_t>(n), false);
     kv::ForwardBatch b = bb.finish();
     for (size_t i = 0; i < n; ++i) b.logit_rows.push_back(static_cast<int32_t>(i));
-    Tensor lg = ex.run(b);
+    model::StepRouting routing;
+    if (decode_routing && start > 0) routing.decode_tokens.assign(n, 1);
+    Tensor lg = ex.run(b, routing);
     out.insert(out.end(), lg.data<float>(), lg.data<float>() + static_cast<int64_t>(n) * V);
     start += n;
   }
@@ -217,7 +221,7 @@ TEST_P(CudaGolden, ProgrammaticDependentLaunchChangesNoResult) {
       opt.pdl = on == 1;
       runtime::cuda::CudaExecutor ex(m, exec_config(m, kv::KvCacheDType::F32), opt);
       if (on == 0) EXPECT_FALSE(cuda::pdl_active());
-      logits[on] = run(ex, ids, f->prompts[0].size(), true);
+      logits[on] = run(ex, ids, f->prompts[0].size(), true, true);
       stats[on] = ex.graph_stats();
     }
     ASSERT_EQ(logits[0].size(), logits[1].size());
