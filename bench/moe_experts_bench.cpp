@@ -305,15 +305,6 @@ int main() {
                   skewed ? "skewed" : "uniform", touched, bytes / 1e6, floor_us, path_name, t_new * 1e3,
                   bytes / (t_new * 1e-3) / 1e9, 100.0 * floor_us / (t_new * 1e3), t_stream * 1e3, t_old * 1e3,
                   t_blas * 1e3, t_blas / t_new);
-      if (decode)  // the decode path's two NVFP4 decodes (MoeExpertsParams::decode_variant)
-        for (int v : {0, 1}) {
-          p.decode_variant = v;
-          const float t = time_graph_ms([&](cudaStream_t s) { run(s, false, false); }, iters);
-          p.decode_variant = -1;
-          std::printf("%-8s %-8s %7s %9s %10s %8s %8.2f %10.0f %9.0f%%   (decode, %s)\n", "", "", "", "", "",
-                      "", t * 1e3, bytes / (t * 1e-3) / 1e9, 100.0 * floor_us / (t * 1e3),
-                      v == 0 ? "table decode" : "shift-and-mask decode");
-        }
       for (void* ptr : std::initializer_list<void*>{x, w, out, act, slot, d_ids, counts, offsets, sorted, xb,
                                                     gub, ab, yb})
         cudaFree(ptr);

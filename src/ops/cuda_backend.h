@@ -32,6 +32,9 @@ class CudaBackend {
   void set_attention_kernel(const std::string& k);
   // f32 math in every linear layer (no bf16 activations in the cuBLASLt paths): for parity tests, slower.
   void set_exact_linear(bool on);
+  // Captured graphs now hold the scratch buffers' addresses: from here on a buffer that must grow (a larger
+  // prefill than any before) keeps its old allocation alive instead of freeing it under the graphs.
+  void keep_replaced_buffers();
 
   struct Impl;
   Impl& impl() { return *impl_; }

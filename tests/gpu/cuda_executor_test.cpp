@@ -57,8 +57,8 @@ runtime::ExecutorConfig exec_config(const model::Model& m, kv::KvCacheDType dt, 
 // Logits of every position of `ids`: one forward over all of them, or the prompt then one token per step.
 // decode_routing: the one-token steps say they are decode tokens (StepRouting::decode_tokens), which is what
 // lets the CUDA executor replay them from its graphs.
-std::vector<float> run(runtime::Executor& ex, const std::vector<int32_t>& ids, size_t prompt_len,
-                       bool decode, bool decode_routing = false) {
+std::vector<float> run(runtime::Executor& ex, const std::vector<int32_t>& ids, size_t prompt_len, bool decode,
+                       bool decode_routing = false) {
   kv::PageAllocator alloc(ex.kv_capacity().num_pages);
   const int32_t ps = ex.kv_capacity().page_size;
   std::vector<int32_t> pages;
@@ -192,6 +192,41 @@ TEST_P(CudaGolden, GreedyTokensIdenticalWithAndWithoutGraphs) {
     EXPECT_EQ(with.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (graphs)";
     EXPECT_EQ(without.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (no graphs)";
   }
+}
+
+// Captured decode graphs keep working after a prefill larger than any before grows the scratch buffers
+// they were captured with (the grown buffers must not free the old allocations under the graphs): the same
+// decode run before and after such a prefill gives the same logits, and matches an executor without graphs.
+TEST_P(CudaGolden, GraphsSurviveScratchGrowth) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto f = load_fixture(GetParam());
+  if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
+  model::Model m(f->cfg, model::load_weights(f->cfg, *f->src));
+  std::vector<int32_t> ids = f->prompts[0];
+  ids.insert(ids.end(), f->greedy[0].begin(), f->greedy[0].end() - 1);
+  // A prompt several times longer than any decode step or the first prompt.
+  std::vector<int32_t> big;
+  while (big.size() < 8 * ids.size() + 64) big.insert(big.end(), ids.begin(), ids.end());
+  big.resize(std::min<size_t>(big.size(), 500));  // within the configuration's 512-token context
+  const auto cfg = exec_config(m, kv::KvCacheDType::F32, 256);
+  runtime::cuda::CudaExecutorOptions opt;
+  opt.quiet = true;
+  runtime::cuda::CudaExecutor ex(m, cfg, opt);
+  const std::vector<float> before = run(ex, ids, f->prompts[0].size(), true, true);
+  const size_t scratch_before = ex.memory().scratch;
+  run(ex, big, big.size(), false);
+  const std::vector<float> after = run(ex, ids, f->prompts[0].size(), true, true);
+  std::printf("[ measured ] %s: scratch %zu -> %zu bytes, %lld graph replays\n", GetParam().c_str(),
+              scratch_before, ex.memory().scratch, static_cast<long long>(ex.graph_stats().replays));
+  EXPECT_GT(ex.memory().scratch, scratch_before) << "the long prefill did not grow any scratch buffer";
+  EXPECT_GE(ex.graph_stats().replays, 2);
+  ASSERT_EQ(before.size(), after.size());
+  EXPECT_EQ(rel_err(after.data(), before.data(), before.size()), 0.0);
+  runtime::cuda::CudaExecutorOptions eager_opt = opt;
+  eager_opt.cuda_graphs = false;
+  runtime::cuda::CudaExecutor eager(m, cfg, eager_opt);
+  const std::vector<float> want = run(eager, ids, f->prompts[0].size(), true, true);
+  EXPECT_LT(rel_err(after.data(), want.data(), want.size()), 1e-5);
 }
 
 // Programmatic dependent launch (kernels/cuda/common/pdl.h) changes no result: decode logits with PDL on and

@@ -15,6 +15,7 @@ namespace ms::ops {
 
 GrowBuffer::~GrowBuffer() {
   if (ptr_) cudaFree(ptr_);
+  for (void* p : retired_) cudaFree(p);
 }
 
 void* GrowBuffer::get(size_t bytes, cudaStream_t stream) {
@@ -26,8 +27,14 @@ void* GrowBuffer::get(size_t bytes, cudaStream_t stream) {
            "capture must size it",
            name_, bytes, size_);
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (ptr_) CUDA_CHECK(cudaFree(ptr_));
+  if (ptr_ && keep_replaced_ && *keep_replaced_) {
+    retired_.push_back(ptr_);
+    retired_bytes_ += size_;
+  } else if (ptr_) {
+    CUDA_CHECK(cudaFree(ptr_));
+  }
   ptr_ = nullptr;
+  size_ = 0;
   const size_t want = (bytes + 255) / 256 * 256;
   if (cudaMalloc(&ptr_, want) != cudaSuccess) {
     cudaGetLastError();
@@ -84,6 +91,10 @@ void CudaBackend::set_exact_linear(bool on) {
   impl_->exact_linear = on;
 }
 
+void CudaBackend::keep_replaced_buffers() {
+  impl_->keep_replaced = true;
+}
+
 CudaBackend::Impl& cuda_impl(const Ctx& ctx) {
   MS_CHECK(ctx.device == Device::CUDA && ctx.backend != nullptr,
            "a CUDA op ran without its backend (Ctx::backend is null)");
@@ -115,6 +126,7 @@ std::string CudaBackend::device_name() const {
 }
 void CudaBackend::set_attention_kernel(const std::string&) {}
 void CudaBackend::set_exact_linear(bool) {}
+void CudaBackend::keep_replaced_buffers() {}
 bool cuda_backend_built() {
   return false;
 }

@@ -14,31 +14,38 @@
 namespace ms::ops {
 
 // A device buffer that grows on demand, never during graph capture (a step's buffers are sized by the eager
-// warm-up run that precedes every capture).
+// warm-up run that precedes every capture). Once graphs hold its address (*keep_replaced set by the
+// executor after capture), a growth keeps the old allocation alive until the buffer goes: a captured graph
+// replays into the allocation it was captured with.
 class GrowBuffer {
  public:
-  explicit GrowBuffer(const char* name) : name_(name) {}
+  GrowBuffer(const char* name, const bool* keep_replaced) : name_(name), keep_replaced_(keep_replaced) {}
   ~GrowBuffer();
   GrowBuffer(const GrowBuffer&) = delete;
   GrowBuffer& operator=(const GrowBuffer&) = delete;
   void* get(size_t bytes, cudaStream_t stream);
-  size_t size() const { return size_; }
+  size_t size() const { return size_ + retired_bytes_; }  // device bytes held, replaced allocations included
 
  private:
   const char* name_;
+  const bool* keep_replaced_;
   void* ptr_ = nullptr;
   size_t size_ = 0;
+  std::vector<void*> retired_;
+  size_t retired_bytes_ = 0;
 };
 
 struct CudaBackend::Impl {
   cuda::DeviceCaps caps;
   cuda::BlasLtHandle lt;
-  GrowBuffer linear_x{"linear x scratch"}, linear_w{"linear weight scratch"};
-  GrowBuffer gemv_ws{"nvfp4 gemv partial sums"}, gemv_y{"nvfp4 gemv output"};
-  GrowBuffer attn_ws{"mla attention workspace"};
-  GrowBuffer moe_act{"moe activations"}, moe_slot{"moe slot outputs"}, moe_plan{"moe plan"};
-  GrowBuffer moe_mma{"moe bf16 activations (tensor-core experts)"};
-  GrowBuffer route_aux{"routing scratch"};
+  bool keep_replaced = false;  // graphs were captured: growing buffers keep their old allocations
+  GrowBuffer linear_x{"linear x scratch", &keep_replaced}, linear_w{"linear weight scratch", &keep_replaced};
+  GrowBuffer gemv_ws{"nvfp4 gemv partial sums", &keep_replaced}, gemv_y{"nvfp4 gemv output", &keep_replaced};
+  GrowBuffer attn_ws{"mla attention workspace", &keep_replaced};
+  GrowBuffer moe_act{"moe activations", &keep_replaced}, moe_slot{"moe slot outputs", &keep_replaced},
+      moe_plan{"moe plan", &keep_replaced};
+  GrowBuffer moe_mma{"moe bf16 activations (tensor-core experts)", &keep_replaced};
+  GrowBuffer route_aux{"routing scratch", &keep_replaced};
   // Device tables of expert weight pointers, one per MoE layer, keyed by the layer's experts array.
   std::map<const void*, void*> expert_tables;
   std::string attention_kernel = "auto";

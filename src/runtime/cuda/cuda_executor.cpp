@@ -398,6 +398,8 @@ void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting
       MS_THROW("cudaGraphInstantiate for decode batch {}: {}", bucket, cudaGetErrorString(err));
     graph.logits = captured;
     I.graphs.emplace(bucket, graph);
+    // The graph replays into today's scratch buffers: a later, larger prefill must not free them.
+    I.backend.keep_replaced_buffers();
     ++graphs_stats_.captured;
     graphs_stats_.programmatic_edges += prog;
     return;

@@ -71,9 +71,6 @@ struct MoeExpertsParams {
   // Skip the decode path (moe_experts_decode.h: bf16 activations) even where it applies; the streamed path
   // (f32-exact to ~1e-5) or the old kernels run instead. Exact-mode callers and benchmarks set it.
   bool disable_decode = false;
-  // Decode path: how NVFP4 codes become bf16 (0: a shared-memory table, 1: shifts and masks; -1: the
-  // default). Both are exact; benchmarks and tests set it.
-  int decode_variant = -1;
 };
 
 // Which kernels run. Tiled: vector loads of whole 16-element weight pieces and 8-element activation pieces,

@@ -15,10 +15,12 @@
 //   16-byte piece of the position's bf16 row in natural k order.
 // Decode: a 256-entry table byte -> bf16x2 (low nibble, high nibble) x 2^120, replicated per lane in shared
 // memory (entry e of lane l at word e * 32 + l: conflict-free), one LDS per weight byte, times the group's
-// e4m3 scale read as bf16 bits ((b & 0x7f) << 4 = the value x 2^-120, subnormals included): exact.
-// No shared-memory staging of weights and no barrier inside a work item's k loop; each lane has its loads for
-// kGuUnroll steps (gate_up: 12 x 16 bytes) or the next piece (down: 8 x 16 bytes, one piece ahead of the
-// math in a second register buffer) in flight.
+// e4m3 scale read as bf16 bits ((b & 0x7f) << 4 = the value x 2^-120): exact for every normal scale. The
+// H200's bf16 multiplies flush subnormal inputs, so a subnormal e4m3 scale (below 2^-6, a block whose largest
+// weight is under ~1/30000 of the tensor's) reads as zero (measured: a decode that put the codes of 0.5 on
+// bf16 subnormals lost them all). No shared-memory staging of weights and no barrier inside a work item's k
+// loop; each lane has its loads for kGuUnroll steps (gate_up: 12 x 16 bytes) or the next piece (down: 8 x 16
+// bytes, one piece ahead of the math in a second register buffer) in flight.
 //
 // gate_up: work item = (expert chunk of <= x_rows positions, 16 indices = 16 gate + 16 up rows); block b of
 // the persistent grid takes a contiguous run of items (so consecutive tiles of one chunk reuse its staged x
@@ -96,55 +98,8 @@ __device__ __forceinline__ void tile_step(float (&acc)[4], const uint4& w0, cons
   }
 }
 
-// The ALU decode (kAlu): the pair of nibbles i and i + 4 of a weight word (k and k + 4 of its 8) becomes one
-// bf16x2 by shifts and masks alone: bf16 bits sign << 15 | (e1 e0 m) << 6 are the value x 2^-126 for every
-// code (the codes with exponent 0 land on bf16 subnormals, which bf16 multiplies keep). Pair i of word q:
-// sub-step 0 of a word takes pairs 0 and 1, sub-step 1 pairs 2 and 3, so B must hold x in the order
-// k (0, 4, 1, 5, 2, 6, 3, 7) of every 8 (kAluOrder): the staged x rows and act are written that way.
-__device__ __forceinline__ uint32_t nib_pair(uint32_t q, int i) {
-  const uint32_t a = i == 0 ? q << 6 : i == 1 ? q << 2 : i == 2 ? q >> 2 : q >> 6;
-  return (a & 0x01C001C0u) | ((a & 0x02000200u) << 6);
-}
-// Slot of logical k r (0..7) of an 8-group in the kAlu order (0, 4, 1, 5, 2, 6, 3, 7).
-__device__ __forceinline__ int alu_slot(int r) {
-  return r < 4 ? 2 * r : 2 * (r - 4) + 1;
-}
-// The scale pair for the ALU decode: e4m3 s x 2^118 (the weight x 2^-126 times it is w s 2^-8, exact in bf16;
-// the f32 sums take the 2^8 back). Via f32: the bf16 bits of s x 2^-120 (subnormal scales included) times
-// 2^119 twice.
-constexpr float kAluBack = 256.0f;  // 2^8
-__device__ __forceinline__ uint32_t scale_pair_alu(uint32_t two, int h) {
-  const float s =
-      __uint_as_float(((two >> (8 * h)) & 0x7fu) << 20) * 6.338253001141147e35f * 6.338253001141147e35f;
-  return moe_dev::bf16x2_bits(__floats2bfloat162_rn(s, s));
-}
-
-template <bool kAlu>
-__device__ __forceinline__ void tile_step_t(float (&acc)[4], const uint4& w0, const uint4& w1, uint32_t sc0,
-                                            uint32_t sc1, const uint4 (&b)[4], uint32_t lut_lane) {
-  if constexpr (!kAlu) {
-    tile_step(acc, w0, w1, sc0, sc1, b, lut_lane);
-  } else {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t s0 = scale_pair_alu(sc0, h), s1 = scale_pair_alu(sc1, h);
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = 4 * h + jj, j2 = j >> 1, sub = j & 1;
-        const uint32_t r0 = word_of(w0, j2), r1 = word_of(w1, j2);
-        const uint32_t a0 = bf16x2_mul(nib_pair(r0, 2 * sub), s0);
-        const uint32_t a2 = bf16x2_mul(nib_pair(r0, 2 * sub + 1), s0);
-        const uint32_t a1 = bf16x2_mul(nib_pair(r1, 2 * sub), s1);
-        const uint32_t a3 = bf16x2_mul(nib_pair(r1, 2 * sub + 1), s1);
-        mma_bf16(acc, a0, a1, a2, a3, sub == 0 ? b[j2].x : b[j2].z, sub == 0 ? b[j2].y : b[j2].w);
-      }
-    }
-  }
-}
-
 // ---- gate_up --------------------------------------------------------------------------------------------
 
-template <bool kAlu>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_decode_gate_up_kernel(const MoeExpertsParams p, int x_rows) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -156,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
   __shared__ int s_nec;
 
-  if (!kAlu) moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
+  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
   moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -221,17 +176,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
         const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
         const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
-        __nv_bfloat16* piece = xs + r * xld + grp * 32 + q * 8;
-        if constexpr (kAlu) {
-          const int r0 = k & 7;  // 0 or 4
-          piece[alu_slot(r0)] = __float2bfloat16_rn(v.x);
-          piece[alu_slot(r0 + 1)] = __float2bfloat16_rn(v.y);
-          piece[alu_slot(r0 + 2)] = __float2bfloat16_rn(v.z);
-          piece[alu_slot(r0 + 3)] = __float2bfloat16_rn(v.w);
-        } else {
-          __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-          *reinterpret_cast<uint2*>(piece + (k & 7)) = *reinterpret_cast<const uint2*>(pr);
-        }
+        __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+        *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) =
+            *reinterpret_cast<const uint2*>(pr);
       }
       staged = eci;
     }
@@ -247,8 +194,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int j2 = 0; j2 < 4; ++j2)
           b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + (s0 + u) * 128 + 8 * (j2 ^ sw))
                            : make_uint4(0u, 0u, 0u, 0u);
-        tile_step_t<kAlu>(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b, lut_lane);
-        tile_step_t<kAlu>(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b, lut_lane);
+        tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b, lut_lane);
+        tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b, lut_lane);
       }
     }
     // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
@@ -269,12 +216,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         gs += red[(w2 * 2 * kChunk + r) * 16 + i];
         us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
       }
-      const float back = kAlu ? kAluBack : 1.0f;
-      const float gv = gs * (ew.gate_scale2 * back), uv = us * (ew.up_scale2 * back);
+      const float gv = gs * ew.gate_scale2, uv = us * ew.up_scale2;
       const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
       const float v = gv / (1.0f + expf(-gv)) * uv * wt;
-      const int col = kAlu ? (i & 8) + alu_slot(i & 7) : i;
-      actb[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + col] = __float2bfloat16_rn(v);
+      actb[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + i] = __float2bfloat16_rn(v);
     }
     // red is rewritten only after the next item's staging barrier, which every reader above has passed.
   }
@@ -282,7 +227,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- down (+ routing weight, already in act, + combine) --------------------------------------------------
 
-template <bool kAlu>
 __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeExpertsParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
@@ -292,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
   int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
   __shared__ int s_nec;
 
-  if (!kAlu) moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
+  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kThreads) out_w[i] = 0.f;
   __syncthreads();
@@ -356,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
       const int count = p.expert_counts[e];
       rows = min(kChunk, count - chunk * kChunk);
       pos0 = p.expert_offsets[e] + chunk * kChunk;
-      s2 = p.experts[e].down_scale2 * (kAlu ? kAluBack : 1.0f);
+      s2 = p.experts[e].down_scale2;
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] = 0.f;
     }
@@ -368,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
       for (int j2 = 0; j2 < 4; ++j2)
         b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
                          : make_uint4(0u, 0u, 0u, 0u);
-      tile_step_t<kAlu>(acc, w[st][0], w[st][1], sc[st][0], sc[st][1], b, lut_lane);
+      tile_step(acc, w[st][0], w[st][1], sc[st][0], sc[st][1], b, lut_lane);
     }
   };
   uint4 wa[kSteps][2], wb2[kSteps][2];
@@ -391,10 +335,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
     *o += sum;
   }
 }
-
-// Which decode the launcher takes unless MoeExpertsParams::decode_variant says (the table's LDS chain or the
-// shift-and-mask one).
-constexpr bool kDefaultAluDecode = false;
 
 bool aligned(const void* ptr, size_t a) {
   return reinterpret_cast<uintptr_t>(ptr) % a == 0;
@@ -426,16 +366,13 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
   check_smem(caps, "moe_decode_gate_up", c.smem_gate_up);
   check_smem(caps, "moe_decode_down", c.smem_down);
-  const bool alu = p.decode_variant >= 0 ? p.decode_variant == 1 : kDefaultAluDecode;
-  auto gate_up = alu ? moe_decode_gate_up_kernel<true> : moe_decode_gate_up_kernel<false>;
-  auto down = alu ? moe_decode_down_kernel<true> : moe_decode_down_kernel<false>;
-  CUDA_CHECK(cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(c.smem_gate_up)));
-  CUDA_CHECK(
-      cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_down)));
-  gate_up<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_down)));
+  moe_decode_gate_up_kernel<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
   CUDA_CHECK(cudaGetLastError());
-  down<<<c.grid_down, kThreads, c.smem_down, stream>>>(p);
+  moe_decode_down_kernel<<<c.grid_down, kThreads, c.smem_down, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 
