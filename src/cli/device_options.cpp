@@ -27,6 +27,11 @@ void add_device_options(CLI::App& sub, DeviceOptions& o) {
                  "instead of full logits (the same tokens); off: every row in full")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  sub.add_option("--gpu-sampling-min-rows", o.gpu_sampling_min_rows,
+                 "With --gpu-sampling on: steps with fewer sampling rows than this copy every row in full "
+                 "(on an H200 one row came back faster whole)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   sub.add_option("--attention-backend", o.attention_backend,
                  "auto, or one of `moeserve backends` (attention): mla_general, mla_fp8_decode, "
                  "mla_decode_sm90")
@@ -101,6 +106,7 @@ std::unique_ptr<runtime::Engine> make_engine_from(std::shared_ptr<model::Model> 
                                                   const DeviceOptions& o, double mem_fraction) {
   const std::string dev = checked_device(o);
   cfg.logits_summaries = o.gpu_sampling == "on";
+  cfg.logits_summary_min_rows = o.gpu_sampling_min_rows;
   const bool device_weights = lm && lm->device_weights;
   MS_CHECK(dev == "cuda" || !device_weights,
            "the model's weights are to be made on the GPU (--load-format dummy with --device cuda) but the "

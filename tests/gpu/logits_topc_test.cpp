@@ -67,33 +67,43 @@ void check_rows(int64_t rows, int64_t vocab, int64_t stride, uint32_t seed, int 
 
   test::DeviceBuffer<float> dx(x);
   test::DeviceBuffer<float> dt(temps);
-  test::DeviceBuffer<LogitsTopC> dout(static_cast<size_t>(rows));  // poisoned: 0xff bytes
-  kernels::cpu::LogitsTopCParams q = p;
-  q.logits = dx.get();
-  q.temperature = dt.get();
-  q.out = dout.get();
-  cuda::logits_topc(q, nullptr);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const auto got = dout.download();
-  for (int64_t r = 0; r < rows; ++r) {
-    const LogitsTopC& g = got[static_cast<size_t>(r)];
-    const LogitsTopC& w = want[static_cast<size_t>(r)];
-    SCOPED_TRACE(testing::Message() << "vocab " << vocab << " row " << r << " of " << rows);
-    ASSERT_EQ(g.count, w.count);
-    ASSERT_EQ(g.nan_count, w.nan_count);
-    EXPECT_EQ(g.reserved, 0);
-    if (w.nan_count > 0) continue;  // the rest is unspecified for such rows
-    EXPECT_TRUE(same_bits(g.max, w.max) || (g.max == 0.0f && w.max == 0.0f)) << g.max << " vs " << w.max;
-    for (int j = 0; j < kLogitsTopC; ++j) {
-      ASSERT_EQ(g.token[j], w.token[j]) << "slot " << j;
-      ASSERT_TRUE(same_bits(g.logit[j], w.logit[j]))
-          << "slot " << j << ": " << g.logit[j] << " vs " << w.logit[j];
+  // Both launch shapes: a block per row, and rows cut over several blocks then merged (with a workspace).
+  test::DeviceBuffer<LogitsTopC> dws(cuda::logits_topc_workspace_bytes(rows) / sizeof(LogitsTopC));
+  for (bool split : {false, true}) {
+    test::DeviceBuffer<LogitsTopC> dout(static_cast<size_t>(rows));  // poisoned: 0xff bytes
+    kernels::cpu::LogitsTopCParams q = p;
+    q.logits = dx.get();
+    q.temperature = dt.get();
+    q.out = dout.get();
+    if (split) {
+      cuda::logits_topc(q, nullptr, dws.get(), rows);
+    } else {
+      cuda::logits_topc(q, nullptr);
     }
-    if (!std::isfinite(w.max)) continue;  // every entry -inf: the sums are NaN (the sampler refuses the row)
-    ASSERT_TRUE(std::isfinite(g.sum_exp));
-    EXPECT_NEAR(g.sum_exp, w.sum_exp, 1e-5 * w.sum_exp);
-    ASSERT_TRUE(std::isfinite(g.sum_exp_t));
-    EXPECT_NEAR(g.sum_exp_t, w.sum_exp_t, 1e-5 * w.sum_exp_t);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = dout.download();
+    for (int64_t r = 0; r < rows; ++r) {
+      const LogitsTopC& g = got[static_cast<size_t>(r)];
+      const LogitsTopC& w = want[static_cast<size_t>(r)];
+      SCOPED_TRACE(testing::Message() << "vocab " << vocab << " row " << r << " of " << rows
+                                      << (split ? " (split rows)" : " (a block per row)"));
+      ASSERT_EQ(g.count, w.count);
+      ASSERT_EQ(g.nan_count, w.nan_count);
+      EXPECT_EQ(g.reserved, 0);
+      if (w.nan_count > 0) continue;  // the rest is unspecified for such rows
+      EXPECT_TRUE(same_bits(g.max, w.max) || (g.max == 0.0f && w.max == 0.0f)) << g.max << " vs " << w.max;
+      for (int j = 0; j < kLogitsTopC; ++j) {
+        ASSERT_EQ(g.token[j], w.token[j]) << "slot " << j;
+        ASSERT_TRUE(same_bits(g.logit[j], w.logit[j]))
+            << "slot " << j << ": " << g.logit[j] << " vs " << w.logit[j];
+      }
+      if (!std::isfinite(w.max))
+        continue;  // every entry -inf: the sums are NaN (the sampler refuses the row)
+      ASSERT_TRUE(std::isfinite(g.sum_exp));
+      EXPECT_NEAR(g.sum_exp, w.sum_exp, 1e-5 * w.sum_exp);
+      ASSERT_TRUE(std::isfinite(g.sum_exp_t));
+      EXPECT_NEAR(g.sum_exp_t, w.sum_exp_t, 1e-5 * w.sum_exp_t);
+    }
   }
 }
 
@@ -132,6 +142,15 @@ TEST(LogitsTopC, EqualRowsTakeTheLowestIds) {
   const auto g = dout.download();
   for (int j = 0; j < kLogitsTopC; ++j) EXPECT_EQ(g[0].token[j], j);
   EXPECT_NEAR(g[0].sum_exp, static_cast<double>(vocab - 1) + std::exp(-0.25), 1e-6 * vocab);
+  // The row cut over several blocks: the ties across segments still go to the lowest ids.
+  test::DeviceBuffer<LogitsTopC> dws(cuda::logits_topc_workspace_bytes(1) / sizeof(LogitsTopC));
+  test::DeviceBuffer<LogitsTopC> dsplit(1);
+  q.out = dsplit.get();
+  cuda::logits_topc(q, nullptr, dws.get(), 1);
+  const auto h = dsplit.download();
+  for (int j = 0; j < kLogitsTopC; ++j) EXPECT_EQ(h[0].token[j], j);
+  EXPECT_EQ(h[0].count, kLogitsTopC);
+  EXPECT_NEAR(h[0].sum_exp, static_cast<double>(vocab - 1) + std::exp(-0.25), 1e-6 * vocab);
 }
 
 // The Engine on the CUDA executor: the same tokens with and without summaries, greedy and seeded.

@@ -63,6 +63,7 @@ struct CudaExecutor::Impl {
   // Candidate summaries: device [max_logit_rows] (workspace) and pinned host [max_logit_rows]; per-row
   // temperatures staged through pinned memory each step.
   kernels::cpu::LogitsTopC* summaries_dev = nullptr;
+  kernels::cpu::LogitsTopC* summaries_ws = nullptr;  // segments of rows cut over several blocks
   kernels::cpu::LogitsTopC* summaries_host = nullptr;
   float* temperature_dev = nullptr;
   float* temperature_host = nullptr;
@@ -208,6 +209,8 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
       &I.logits_host, static_cast<size_t>(cfg_.max_logit_rows) * static_cast<size_t>(mc.vocab_size) * 4));
   const size_t summary_bytes = static_cast<size_t>(cfg_.max_logit_rows) * sizeof(kernels::cpu::LogitsTopC);
   I.summaries_dev = static_cast<kernels::cpu::LogitsTopC*>(I.work.alloc(summary_bytes));
+  I.summaries_ws = static_cast<kernels::cpu::LogitsTopC*>(
+      I.work.alloc(ms::cuda::logits_topc_workspace_bytes(cfg_.max_logit_rows)));
   I.temperature_dev = static_cast<float*>(I.work.alloc(static_cast<size_t>(cfg_.max_logit_rows) * 4));
   CUDA_CHECK(cudaMallocHost(&I.summaries_host, summary_bytes));
   CUDA_CHECK(cudaMallocHost(&I.temperature_host, static_cast<size_t>(cfg_.max_logit_rows) * 4));
@@ -291,7 +294,7 @@ void CudaExecutor::rows_to_host(const Tensor& dev, int64_t rows, const LogitsReq
     p.out = I.summaries_dev;
     p.rows = rows;
     p.vocab = vocab;
-    ms::cuda::logits_topc(p, I.stream);
+    ms::cuda::logits_topc(p, I.stream, I.summaries_ws, cfg_.max_logit_rows);
     CUDA_CHECK(cudaMemcpyAsync(I.summaries_host, I.summaries_dev,
                                static_cast<size_t>(rows) * sizeof(kernels::cpu::LogitsTopC),
                                cudaMemcpyDeviceToHost, I.stream));

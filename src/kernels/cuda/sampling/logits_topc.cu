@@ -6,6 +6,14 @@
 //
 // Each warp walks one contiguous segment of the row, 32 consecutive ids at a time, so "lowest ids first"
 // among equal keys needs one scan over the warps' tie counts instead of one per chunk.
+//
+// Few rows (a decode batch) would leave most of the GPU idle with a block per row, so with a workspace a row
+// is cut into up to kMaxSegments id ranges, each summarised by its own block (its top C, max and sums
+// relative to its own max), and a second kernel merges a row's segments: a candidate's rank in the row is
+// the number of candidates of every segment that beat it (a binary search in each sorted list), and the sums
+// are rescaled to the row max and added in segment order. The merged top C is exact (every entry of the
+// row's top C is in its segment's top C); the sums differ from the one-block ones in the last bits.
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -21,8 +29,10 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kC = kernels::cpu::kLogitsTopC;
-constexpr int kMaxBins = 2048;  // the widest digit: 11 bits
-constexpr int kUnroll = 16;     // loads of a lane in flight at once in the passes over the row
+constexpr int kMaxBins = 2048;     // the widest digit: 11 bits
+constexpr int kUnroll = 16;        // loads of a lane in flight at once in the passes over the row
+constexpr int kMaxSegments = 16;   // id ranges a row may be cut into (logits_topc_workspace_bytes)
+constexpr int kMinSegment = 4096;  // ids a segment keeps at least
 static_assert(kC <= kThreads, "the rank sort gives one candidate to each thread");
 static_assert(kMaxBins % kThreads == 0 && 1024 % kThreads == 0, "bins split evenly over the threads");
 
@@ -129,13 +139,17 @@ __device__ void select_digit(Shared& sh, int bins, uint32_t k) {
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads) logits_topc_kernel(LogitsTopCParams p) {
+// Block b: row b / segs, ids [s * seg_len, + seg_len) of it (s = b % segs); its summary to out[b] (the row's
+// final one when segs == 1, else a segment's for logits_topc_merge_kernel).
+__global__ void __launch_bounds__(kThreads)
+    logits_topc_kernel(LogitsTopCParams p, int segs, int seg_len, LogitsTopC* __restrict__ out) {
   dev::grid_dep_enter();
   __shared__ Shared sh;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r = blockIdx.x;
-  const float* __restrict__ x = p.logits + r * p.stride;
-  const int n = static_cast<int>(p.vocab);
+  const int64_t r = blockIdx.x / segs;
+  const int id0 = static_cast<int>(blockIdx.x % segs) * seg_len;
+  const float* __restrict__ x = p.logits + r * p.stride + id0;
+  const int n = min(static_cast<int>(p.vocab) - id0, seg_len);
   const int count = n < kC ? n : kC;
   // This warp's ids: [beg, end), walked 32 at a time (the loop bounds are warp-uniform).
   const int seg = ((n + kWarps - 1) / kWarps + 31) & ~31;
@@ -256,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) logits_topc_kernel(LogitsTopCParams 
   __syncthreads();
 
   // Rank sort: candidate j goes to the slot of how many candidates beat it (a total order, so a permutation).
-  kernels::cpu::LogitsTopC* __restrict__ o = p.out + r;
+  kernels::cpu::LogitsTopC* __restrict__ o = out + blockIdx.x;
   if (static_cast<int>(threadIdx.x) < kC) {
     const int j = threadIdx.x;
     if (j < count) {
@@ -265,7 +279,7 @@ __global__ void __launch_bounds__(kThreads) logits_topc_kernel(LogitsTopCParams 
       int rank = 0;
       for (int q = 0; q < count; ++q)
         rank += better(key_of(sh.cand_logit[q]), sh.cand_token[q], kj, ij) ? 1 : 0;
-      o->token[rank] = ij;
+      o->token[rank] = ij + id0;
       o->logit[rank] = sh.cand_logit[j];
     } else {
       o->token[j] = -1;
@@ -282,9 +296,84 @@ __global__ void __launch_bounds__(kThreads) logits_topc_kernel(LogitsTopCParams 
   }
 }
 
+// Block per row, kThreads threads: the row's segs summaries (ws[r * segs ..]) into out[r].
+__global__ void __launch_bounds__(kThreads)
+    logits_topc_merge_kernel(LogitsTopCParams p, int segs, const LogitsTopC* __restrict__ ws) {
+  dev::grid_dep_enter();
+  const int64_t r = blockIdx.x;
+  const LogitsTopC* __restrict__ seg = ws + r * segs;
+  LogitsTopC* __restrict__ o = p.out + r;
+  __shared__ int s_total;
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int s = 0; s < segs; ++s) total += seg[s].count;
+    s_total = total;
+  }
+  __syncthreads();
+  const int count = min(s_total, kC);
+  // Candidate (s, j) -> its rank among every segment's candidates; only ranks below C are written.
+  for (int idx = threadIdx.x; idx < segs * kC; idx += kThreads) {
+    const int s = idx / kC, j = idx % kC;
+    if (j >= seg[s].count) continue;
+    const uint32_t kj = key_of(seg[s].logit[j]);
+    const int32_t ij = seg[s].token[j];
+    int rank = j;  // the entries before it in its own list beat it
+    for (int q = 0; q < segs && rank < kC; ++q) {
+      if (q == s) continue;
+      int lo = 0, hi = seg[q].count;  // the first entry of list q that does not beat (kj, ij)
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (better(key_of(seg[q].logit[mid]), seg[q].token[mid], kj, ij)) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      rank += lo;
+    }
+    if (rank < kC) {
+      o->token[rank] = ij;
+      o->logit[rank] = seg[s].logit[j];
+    }
+  }
+  for (int j = count + static_cast<int>(threadIdx.x); j < kC; j += kThreads) {
+    o->token[j] = -1;
+    o->logit[j] = -INFINITY;
+  }
+  if (threadIdx.x == 0) {
+    const float t = p.temperature[r];
+    const bool greedy = t < kernels::cpu::kLogitsTopCGreedyTemperature;
+    const double inv_t = greedy ? 0.0 : 1.0 / static_cast<double>(t);
+    float m = -INFINITY;
+    int32_t nans = 0;
+    for (int s = 0; s < segs; ++s) {
+      m = fmaxf(m, seg[s].max);
+      nans += seg[s].nan_count;
+    }
+    double s1 = 0.0, st = 0.0;
+    for (int s = 0; s < segs; ++s) {
+      if (!(seg[s].max > -INFINITY)) continue;  // no finite entry: it adds nothing
+      const double d = static_cast<double>(seg[s].max) - static_cast<double>(m);
+      s1 += seg[s].sum_exp * exp(d);
+      if (!greedy) st += seg[s].sum_exp_t * exp(d * inv_t);
+    }
+    o->sum_exp = s1;
+    o->sum_exp_t = greedy ? 1.0 : st;
+    o->max = m;
+    o->nan_count = nans;
+    o->count = count;
+    o->reserved = 0;
+  }
+}
+
 }  // namespace
 
-void logits_topc(const LogitsTopCParams& p, cudaStream_t stream) {
+size_t logits_topc_workspace_bytes(int64_t rows) {
+  return static_cast<size_t>(rows > 0 ? rows : 0) * kMaxSegments * sizeof(LogitsTopC);
+}
+
+void logits_topc(const LogitsTopCParams& p, cudaStream_t stream, LogitsTopC* workspace,
+                 int64_t workspace_rows) {
   MS_CHECK(p.rows >= 0 && p.rows <= 0x7fffffff, "logits_topc: rows = {} out of range", p.rows);
   MS_CHECK(p.vocab >= 1 && p.vocab <= 0x7fffff00, "logits_topc: vocab = {} out of range", p.vocab);
   if (p.rows == 0) return;
@@ -295,8 +384,29 @@ void logits_topc(const LogitsTopCParams& p, cudaStream_t stream) {
            p.stride, p.vocab);
   MS_CHECK(reinterpret_cast<uintptr_t>(p.out) % alignof(kernels::cpu::LogitsTopC) == 0,
            "logits_topc: out is not {}-byte aligned", alignof(kernels::cpu::LogitsTopC));
-  check_smem(current_device_caps(), "logits_topc", sizeof(Shared));
-  launch_kernel("logits_topc", logits_topc_kernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
+  const DeviceCaps caps = current_device_caps();
+  check_smem(caps, "logits_topc", sizeof(Shared));
+  // Segments: about two blocks per SM over the rows, each at least kMinSegment ids.
+  int segs = 1;
+  if (workspace != nullptr && p.rows <= workspace_rows) {
+    const int64_t want = (2 * std::max(caps.multiprocessors, 1) + p.rows - 1) / p.rows;
+    const int64_t fit = std::max<int64_t>(p.vocab / kMinSegment, 1);
+    segs = static_cast<int>(std::clamp<int64_t>(std::min(want, fit), 1, kMaxSegments));
+  }
+  const int seg_len = static_cast<int>((p.vocab + segs - 1) / segs);
+  MS_CHECK(p.rows * segs <= 0x7fffffff, "logits_topc: {} rows x {} segments is too many blocks", p.rows,
+           segs);
+  if (segs == 1) {
+    launch_kernel("logits_topc", logits_topc_kernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p, 1,
+                  seg_len, p.out);
+    return;
+  }
+  MS_CHECK(reinterpret_cast<uintptr_t>(workspace) % alignof(LogitsTopC) == 0,
+           "logits_topc: workspace is not {}-byte aligned", alignof(LogitsTopC));
+  launch_kernel("logits_topc", logits_topc_kernel, static_cast<unsigned>(p.rows * segs), kThreads, 0, stream,
+                p, segs, seg_len, workspace);
+  launch_kernel("logits_topc_merge", logits_topc_merge_kernel, static_cast<unsigned>(p.rows), kThreads, 0,
+                stream, p, segs, static_cast<const LogitsTopC*>(workspace));
 }
 
 }  // namespace ms::cuda
