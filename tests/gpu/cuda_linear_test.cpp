@@ -3,8 +3,9 @@
 // cuBLASLt bf16 and f32 GEMMs, and the linear() runner on the path linear_plan picks.
 // Tolerances, relative to sum_k |x_k w_k| of each output (not to the possibly cancelling result):
 //   direct kernel and f32 GEMM 1e-4 (f32 accumulation of up to ~1000 terms, typical error ~1e-6);
-//   bf16 GEMM vs the same bf16 inputs in double 5e-5; bf16 paths vs the f32 CPU reference 1e-2 (x and the
-//   weight rounded to bf16, 2^-9 each).
+//   bf16 GEMM and bf16_gemv vs the same bf16 inputs in double 5e-5 (bf16 x bf16 products are exact in f32;
+//   what differs is the order of f32 adds); bf16 paths vs the f32 CPU reference 1e-2 (x and the weight
+//   rounded to bf16, 2^-9 each).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "cuda_test_util.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/weight_view.h"
+#include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/blaslt.h"
 #include "kernels/cuda/gemm/dequant_weight.h"
 #include "kernels/cuda/gemm/direct_linear.h"
@@ -433,9 +435,15 @@ TEST(CudaLinear, PlannedPathMatchesCpuLinear) {
       p.m = m;
       p.x_scratch = reinterpret_cast<__nv_bfloat16*>(d_xs.get());
       p.w_scratch = reinterpret_cast<__nv_bfloat16*>(d_ws.get());
+      DeviceBuffer<float> d_part(scratch.gemv_partial_bytes / 4 + 1);
+      DeviceBuffer<uint32_t> d_cnt(scratch.gemv_counter_bytes / 4 + 1);
+      CUDA_CHECK(cudaMemset(d_cnt.get(), 0, d_cnt.size() * 4));
+      p.gemv_partial = d_part.get();
+      p.gemv_counters = d_cnt.get();
       ms::cuda::linear(p, path, lt, nullptr);
-      const bool bf16_path =
-          path == ms::cuda::LinearPath::BlasLtBf16 || path == ms::cuda::LinearPath::DequantBlasLt;
+      const bool bf16_path = path == ms::cuda::LinearPath::BlasLtBf16 ||
+                             path == ms::cuda::LinearPath::DequantBlasLt ||
+                             path == ms::cuda::LinearPath::GemvBf16;
       expect_linear_close(
           d_y.download(), ys, ref, abs_sum, m, n, bf16_path ? 1e-2 : 1e-4,
           "linear " + name_of(f) + " m=" + std::to_string(m) + " path " + ms::cuda::linear_path_name(path));
@@ -447,7 +455,10 @@ TEST(CudaLinear, PlanChoosesByFormatAndRows) {
   using ms::cuda::linear_plan;
   using ms::cuda::LinearPath;
   EXPECT_EQ(linear_plan(WeightFormat::F32, 1, 4096, 4096), LinearPath::BlasLtF32);
-  EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 4096), LinearPath::BlasLtBf16);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 4096), LinearPath::GemvBf16);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 8, 4096, 4096), LinearPath::GemvBf16);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 9, 4096, 4096), LinearPath::BlasLtBf16);
+  EXPECT_EQ(ms::cuda::linear_scratch_bytes(LinearPath::GemvBf16, 1, 4096, 4096).x_bytes, 0u);
   EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 1, 4096, 4096), LinearPath::DequantBlasLt);
   EXPECT_EQ(linear_plan(WeightFormat::NVFP4, 1, 4096, 4096), LinearPath::DequantBlasLt);
   EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 300), LinearPath::Direct);
@@ -482,6 +493,138 @@ TEST(CudaLinear, LaunchersRefuseBadWeights) {
   p.w.scale = dummy;
   p.row0 = 1;  // rows [1, 2) of a 1-row weight
   EXPECT_THROW(ms::cuda::direct_linear(p, nullptr), ms::Error);
+}
+
+// bf16_gemv against the double reference on x rounded to bf16 (5e-5 of sum |terms|) and on f32 x (1e-2):
+// rows [row0, row0 + n) of a taller weight, x rows xs apart starting x_off floats into their buffer (1: the
+// unaligned scalar-load path), y rows ys apart and NaN-poisoned (every output written, nothing past n). With
+// `cfg` the given configuration runs instead of the chooser's. Checks that the split counters are zero
+// again afterwards; returns y.
+std::vector<float> check_bf16_gemv(int m, int rows, int row0, int n, int k, int64_t xs, int64_t ys, int x_off,
+                                   uint32_t seed, const ms::cuda::bf16_gemv_config::Config* cfg = nullptr) {
+  const std::string what =
+      "bf16_gemv m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+      " row0=" + std::to_string(row0) +
+      (cfg ? " warps=" + std::to_string(cfg->warps) + " spb=" + std::to_string(cfg->slices_per_block) +
+                 " tpb=" + std::to_string(cfg->tiles_per_block)
+           : std::string());
+  TestWeight w(WeightFormat::BF16, rows, k, seed);
+  const auto x = random_floats(static_cast<size_t>(m * xs), seed + 1);
+  std::vector<double> ref, abs_sum, ref32, abs32;
+  reference(w, row0, n, x, xs, m, true, ref, abs_sum);
+  reference(w, row0, n, x, xs, m, false, ref32, abs32);
+  std::vector<float> xbuf(static_cast<size_t>(m * xs + x_off), 0.f);
+  std::copy(x.begin(), x.end(), xbuf.begin() + x_off);
+  DeviceBuffer<float> d_x(xbuf), d_y(static_cast<size_t>(m * ys));
+  const auto scratch = ms::cuda::bf16_gemv_scratch_bytes(m, n, k);
+  const size_t part_bytes = std::max(scratch.partial_bytes, cfg ? size_t{4} * cfg->splits * m * n : 0);
+  const size_t cnt_bytes = std::max(scratch.counter_bytes, cfg ? size_t{4} * cfg->row_blocks : 0);
+  DeviceBuffer<float> d_part(part_bytes / 4 + 1);
+  DeviceBuffer<uint32_t> d_cnt(cnt_bytes / 4 + 1);
+  CUDA_CHECK(cudaMemset(d_cnt.get(), 0, d_cnt.size() * 4));
+  ms::cuda::Bf16GemvParams p;
+  p.x = d_x.get() + x_off;
+  p.x_stride = xs;
+  p.w = reinterpret_cast<const __nv_bfloat16*>(w.d_data->get()) + static_cast<size_t>(row0) * k;
+  p.w_stride = k;
+  p.y = d_y.get();
+  p.y_stride = ys;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.partial = d_part.get();
+  p.counters = d_cnt.get();
+  if (cfg)
+    ms::cuda::bf16_gemv_with(p, *cfg, nullptr);
+  else
+    ms::cuda::bf16_gemv(p, nullptr);
+  const auto y = d_y.download();
+  expect_linear_close(y, ys, ref, abs_sum, m, n, 5e-5, what);
+  expect_linear_close(y, ys, ref32, abs32, m, n, 1e-2, what + " vs f32");
+  const auto cnt = d_cnt.download();
+  for (size_t i = 0; i < cnt.size(); ++i) EXPECT_EQ(cnt[i], 0u) << what << ": counter " << i << " left set";
+  return y;
+}
+
+TEST(CudaBf16Gemv, MatchesReferenceForEveryRowCount) {
+  MS_REQUIRE_GPU();
+  // k = 6144 splits k across blocks (a 129-row slice of a 200-row weight), odd n, strided x and y.
+  for (int m = 1; m <= 8; ++m) check_bf16_gemv(m, 200, 37, 129, 6144, 6144 + 4, 129 + 3, 0, 700 + m);
+}
+
+TEST(CudaBf16Gemv, MatchesReferenceOnOddShapes) {
+  MS_REQUIRE_GPU();
+  check_bf16_gemv(3, 90, 5, 77, 136, 136, 77, 0, 710);         // k not a multiple of 128: a part-empty warp
+  check_bf16_gemv(5, 40, 0, 33, 8, 9, 35, 0, 711);             // one 8-wide chunk, one warp
+  check_bf16_gemv(1, 7, 0, 7, 1000, 1000, 7, 0, 712);          // fewer rows than one tile
+  check_bf16_gemv(4, 120, 17, 100, 520, 521, 101, 1, 713);     // x unaligned: scalar loads
+  check_bf16_gemv(2, 300, 0, 300, 16384, 16384, 300, 0, 714);  // 16 slices
+  check_bf16_gemv(8, 2100, 51, 2049, 2048, 2048, 2050, 0, 715);
+  check_bf16_gemv(1, 576, 0, 576, 6144, 6144, 576, 0, 716);    // GLM-5 kv_a
+  check_bf16_gemv(8, 640, 64, 576, 6144, 6144, 1200, 0, 717);  // a row slice of a fused weight
+}
+
+TEST(CudaBf16Gemv, EveryTilingAndSplitMatches) {
+  MS_REQUIRE_GPU();
+  namespace bc = ms::cuda::bf16_gemv_config;
+  // n = 333 (21 tiles), k = 2056 (17 chunks): warps 1..8, slices walked by one block or split across several,
+  // several tiles per block with a short last block.
+  const int n = 333, k = 2056;
+  const int chunks = bc::ceil_div(k, bc::kWarpK), tiles = bc::ceil_div(n, bc::kTileRows);
+  int runs = 0;
+  for (int warps : {8, 5, 2, 1})
+    for (int spb : {1, 2, 3})
+      for (int tpb : {1, 3, 8}) {
+        bc::Config c;
+        c.warps = warps;
+        c.slices = bc::ceil_div(chunks, warps);
+        if (spb > c.slices) continue;
+        c.slices_per_block = spb;
+        c.splits = bc::ceil_div(c.slices, spb);
+        c.tiles_per_block = tpb;
+        c.row_blocks = bc::ceil_div(tiles, tpb);
+        const int m = 1 + runs % 8;
+        check_bf16_gemv(m, n + 9, 9, n, k, k, n + 1, 0, 720 + runs, &c);
+        ++runs;
+      }
+  EXPECT_GE(runs, 20);
+}
+
+TEST(CudaBf16Gemv, SplitSumsAreDeterministic) {
+  MS_REQUIRE_GPU();
+  // The last block of each row block adds the splits in a fixed order: repeated launches give the same bits
+  // (and leave the counters zero for the next, checked inside).
+  const auto a = check_bf16_gemv(4, 700, 0, 700, 12288, 12288, 700, 0, 730);
+  const auto b = check_bf16_gemv(4, 700, 0, 700, 12288, 12288, 700, 0, 730);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(ms::test::same_float(a[i], b[i])) << "element " << i;
+}
+
+TEST(CudaBf16Gemv, RefusesBadArguments) {
+  MS_REQUIRE_GPU();
+  DeviceBuffer<float> buf(1 << 16);
+  ms::cuda::Bf16GemvParams p;
+  p.x = buf.get();
+  p.x_stride = 64;
+  p.w = reinterpret_cast<const __nv_bfloat16*>(buf.get());
+  p.w_stride = 64;
+  p.y = buf.get() + 8192;
+  p.y_stride = 16;
+  p.m = 9;  // more rows than the GEMV takes
+  p.n = 16;
+  p.k = 64;
+  EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
+  p.m = 1;
+  p.k = 60;  // not a multiple of 8
+  p.x_stride = p.w_stride = 60;
+  EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
+  p.k = p.x_stride = p.w_stride = 64;
+  p.w = reinterpret_cast<const __nv_bfloat16*>(buf.get()) + 1;  // not 16-byte aligned
+  EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
+  p.w = reinterpret_cast<const __nv_bfloat16*>(buf.get());
+  p.k = p.x_stride = p.w_stride = 8192;  // 8 slices: k splits, and the scratch is missing
+  p.y = buf.get() + 40000;
+  EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
 }
 
 }  // namespace

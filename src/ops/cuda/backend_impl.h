@@ -22,6 +22,8 @@ class GrowBuffer {
   GrowBuffer(const GrowBuffer&) = delete;
   GrowBuffer& operator=(const GrowBuffer&) = delete;
   void* get(size_t bytes, cudaStream_t stream);
+  // The same, zero-filled on the stream whenever it (re)allocates: for state its users leave zero again.
+  void* get_zeroed(size_t bytes, cudaStream_t stream);
   size_t size() const { return size_; }
 
  private:
@@ -34,7 +36,7 @@ struct CudaBackend::Impl {
   cuda::DeviceCaps caps;
   cuda::BlasLtHandle lt;
   GrowBuffer linear_x{"linear x scratch"}, linear_w{"linear weight scratch"};
-  GrowBuffer gemv_ws{"nvfp4 gemv partial sums"}, gemv_y{"nvfp4 gemv output"};
+  GrowBuffer gemv_ws{"gemv partial sums"}, gemv_counters{"gemv split counters"};
   GrowBuffer attn_ws{"mla attention workspace"};
   GrowBuffer moe_act{"moe activations"}, moe_slot{"moe slot outputs"}, moe_plan{"moe plan"};
   GrowBuffer moe_mma{"moe bf16 activations (tensor-core experts)"};

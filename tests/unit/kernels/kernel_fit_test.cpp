@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cuda/common/kernel_fit.h"
+#include "kernels/cuda/gemm/bf16_gemv_config.h"
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
 #include "kernels/cuda/moe/moe_decode_config.h"
 #include "kernels/cuda/moe/moe_experts_mma_config.h"
@@ -69,6 +70,67 @@ TEST(KernelFit, Nvfp4GemvAvoidsTilesTooLargeForASmallDevice) {
   const auto c = nvfp4_gemv_config::choose(8, 16384, 16384, tiny);
   EXPECT_LE(c.rows_per_block, 32);
   EXPECT_FALSE(why_cannot_run(nvfp4_gemv_config::need(8, c), tiny).has_value());
+}
+
+TEST(KernelFit, Bf16GemvChoosesValidConfigsThatFillEveryPreset) {
+  // GLM-5 BF16 linears (n = outputs, k = inputs): q_a, kv_a, kv_a with the indexer's wk, indexer wk and
+  // weights_proj, q_b, indexer wq_b, o_proj, dense gate/up and down, shared expert gate/up and down, lm_head;
+  // then odd and tiny shapes.
+  const int shapes[][2] = {{2048, 6144},  {576, 6144},  {704, 6144},    {128, 6144},   {32, 6144},
+                           {16384, 2048}, {4096, 2048}, {6144, 16384},  {12288, 6144}, {6144, 12288},
+                           {2048, 6144},  {6144, 2048}, {154880, 6144}, {129, 136},    {7, 8},
+                           {33, 1000},    {300, 16384}, {1, 520}};
+  namespace bc = bf16_gemv_config;
+  int checked = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (const auto& s : shapes)
+      for (int m = 1; m <= bc::kMaxM; ++m) {
+        const int n = s[0], k = s[1];
+        const auto c = bc::choose(m, n, k, dev);
+        const std::string where =
+            dev.name + " m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+        EXPECT_EQ(bc::why_invalid(c, n, k), "") << where;
+        const auto why = why_cannot_run(bc::need(m, c), dev);
+        EXPECT_FALSE(why.has_value()) << where << ": " << *why;
+        // The device-independent scratch bound holds what this device's choice uses.
+        if (c.splits > 1) {
+          EXPECT_LE(static_cast<size_t>(c.splits) * m * n * 4, bc::partial_bytes_bound(m, n, k)) << where;
+          EXPECT_LE(static_cast<size_t>(c.row_blocks) * 4, bc::counter_bytes_bound(n, k)) << where;
+        }
+        // Every multiprocessor gets a block whenever the shape has that many (tile, slice) units.
+        const long units = static_cast<long>(bc::ceil_div(n, bc::kTileRows)) * c.slices;
+        EXPECT_GE(static_cast<long>(c.row_blocks) * c.splits, std::min<long>(units, dev.multiprocessors))
+            << where;
+        ++checked;
+      }
+  EXPECT_EQ(checked, 3 * 18 * 8);
+}
+
+TEST(KernelFit, Bf16GemvSplitsKOnlyWhenRowsAreFew) {
+  namespace bc = bf16_gemv_config;
+  const DeviceLimits h200 = limits_h200();
+  // kv_a (576 rows): 36 tiles cannot fill 132 multiprocessors without splitting k.
+  EXPECT_GT(bc::choose(1, 576, 6144, h200).splits, 1);
+  // One slice of k: nothing to split, no scratch.
+  const auto one = bc::choose(1, 4096, 1024, h200);
+  EXPECT_EQ(one.slices, 1);
+  EXPECT_EQ(one.splits, 1);
+  EXPECT_EQ(bc::partial_bytes_bound(8, 4096, 1024), 0u);
+  EXPECT_EQ(bc::counter_bytes_bound(4096, 1024), 0u);
+  // lm_head: enough rows to fill the device many times over; k is split in fewer pieces than it has slices.
+  const auto lm = bc::choose(1, 154880, 6144, h200);
+  EXPECT_LT(lm.splits, lm.slices);
+  EXPECT_EQ(lm.tiles_per_block > 1 || lm.slices_per_block > 1, true);
+  // Short k uses fewer warps (each owns 128 of it) instead of idle ones.
+  EXPECT_EQ(bc::choose(2, 512, 512, h200).warps, 4);
+  EXPECT_EQ(bc::choose(2, 512, 8, h200).warps, 1);
+  // A configuration that does not cover the shape is named.
+  bc::Config bad = bc::choose(1, 2048, 6144, h200);
+  bad.splits += 1;
+  EXPECT_NE(bc::why_invalid(bad, 2048, 6144).find("splits"), std::string::npos);
+  bad = bc::choose(1, 2048, 6144, h200);
+  bad.row_blocks -= 1;
+  EXPECT_NE(bc::why_invalid(bad, 2048, 6144).find("row_blocks"), std::string::npos);
 }
 
 // For every target part, m of ms and (hidden, inter) of shapes (top 8 of 256 NVFP4 experts): choose(shape,

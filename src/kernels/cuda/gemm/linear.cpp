@@ -16,6 +16,8 @@ const char* linear_path_name(LinearPath p) {
       return "cublaslt-bf16";
     case LinearPath::DequantBlasLt:
       return "dequant-cublaslt-bf16";
+    case LinearPath::GemvBf16:
+      return "gemv-bf16";
   }
   return "unknown";
 }
@@ -26,6 +28,13 @@ LinearScratchBytes linear_scratch_bytes(LinearPath path, int64_t m, int64_t n, i
   const size_t nk = static_cast<size_t>(n > 0 ? n : 0) * static_cast<size_t>(k > 0 ? k : 0);
   if (path == LinearPath::BlasLtBf16 || path == LinearPath::DequantBlasLt) s.x_bytes = mk * 2;
   if (path == LinearPath::DequantBlasLt) s.w_bytes = nk * 2;
+  if (path == LinearPath::GemvBf16 && m > 0 && n > 0 && k > 0 && m <= kBf16GemvMaxM && n <= INT32_MAX &&
+      k <= INT32_MAX) {
+    const Bf16GemvScratch g =
+        bf16_gemv_scratch_bytes(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
+    s.gemv_partial_bytes = g.partial_bytes;
+    s.gemv_counter_bytes = g.counter_bytes;
+  }
   return s;
 }
 
@@ -62,6 +71,28 @@ void linear(const LinearParams& p, LinearPath path, BlasLtHandle& lt, cudaStream
       g.n = p.n;
       g.k = k;
       gemm_f32(g, lt, stream);
+      return;
+    }
+    case LinearPath::GemvBf16: {
+      MS_CHECK(p.w.format == WeightFormat::BF16, "linear: path {} needs bf16 weights, got {}",
+               linear_path_name(path), weight_format_name(p.w.format));
+      if (p.m == 0 || p.n == 0) return;
+      MS_CHECK(p.m <= kBf16GemvMaxM && p.n <= INT32_MAX && k <= INT32_MAX,
+               "linear: path {} takes at most {} rows (m = {}, n = {}, k = {})", linear_path_name(path),
+               kBf16GemvMaxM, p.m, p.n, k);
+      Bf16GemvParams g;
+      g.x = p.x;
+      g.x_stride = p.x_stride;
+      g.w = static_cast<const __nv_bfloat16*>(p.w.data) + p.row0 * k;
+      g.w_stride = k;
+      g.y = p.y;
+      g.y_stride = p.y_stride;
+      g.m = static_cast<int>(p.m);
+      g.n = static_cast<int>(p.n);
+      g.k = static_cast<int>(k);
+      g.partial = p.gemv_partial;
+      g.counters = p.gemv_counters;
+      bf16_gemv(g, stream);
       return;
     }
     case LinearPath::BlasLtBf16:

@@ -1,0 +1,123 @@
+// Launch configurations of bf16_gemv, chosen on the host from the shape and the device's limits (no CUDA
+// types: tested without a GPU in tests/unit/kernels/kernel_fit_test.cpp).
+//
+// Work units: k is cut into slices of `warps` x kWarpK (each warp of a block owns kWarpK of every slice), n
+// into 16-row tiles. A block owns `tiles_per_block` consecutive tiles and `slices_per_block` consecutive
+// slices; `splits` blocks share a row block along k and the last of them to finish adds their partial sums.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/common/kernel_fit.h"
+
+namespace ms::cuda::bf16_gemv_config {
+
+constexpr int kMaxWarps = 8;
+constexpr int kMaxThreads = kMaxWarps * 32;
+constexpr int kWarpK = 128;  // k per warp per slice: 4 lanes x 4 loads of 8 bf16
+constexpr int kTileRows = 16;
+constexpr int kMaxTilesPerBlock = 8;
+constexpr int kMaxM = 8;
+// Warps resident per multiprocessor: __launch_bounds__(kMaxThreads, 2) caps registers at 128 per thread.
+constexpr int kWarpsPerSm = 16;
+
+struct Config {
+  int warps = 1;             // per block (blockDim.x / 32)
+  int slices = 1;            // ceil(k / (warps * kWarpK))
+  int slices_per_block = 1;  // consecutive slices one block walks
+  int splits = 1;            // blocks along k: gridDim.y = ceil(slices / slices_per_block)
+  int tiles_per_block = 1;   // 16-row tiles per block
+  int row_blocks = 1;        // gridDim.x = ceil(ceil(n / 16) / tiles_per_block)
+};
+
+constexpr int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
+
+// Rows of x the kernel template for m rows is instantiated with (1, 2, 4 or 8).
+constexpr int m_template(int m) {
+  return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8;
+}
+
+// The block's per-warp partial sums [warps][m_tmpl][16 * tiles_per_block] f32.
+constexpr size_t smem_bytes(int m_tmpl, const Config& c) {
+  return static_cast<size_t>(c.warps) * m_tmpl * kTileRows * c.tiles_per_block * sizeof(float);
+}
+
+inline KernelNeed need(int m, const Config& c) {
+  return {fmt::format("bf16_gemv m{} warps{} tiles{}", m_template(m), c.warps, c.tiles_per_block),
+          smem_bytes(m_template(m), c), 80, false};
+}
+
+// Scratch any device's choice fits in (the split count is at most `slices`, the row blocks at most the
+// tiles).
+inline int max_slices(int k) {
+  const int chunks = ceil_div(std::max(k, 1), kWarpK);
+  return ceil_div(chunks, std::min(kMaxWarps, chunks));
+}
+inline size_t partial_bytes_bound(int m, int n, int k) {
+  const int s = max_slices(k);
+  return s > 1 ? static_cast<size_t>(s) * std::max(m, 0) * std::max(n, 0) * sizeof(float) : 0;
+}
+inline size_t counter_bytes_bound(int n, int k) {
+  return max_slices(k) > 1 ? static_cast<size_t>(ceil_div(std::max(n, 1), kTileRows)) * sizeof(uint32_t) : 0;
+}
+
+// Why `c` cannot cover an [n, k] weight as the kernel walks it (empty when it can): warps 1..kMaxWarps, the
+// slices and tiles the shape needs, the split and row-block counts they imply.
+inline std::string why_invalid(const Config& c, int n, int k) {
+  if (n <= 0 || k <= 0) return fmt::format("n = {} and k = {} must be positive", n, k);
+  if (c.warps < 1 || c.warps > kMaxWarps)
+    return fmt::format("warps = {} outside [1, {}]", c.warps, kMaxWarps);
+  const int chunks = ceil_div(k, kWarpK), tiles = ceil_div(n, kTileRows);
+  if (c.slices != ceil_div(chunks, c.warps))
+    return fmt::format("slices = {} but k = {} needs {} with {} warps", c.slices, k,
+                       ceil_div(chunks, c.warps), c.warps);
+  if (c.slices_per_block < 1 || c.splits != ceil_div(c.slices, c.slices_per_block))
+    return fmt::format("splits = {} do not match {} slices of {} per block", c.splits, c.slices,
+                       c.slices_per_block);
+  if (c.tiles_per_block < 1 || c.tiles_per_block > kMaxTilesPerBlock ||
+      c.row_blocks != ceil_div(tiles, c.tiles_per_block))
+    return fmt::format("row_blocks = {} with {} tiles per block do not cover n = {}", c.row_blocks,
+                       c.tiles_per_block, n);
+  return {};
+}
+
+// Chooses the split of k across blocks and the rows per block that finish the work in the fewest rounds of
+// resident blocks (a round: every block streams tiles_per_block x slices_per_block warp steps), charging a
+// little for the L2 traffic beyond the weights: x re-read by every row block (m / (8 tiles) of the weight
+// bytes, x being f32) and the partial sums written and read back (4 splits m / k). Ties go to fewer splits,
+// then to more rows per block.
+inline Config choose(int m, int n, int k, const DeviceLimits& dev) {
+  const int chunks = ceil_div(std::max(k, 1), kWarpK);
+  const int warps = std::min(kMaxWarps, chunks);
+  const int slices = ceil_div(chunks, warps);
+  const int tiles = ceil_div(std::max(n, 1), kTileRows);
+  Config best{warps, slices, slices, 1, 1, tiles};  // the smallest tiles, when nothing else fits
+  const long slots = static_cast<long>(std::max(dev.multiprocessors, 1)) * std::max(kWarpsPerSm / warps, 1);
+  double best_cost = 0;
+  bool have = false;
+  for (int spb = slices; spb >= 1; --spb) {
+    const int splits = ceil_div(slices, spb);
+    if (spb < slices && ceil_div(slices, spb + 1) == splits) continue;  // same split, more slices each
+    for (int tpb = std::min(kMaxTilesPerBlock, tiles); tpb >= 1; --tpb) {
+      Config c{warps, slices, spb, splits, tpb, ceil_div(tiles, tpb)};
+      if (why_cannot_run(need(m, c), dev)) continue;
+      const long blocks = static_cast<long>(c.row_blocks) * splits;
+      const long rounds = (blocks + slots - 1) / slots;
+      const double extra = m / (8.0 * tpb) + (splits > 1 ? 4.0 * splits * m / std::max(k, 1) : 0.0);
+      const double cost = static_cast<double>(rounds * tpb * spb) * (1.0 + 0.25 * extra);
+      if (!have || cost < best_cost - 1e-9) {
+        best = c;
+        best_cost = cost;
+        have = true;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace ms::cuda::bf16_gemv_config
