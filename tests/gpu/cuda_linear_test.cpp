@@ -23,6 +23,9 @@
 #include "kernels/cuda/gemm/dequant_weight.h"
 #include "kernels/cuda/gemm/direct_linear.h"
 #include "kernels/cuda/gemm/linear.h"
+#include "ops/cuda_backend.h"
+#include "ops/linear_weight.h"
+#include "ops/ops.h"
 #include "quant/float_formats.h"
 #include "quant/fp8_block.h"
 #include "quant/nvfp4.h"
@@ -625,6 +628,74 @@ TEST(CudaBf16Gemv, RefusesBadArguments) {
   p.k = p.x_stride = p.w_stride = 8192;  // 8 slices: k splits, and the scratch is missing
   p.y = buf.get() + 40000;
   EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
+}
+
+// The op as the executor calls it, on decode row counts: rows [row0, row0 + n) of a weight, x a row view of
+// a wider buffer (aligned, and one float off: the NVFP4 path then casts, the BF16 GEMV loads scalars), y a
+// column slice of a wider output (a fused gate_up's half). Each format's GPU path against the double
+// reference: 1e-2 of sum |terms| for the bf16-activation paths (BF16, FP8-block, NVFP4), called twice so the
+// GEMV's split counters are seen left zero by the second call.
+TEST(CudaLinearOp, DecodeRowsOfEveryFormatMatchReference) {
+  MS_REQUIRE_GPU();
+  ms::ops::CudaBackend backend;
+  const ms::ops::Ctx ctx = backend.ctx(nullptr);
+  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::NVFP4, WeightFormat::FP8Block})
+    for (int64_t m : {1, 3, 8})
+      for (int64_t x_off : {0, 1}) {
+        const int64_t rows = 200, k = 2048, row0 = 64, n = 129, xs = k + 4, ys = 2 * n + 8, y_off = 4;
+        TestWeight w(f, rows, k, 800 + static_cast<uint32_t>(m));
+        const auto x = random_floats(static_cast<size_t>(m * xs), 801);
+        std::vector<double> ref, abs_sum;
+        reference(w, row0, n, x, xs, m, false, ref, abs_sum);
+        std::vector<float> xbuf(static_cast<size_t>(m * xs + x_off), 0.f);
+        std::copy(x.begin(), x.end(), xbuf.begin() + x_off);
+        DeviceBuffer<float> d_x(xbuf), d_y(static_cast<size_t>(m * ys));
+        ms::ops::LinearWeight lw;
+        lw.name = "test." + name_of(f);
+        lw.format = static_cast<ms::ops::WeightFormat>(static_cast<int>(f));
+        lw.out = rows;
+        lw.in = k;
+        lw.scale2 = w.scale2;
+        lw.block = 128;
+        const auto cuda = ms::Device::CUDA;
+        switch (f) {
+          case WeightFormat::BF16:
+            lw.weight = ms::Tensor::borrow(w.d_data->get(), {rows, k}, ms::DType::BF16, nullptr, cuda);
+            break;
+          case WeightFormat::NVFP4:
+            lw.weight = ms::Tensor::borrow(w.d_data->get(), {rows, k / 2}, ms::DType::U8, nullptr, cuda);
+            lw.scale =
+                ms::Tensor::borrow(w.d_scale->get(), {rows, k / 16}, ms::DType::F8_E4M3, nullptr, cuda);
+            break;
+          default:
+            lw.weight = ms::Tensor::borrow(w.d_data->get(), {rows, k}, ms::DType::F8_E4M3, nullptr, cuda);
+            lw.scale = ms::Tensor::borrow(w.d_scale->get(), {(rows + 127) / 128, (k + 127) / 128},
+                                          ms::DType::F32, nullptr, cuda);
+            break;
+        }
+        const auto tx =
+            ms::Tensor::borrow(d_x.get() + x_off, {m, xs}, ms::DType::F32, nullptr, cuda).slice(1, 0, k);
+        const auto ty =
+            ms::Tensor::borrow(d_y.get(), {m, ys}, ms::DType::F32, nullptr, cuda).slice(1, y_off, y_off + n);
+        const std::string what =
+            "linear_rows " + name_of(f) + " m=" + std::to_string(m) + " x_off=" + std::to_string(x_off);
+        for (int call = 0; call < 2; ++call) {
+          d_y.poison();
+          ms::ops::linear_rows(ctx, tx, lw, row0, ty);
+          const auto y = d_y.download();
+          // Compare the slice; every column outside it must still be poison.
+          std::vector<float> got(static_cast<size_t>(m * n));
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ys; ++j) {
+              const float v = y[static_cast<size_t>(i * ys + j)];
+              if (j >= y_off && j < y_off + n)
+                got[static_cast<size_t>(i * n + j - y_off)] = v;
+              else
+                ASSERT_TRUE(std::isnan(v)) << what << ": column " << j << " outside the slice written";
+            }
+          expect_linear_close(got, n, ref, abs_sum, m, n, 1e-2, what + " call " + std::to_string(call));
+        }
+      }
 }
 
 }  // namespace
