@@ -101,7 +101,9 @@ double measure_copy_gbs() {
 // path ran before it on the same inputs: x cast to a bf16 scratch, then a cuBLASLt GEMM (which at these m
 // splits k and adds a reduction kernel). Floor: weight bytes + x (f32) + y over the copy ceiling. Weight
 // copies rotate so the working set exceeds L2.
-void bench_bf16_gemv(double bw) {
+// With `sweep`, every configuration the chooser considers is timed too (m = 1 and 8), and the chooser's pick
+// is printed against the fastest, with bf16_gemv_config::estimate_us of both (for tuning its TimeModel).
+void bench_bf16_gemv(double bw, bool sweep) {
   namespace mc = ms::cuda;
   struct Shape {
     const char* name;
@@ -114,8 +116,13 @@ void bench_bf16_gemv(double bw) {
       {"shared down", 6144, 2048}, {"lm_head", 154880, 6144},
   };
   mc::BlasLtHandle lt;
-  std::printf("\n%-30s %8s %9s %9s %7s %9s %7s %7s\n", "bf16 linear (glm5)", "MB", "floor us", "gemv us",
-              "% copy", "cuBLAS us", "% copy", "speedup");
+  const auto limits = mc::limits_of(mc::current_device_caps());
+  if (sweep)
+    std::printf("\n%-30s %9s %9s %-24s %9s %-24s %9s\n", "bf16_gemv sweep (glm5)", "floor us", "chosen us",
+                "chosen (w/spb/spl/tpb)", "best us", "best", "est ch/bst");
+  else
+    std::printf("\n%-30s %8s %9s %9s %7s %9s %7s %7s\n", "bf16 linear (glm5)", "MB", "floor us", "gemv us",
+                "% copy", "cuBLAS us", "% copy", "speedup");
   for (const auto& s : shapes) {
     const size_t wbytes = static_cast<size_t>(s.n) * s.k * 2;
     const int reps = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / wbytes + 1, 1, 16));
@@ -138,7 +145,67 @@ void bench_bf16_gemv(double bw) {
       CUDA_CHECK(cudaMalloc(&counters, scratch.counter_bytes));
       CUDA_CHECK(cudaMemset(counters, 0, scratch.counter_bytes));
     }
+    auto time_config = [&](int m, const mc::bf16_gemv_config::Config* c) {
+      int which = 0;
+      bool graphed = false;
+      const float t = time_graph_ms(
+          [&](cudaStream_t st) {
+            mc::Bf16GemvParams p;
+            p.x = x;
+            p.x_stride = s.k;
+            p.w = dw[which];
+            p.w_stride = s.k;
+            p.y = y;
+            p.y_stride = s.n;
+            p.m = m;
+            p.n = s.n;
+            p.k = s.k;
+            p.partial = partial;
+            p.counters = counters;
+            if (c)
+              mc::bf16_gemv_with(p, *c, st);
+            else
+              mc::bf16_gemv(p, st);
+            which = (which + 1) % reps;
+          },
+          10, graphed);
+      return t * 1e3f;
+    };
+    for (int m : {1, 8}) {
+      if (!sweep) break;
+      namespace bc = mc::bf16_gemv_config;
+      const bc::Config chosen = bc::choose(m, s.n, s.k, limits);
+      const float t_chosen = time_config(m, &chosen);
+      bc::Config best = chosen;
+      float t_best = t_chosen;
+      const int tiles = bc::ceil_div(s.n, bc::kTileRows);
+      for (int spb = chosen.slices; spb >= 1; --spb) {
+        const int splits = bc::ceil_div(chosen.slices, spb);
+        if (spb < chosen.slices && bc::ceil_div(chosen.slices, spb + 1) == splits) continue;
+        for (int tpb = 1; tpb <= std::min(bc::kMaxTilesPerBlock, tiles); ++tpb) {
+          const bc::Config c{chosen.warps, chosen.slices, spb, splits, tpb, bc::ceil_div(tiles, tpb)};
+          const float t = time_config(m, &c);
+          if (t < t_best) {
+            t_best = t;
+            best = c;
+          }
+        }
+      }
+      const double floor_us =
+          (static_cast<double>(wbytes) + m * s.k * 4.0 + m * static_cast<double>(s.n) * 4.0) / (bw * 1e9) *
+          1e6;
+      char name[64], cs[32], bs[32];
+      std::snprintf(name, sizeof name, "%s %dx%d m%d", s.name, s.n, s.k, m);
+      std::snprintf(cs, sizeof cs, "%d/%d/%d/%d", chosen.warps, chosen.slices_per_block, chosen.splits,
+                    chosen.tiles_per_block);
+      std::snprintf(bs, sizeof bs, "%d/%d/%d/%d", best.warps, best.slices_per_block, best.splits,
+                    best.tiles_per_block);
+      std::printf("%-30s %9.2f %9.2f %-24s %9.2f %-24s %4.1f/%4.1f\n", name, floor_us, t_chosen, cs, t_best,
+                  bs, bc::estimate_us(m, s.n, s.k, chosen, limits),
+                  bc::estimate_us(m, s.n, s.k, best, limits));
+    }
     for (int m : {1, 2, 4, 8}) {
+      if (sweep) break;
       int which = 0;
       bool g1 = false, g2 = false;
       const float t_gemv = time_graph_ms(
@@ -387,7 +454,8 @@ void bench_mla_absorb(double bw) {
 
 }  // namespace
 
-// Usage: bench_cuda_kernels [section...] with sections nvfp4, bf16, mla (default: all).
+// Usage: bench_cuda_kernels [section...] with sections nvfp4, bf16, mla (default: all of them) and bf16sweep
+// (every bf16_gemv configuration, only when named).
 int main(int argc, char** argv) {
   if (ms::cuda::device_count() == 0) {
     std::printf("no CUDA device\n");
@@ -405,7 +473,8 @@ int main(int argc, char** argv) {
               caps.multiprocessors, caps.smem_per_block_optin / 1024);
   std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", bw);
   std::printf("times: per call, replayed from a CUDA graph of 20-50 calls (decode runs under graphs)\n\n");
-  if (want("bf16")) bench_bf16_gemv(bw);
+  if (want("bf16")) bench_bf16_gemv(bw, false);
+  if (argc > 1 && want("bf16sweep")) bench_bf16_gemv(bw, true);
   if (!want("nvfp4") && !want("mla")) return 0;
   std::printf("\n%-34s %8s %10s %10s %10s %8s\n", "kernel", "MB", "floor us", "time us", "GB/s", "% floor");
 

@@ -86,33 +86,59 @@ inline std::string why_invalid(const Config& c, int n, int k) {
   return {};
 }
 
-// Chooses the split of k across blocks and the rows per block that finish the work in the fewest rounds of
-// resident blocks (a round: every block streams tiles_per_block x slices_per_block warp steps), charging a
-// little for the L2 traffic beyond the weights: x re-read by every row block (m / (8 tiles) of the weight
-// bytes, x being f32) and the partial sums written and read back (4 splits m / k). Ties go to fewer splits,
-// then to more rows per block.
+// A rough time model of one launch, in microseconds, for choosing between configurations (constants of an
+// H200; the choice, not the figure, is what matters). The weights stream at the lowest of the HBM bandwidth,
+// what the resident warps keep in flight (two tiles each) over a loaded round trip, and a share of the HBM
+// rate that falls once fewer than about all multiprocessors have a block; x re-read by every row block and
+// the partial sums written and read back cost L2 bandwidth; each warp needs a round trip per two of its
+// steps; splitting k adds the last block's fence, counter and re-read at the end.
+struct TimeModel {
+  double hbm_bytes_per_us = 4.3e6;
+  double l2_over_hbm = 2.5;
+  double latency_us = 1.0;
+  double warp_bytes_in_flight = 2.0 * kTileRows * kWarpK * 2;
+  double busy_sm_share_for_full_rate = 0.93;  // below it, the rate falls with the busy share
+  double split_tail_us = 1.0;
+};
+
+inline double estimate_us(int m, int n, int k, const Config& c, const DeviceLimits& dev,
+                          const TimeModel& t = {}) {
+  const long sms = std::max(dev.multiprocessors, 1);
+  const long slots = sms * std::max(kWarpsPerSm / c.warps, 1);
+  const long blocks = static_cast<long>(c.row_blocks) * c.splits;
+  const long resident = std::min(blocks, slots);
+  const double busy_share = static_cast<double>(std::min(resident, sms)) / static_cast<double>(sms);
+  const double bw = std::min({t.hbm_bytes_per_us, resident * c.warps * t.warp_bytes_in_flight / t.latency_us,
+                              t.hbm_bytes_per_us * busy_share / t.busy_sm_share_for_full_rate});
+  const double l2_bytes = static_cast<double>(c.row_blocks) * m * k * 4.0 +
+                          (c.splits > 1 ? 2.0 * c.splits * m * static_cast<double>(n) * 4.0 : 0.0);
+  const double stream_us = (2.0 * n * static_cast<double>(k) + l2_bytes / t.l2_over_hbm) / bw;
+  const long rounds = (blocks + slots - 1) / slots;
+  const double latency_bound_us =
+      static_cast<double>(rounds) * (c.tiles_per_block * c.slices_per_block + 1) * t.latency_us / 2;
+  return std::max(stream_us, latency_bound_us) + (c.splits > 1 ? t.split_tail_us : 0.0);
+}
+
+// The configuration of least estimate_us among those that fit the device (warps: one per 128 of k, at most
+// kMaxWarps); ties go to fewer splits, then to more rows per block.
 inline Config choose(int m, int n, int k, const DeviceLimits& dev) {
   const int chunks = ceil_div(std::max(k, 1), kWarpK);
   const int warps = std::min(kMaxWarps, chunks);
   const int slices = ceil_div(chunks, warps);
   const int tiles = ceil_div(std::max(n, 1), kTileRows);
   Config best{warps, slices, slices, 1, 1, tiles};  // the smallest tiles, when nothing else fits
-  const long slots = static_cast<long>(std::max(dev.multiprocessors, 1)) * std::max(kWarpsPerSm / warps, 1);
-  double best_cost = 0;
+  double best_us = 0;
   bool have = false;
   for (int spb = slices; spb >= 1; --spb) {
     const int splits = ceil_div(slices, spb);
     if (spb < slices && ceil_div(slices, spb + 1) == splits) continue;  // same split, more slices each
     for (int tpb = std::min(kMaxTilesPerBlock, tiles); tpb >= 1; --tpb) {
-      Config c{warps, slices, spb, splits, tpb, ceil_div(tiles, tpb)};
+      const Config c{warps, slices, spb, splits, tpb, ceil_div(tiles, tpb)};
       if (why_cannot_run(need(m, c), dev)) continue;
-      const long blocks = static_cast<long>(c.row_blocks) * splits;
-      const long rounds = (blocks + slots - 1) / slots;
-      const double extra = m / (8.0 * tpb) + (splits > 1 ? 4.0 * splits * m / std::max(k, 1) : 0.0);
-      const double cost = static_cast<double>(rounds * tpb * spb) * (1.0 + 0.25 * extra);
-      if (!have || cost < best_cost - 1e-9) {
+      const double us = estimate_us(m, n, k, c, dev);
+      if (!have || us < best_us * (1 - 1e-6)) {
         best = c;
-        best_cost = cost;
+        best_us = us;
         have = true;
       }
     }
