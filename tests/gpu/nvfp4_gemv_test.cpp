@@ -4,7 +4,9 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -25,9 +27,11 @@ T* to_device(const std::vector<T>& h) {
 
 // How x and y are passed: f32 x (rounded to bf16 in the kernel) rows x_stride apart instead of bf16 x, and
 // y rows y_stride apart (0: n). The padding of strided y is NaN-poisoned and must stay so.
+// With `counters` the k-slices are added by the last block of each row block (no reduction pass).
 struct Layout {
   bool f32_x = false;
   int64_t x_stride = 0, y_stride = 0;
+  bool counters = false;
 };
 
 // Returns the device output (rows n apart) so callers can compare runs bit for bit.
@@ -88,7 +92,20 @@ std::vector<float> run_case(int m, int n, int k, uint32_t seed, Layout lay = {})
     p.x_f32_stride = lay.x_stride;
   }
   p.y_stride = lay.y_stride;
+  uint32_t* dc = nullptr;
+  const size_t cnt_bytes = ms::cuda::nvfp4_gemv_counter_bytes(n);
+  if (lay.counters) {
+    CUDA_CHECK(cudaMalloc(&dc, cnt_bytes));
+    CUDA_CHECK(cudaMemset(dc, 0, cnt_bytes));
+    p.counters = dc;
+  }
   ms::cuda::nvfp4_gemv(p, nullptr);
+  if (dc) {
+    std::vector<uint32_t> cnt(cnt_bytes / 4);
+    CUDA_CHECK(cudaMemcpy(cnt.data(), dc, cnt_bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < cnt.size(); ++i) EXPECT_EQ(cnt[i], 0u) << "counter " << i << " left set";
+    cudaFree(dc);
+  }
   std::vector<float> ypad(static_cast<size_t>(m) * ys);
   CUDA_CHECK(cudaMemcpy(ypad.data(), dy, ypad.size() * sizeof(float), cudaMemcpyDeviceToHost));
   std::vector<float> y(ref.size());
@@ -144,6 +161,21 @@ TEST(Nvfp4Gemv, F32ActivationsAndStridedOutput) {
   run_case(8, 300, 16384, 51, Layout{true, 16388, 301});
   run_case(3, 64, 64, 52, Layout{true, 68, 0});
   run_case(5, 40, 96, 53, Layout{false, 0, 41});  // bf16 x, strided y
+}
+
+TEST(Nvfp4Gemv, LastBlockReductionGivesTheReductionPassBits) {
+  if (ms::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  // Shapes that split k (64 rows x 16384: too few rows for one k-slice per block), every m template.
+  for (int m : {1, 2, 3, 8}) {
+    for (auto [n, k] : {std::pair{64, 16384}, std::pair{77, 6144}, std::pair{300, 4096}}) {
+      const auto two_pass = run_case(m, n, k, 60 + m, Layout{true, 0, 0, false});
+      const auto one_pass = run_case(m, n, k, 60 + m, Layout{true, 0, n + 5, true});
+      ASSERT_EQ(two_pass.size(), one_pass.size());
+      for (size_t i = 0; i < one_pass.size(); ++i)
+        ASSERT_EQ(std::memcmp(&one_pass[i], &two_pass[i], 4), 0)
+            << "m=" << m << " n=" << n << " k=" << k << " element " << i;
+    }
+  }
 }
 
 TEST(Nvfp4Gemv, SplitReductionIsDeterministic) {

@@ -73,6 +73,9 @@ void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t
     p.k = static_cast<int>(k);
     const size_t ws = cuda::nvfp4_gemv_workspace_bytes(p.m, p.n, p.k);
     p.workspace = ws ? static_cast<float*>(be.gemv_ws.get(ws, stream)) : nullptr;
+    if (ws)
+      p.counters =
+          static_cast<uint32_t*>(be.gemv_counters.get_zeroed(cuda::nvfp4_gemv_counter_bytes(p.n), stream));
     cuda::nvfp4_gemv(p, stream);
     return;
   }

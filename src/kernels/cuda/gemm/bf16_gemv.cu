@@ -41,11 +41,13 @@ using tc::pack_bf16;
 // x_vec4: x 16-byte aligned with x_stride % 4 == 0 (float4 loads).
 template <int M>
 __global__ void __launch_bounds__(kMaxThreads, 2) bf16_gemv_kernel(Bf16GemvParams p, Config c, int x_vec4) {
-  extern __shared__ float red[];  // [c.warps][M][rb]
+  extern __shared__ float red[];  // [c.warps][M][rs]: rows of x rs = rb + 4 apart
   __shared__ int is_last;
   const int rb = kTileRows * c.tiles_per_block;
+  // The +4 puts the four lanes t of a row g (x rows 2t + e) on different banks.
+  const int rs = bf16_gemv_config::red_row_stride(c);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  for (int i = threadIdx.x; i < c.warps * M * rb; i += blockDim.x) red[i] = 0.f;
+  for (int i = threadIdx.x; i < c.warps * M * rs; i += blockDim.x) red[i] = 0.f;
   const int row_base = blockIdx.x * rb;
   const int tiles = min(c.tiles_per_block, (p.n - row_base + kTileRows - 1) / kTileRows);
   const int s0 = blockIdx.y * c.slices_per_block, s1 = min(s0 + c.slices_per_block, c.slices);
@@ -104,8 +106,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2) bf16_gemv_kernel(Bf16GemvParam
     for (int e = 0; e < 2; ++e) {
       const int col = 2 * t + e;
       if (col < M) {
-        red[(warp * M + col) * rb + tr] += acc[e];
-        red[(warp * M + col) * rb + tr + 8] += acc[2 + e];
+        red[(warp * M + col) * rs + tr] += acc[e];
+        red[(warp * M + col) * rs + tr + 8] += acc[2 + e];
       }
     }
   };
@@ -126,7 +128,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) bf16_gemv_kernel(Bf16GemvParam
   for (int i = threadIdx.x; i < p.m * rows_here; i += blockDim.x) {
     const int col = i / rows_here, tr = i % rows_here, row = row_base + tr;
     float s = 0.f;
-    for (int w = 0; w < c.warps; ++w) s += red[(w * M + col) * rb + tr];
+    for (int w = 0; w < c.warps; ++w) s += red[(w * M + col) * rs + tr];
     if (split)
       p.partial[(static_cast<size_t>(blockIdx.y) * p.m + col) * p.n + row] = s;
     else

@@ -42,9 +42,12 @@ constexpr int m_template(int m) {
   return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8;
 }
 
-// The block's per-warp partial sums [warps][m_tmpl][16 * tiles_per_block] f32.
+// The block's per-warp partial sums [warps][m_tmpl][red_row_stride] f32 (16 * tiles_per_block rows used).
+constexpr int red_row_stride(const Config& c) {
+  return kTileRows * c.tiles_per_block + 4;
+}
 constexpr size_t smem_bytes(int m_tmpl, const Config& c) {
-  return static_cast<size_t>(c.warps) * m_tmpl * kTileRows * c.tiles_per_block * sizeof(float);
+  return static_cast<size_t>(c.warps) * m_tmpl * red_row_stride(c) * sizeof(float);
 }
 
 inline KernelNeed need(int m, const Config& c) {

@@ -191,6 +191,25 @@ __global__ void __launch_bounds__(kThreads, 2)
     else
       p.workspace[(static_cast<size_t>(blockIdx.y) * p.m + col) * p.n + row] = s;
   }
+  if (splits == 1 || p.counters == nullptr) return;
+  // With counters, the last block of this row block to finish adds the k-slices in slice order (the order
+  // and the arithmetic of the reduction pass, so the bits are the same) and no second kernel runs.
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&p.counters[blockIdx.x], 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < M * rows_per_block; i += kThreads) {
+    const int col = i / rows_per_block, tr = i % rows_per_block, row = row_base + tr;
+    if (col >= p.m || row >= p.n) continue;
+    float s = 0.f;
+    for (int sp = 0; sp < splits; ++sp)
+      s += __ldcg(p.workspace + (static_cast<size_t>(sp) * p.m + col) * p.n + row);
+    p.y[static_cast<size_t>(col) * y_stride + row] = s * p.w_scale2;
+  }
+  if (threadIdx.x == 0) atomicExch(&p.counters[blockIdx.x], 0u);
 }
 
 // y[i / n, i % n] (rows y_stride apart) = w_scale2 * sum over slices s (in order) of workspace[s, i], i over
@@ -230,6 +249,10 @@ void launch_m(const Nvfp4GemvParams& p, const Config& c, const DeviceCaps& caps,
 }
 
 }  // namespace
+
+size_t nvfp4_gemv_counter_bytes(int n) {
+  return static_cast<size_t>(ceil_div(std::max(n, 1), 16)) * sizeof(uint32_t);  // the smallest row block
+}
 
 size_t nvfp4_gemv_workspace_bytes(int m, int n, int k) {
   const int max_splits = ceil_div(std::max(k, 1), kWarps * kWarpK);  // the smallest slice any config uses
@@ -272,7 +295,7 @@ void nvfp4_gemv(const Nvfp4GemvParams& p, cudaStream_t stream) {
       launch_m<8>(p, c, caps, stream);
       break;
   }
-  if (c.splits > 1) {
+  if (c.splits > 1 && p.counters == nullptr) {
     const size_t count = static_cast<size_t>(p.m) * p.n;
     const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 4u * caps.multiprocessors));
     nvfp4_gemv_reduce_kernel<<<blocks, 256, 0, stream>>>(

@@ -25,6 +25,10 @@ struct Nvfp4GemvParams {
   const float* __restrict__ x_f32 = nullptr;
   int64_t x_f32_stride = 0;
   int64_t y_stride = 0;  // 0: n
+  // When set (nvfp4_gemv_counter_bytes, zero before the first launch, left zero by every launch), the
+  // k-slices are added by the last block of each row block instead of a second kernel; same bits either way.
+  // One launch at a time may use a counter buffer.
+  uint32_t* __restrict__ counters = nullptr;
 };
 
 // Most rows of x one launch handles (decode batches); larger m belongs to a GEMM.
@@ -32,11 +36,13 @@ constexpr int kNvfp4GemvMaxM = 8;
 
 // Bytes of workspace nvfp4_gemv needs for this shape on any device (0 when k fits one slice).
 size_t nvfp4_gemv_workspace_bytes(int m, int n, int k);
+// Bytes of counters (one per row block) any device's configuration for n rows uses.
+size_t nvfp4_gemv_counter_bytes(int n);
 
 // Checks the shapes (k % 32 == 0, 1 <= m <= kNvfp4GemvMaxM, alignment, workspace; exactly one of x and
-// x_f32 set) and the device's shared
-// memory, then launches on `stream`: one split-K pass over the weights, plus a reduction pass when the
-// chosen split has more than one k-slice. Deterministic: the same inputs give the same bits.
+// x_f32 set) and the device's shared memory, then launches on `stream`: one split-K pass over the weights,
+// plus a reduction pass when the chosen split has more than one k-slice and no counters are given.
+// Deterministic: the same inputs give the same bits.
 void nvfp4_gemv(const Nvfp4GemvParams& p, cudaStream_t stream);
 
 }  // namespace ms::cuda
