@@ -12,6 +12,7 @@
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/blaslt.h"
+#include "kernels/cuda/gemm/linear.h"
 #include "kernels/cuda/mla_attention/mla_absorb.h"
 #include "kernels/cuda/mla_decode/mla_decode.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
@@ -454,8 +455,100 @@ void bench_mla_absorb(double bw) {
 
 }  // namespace
 
-// Usage: bench_cuda_kernels [section...] with sections nvfp4, bf16, mla (default: all of them) and bf16sweep
-// (every bf16_gemv configuration, only when named).
+// FP8-block weights (e4m3, f32 scale per 128 x 128 block) at decode row counts: fp8_block_gemv against the
+// path before it (the weight rows expanded to a bf16 scratch, x cast, a cuBLASLt GEMM), both through
+// linear(). Floor: fp8 weight bytes + scales + x (f32) + y over the copy ceiling.
+void bench_fp8_gemv(double bw) {
+  namespace mc = ms::cuda;
+  struct Shape {
+    const char* name;
+    int n, k;
+  };
+  const Shape shapes[] = {{"q_a", 2048, 6144},      {"kv_a", 576, 6144},         {"q_b", 16384, 2048},
+                          {"o_proj", 6144, 16384},  {"dense gate", 12288, 6144}, {"shared down", 6144, 2048},
+                          {"lm_head", 154880, 6144}};
+  mc::BlasLtHandle lt;
+  std::printf("\n%-30s %8s %9s %9s %7s %9s %7s %7s\n", "fp8-block linear (glm5)", "MB", "floor us", "gemv us",
+              "% copy", "deq+cuBLAS", "% copy", "speedup");
+  for (const auto& s : shapes) {
+    const size_t wbytes = static_cast<size_t>(s.n) * s.k;
+    const size_t sbytes = static_cast<size_t>((s.n + 127) / 128) * ((s.k + 127) / 128) * 4;
+    const int reps = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / wbytes + 1, 1, 16));
+    std::vector<uint8_t*> dw(reps);
+    for (auto& d : dw) {
+      CUDA_CHECK(cudaMalloc(&d, wbytes));
+      CUDA_CHECK(cudaMemset(d, 0x30, wbytes));  // e4m3 0.5
+    }
+    float *scale, *x, *y, *partial = nullptr;
+    uint32_t* counters = nullptr;
+    __nv_bfloat16 *xb, *wb;
+    CUDA_CHECK(cudaMalloc(&scale, sbytes));
+    CUDA_CHECK(cudaMemset(scale, 0x3c, sbytes));  // ~0.0115
+    const int max_m = mc::kBf16GemvMaxM;
+    CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(max_m) * s.k * 4));
+    CUDA_CHECK(cudaMemset(x, 0x3f, static_cast<size_t>(max_m) * s.k * 4));
+    CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(max_m) * s.n * 4));
+    CUDA_CHECK(cudaMalloc(&xb, static_cast<size_t>(max_m) * s.k * 2));
+    CUDA_CHECK(cudaMalloc(&wb, wbytes * 2));
+    const auto scratch = mc::fp8_block_gemv_scratch_bytes(max_m, s.n, s.k);
+    if (scratch.partial_bytes) CUDA_CHECK(cudaMalloc(&partial, scratch.partial_bytes));
+    if (scratch.counter_bytes) {
+      CUDA_CHECK(cudaMalloc(&counters, scratch.counter_bytes));
+      CUDA_CHECK(cudaMemset(counters, 0, scratch.counter_bytes));
+    }
+    for (int m : {1, 8}) {
+      auto time_path = [&](mc::LinearPath path) {
+        int which = 0;
+        bool graphed = false;
+        const float t = time_graph_ms(
+            [&](cudaStream_t st) {
+              mc::LinearParams p;
+              p.x = x;
+              p.x_stride = s.k;
+              p.w.format = mc::WeightFormat::FP8Block;
+              p.w.rows = s.n;
+              p.w.cols = s.k;
+              p.w.data = dw[which];
+              p.w.scale = scale;
+              p.w.block = 128;
+              p.n = s.n;
+              p.y = y;
+              p.y_stride = s.n;
+              p.m = m;
+              p.x_scratch = xb;
+              p.w_scratch = wb;
+              p.gemv_partial = partial;
+              p.gemv_counters = counters;
+              mc::linear(p, path, lt, st);
+              which = (which + 1) % reps;
+            },
+            20, graphed);
+        if (!graphed) std::printf("(graph capture refused: plain launches)\n");
+        return t * 1e3f;
+      };
+      const float t_gemv = time_path(mc::LinearPath::GemvFp8Block);
+      const float t_old = time_path(mc::LinearPath::DequantBlasLt);
+      const double bytes =
+          static_cast<double>(wbytes + sbytes) + m * s.k * 4.0 + m * static_cast<double>(s.n) * 4.0;
+      const double floor_us = bytes / (bw * 1e9) * 1e6;
+      char name[64];
+      std::snprintf(name, sizeof name, "%s %dx%d m%d", s.name, s.n, s.k, m);
+      std::printf("%-30s %8.1f %9.2f %9.2f %6.0f%% %9.2f %6.0f%% %6.2fx\n", name, bytes / 1e6, floor_us,
+                  t_gemv, 100.0 * floor_us / t_gemv, t_old, 100.0 * floor_us / t_old, t_old / t_gemv);
+    }
+    for (auto* d : dw) cudaFree(d);
+    cudaFree(scale);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(xb);
+    cudaFree(wb);
+    cudaFree(partial);
+    cudaFree(counters);
+  }
+}
+
+// Usage: bench_cuda_kernels [section...] with sections nvfp4, bf16, fp8, mla (default: all of them) and
+// bf16sweep (every bf16_gemv configuration, only when named).
 int main(int argc, char** argv) {
   if (ms::cuda::device_count() == 0) {
     std::printf("no CUDA device\n");
@@ -474,6 +567,7 @@ int main(int argc, char** argv) {
   std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", bw);
   std::printf("times: per call, replayed from a CUDA graph of 20-50 calls (decode runs under graphs)\n\n");
   if (want("bf16")) bench_bf16_gemv(bw, false);
+  if (want("fp8")) bench_fp8_gemv(bw);
   if (argc > 1 && want("bf16sweep")) bench_bf16_gemv(bw, true);
   if (!want("nvfp4") && !want("mla")) return 0;
   std::printf("\n%-34s %8s %10s %10s %10s %8s\n", "kernel", "MB", "floor us", "time us", "GB/s", "% floor");

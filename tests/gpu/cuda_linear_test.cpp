@@ -116,11 +116,14 @@ std::string name_of(WeightFormat f) {
 }
 
 // Reference y and sum |terms| in double, from rows [row0, row0 + n) of the CPU-dequantised weight.
-// `round_bf16`: x and w rounded to bf16 first (the inputs a bf16 GEMM sees).
+// `round_bf16`: x and w rounded to bf16 first (the inputs a bf16 GEMM sees); with `round_w` false only x
+// (what the FP8-block GEMV sees: fp8 values exact, the block scale applied in f32).
 void reference(const TestWeight& w, int64_t row0, int64_t n, const std::vector<float>& x, int64_t x_stride,
-               int64_t m, bool round_bf16, std::vector<double>& ref, std::vector<double>& abs_sum) {
+               int64_t m, bool round_bf16, std::vector<double>& ref, std::vector<double>& abs_sum,
+               bool round_w = true) {
   const int64_t k = w.cols;
-  auto rb = [&](float v) { return round_bf16 ? ms::quant::bf16_to_f32(ms::quant::f32_to_bf16(v)) : v; };
+  auto rx = [&](float v) { return round_bf16 ? ms::quant::bf16_to_f32(ms::quant::f32_to_bf16(v)) : v; };
+  auto rb = [&](float v) { return round_w ? rx(v) : v; };
   ref.assign(static_cast<size_t>(m * n), 0.0);
   abs_sum.assign(ref.size(), 0.0);
   for (int64_t j = 0; j < n; ++j) {
@@ -128,7 +131,7 @@ void reference(const TestWeight& w, int64_t row0, int64_t n, const std::vector<f
     for (int64_t i = 0; i < m; ++i) {
       double s = 0, a = 0;
       for (int64_t c = 0; c < k; ++c) {
-        const double t = static_cast<double>(rb(row[c])) * rb(x[i * x_stride + c]);
+        const double t = static_cast<double>(rb(row[c])) * rx(x[i * x_stride + c]);
         s += t;
         a += std::fabs(t);
       }
@@ -444,9 +447,9 @@ TEST(CudaLinear, PlannedPathMatchesCpuLinear) {
       p.gemv_partial = d_part.get();
       p.gemv_counters = d_cnt.get();
       ms::cuda::linear(p, path, lt, nullptr);
-      const bool bf16_path = path == ms::cuda::LinearPath::BlasLtBf16 ||
-                             path == ms::cuda::LinearPath::DequantBlasLt ||
-                             path == ms::cuda::LinearPath::GemvBf16;
+      const bool bf16_path =
+          path == ms::cuda::LinearPath::BlasLtBf16 || path == ms::cuda::LinearPath::DequantBlasLt ||
+          path == ms::cuda::LinearPath::GemvBf16 || path == ms::cuda::LinearPath::GemvFp8Block;
       expect_linear_close(
           d_y.download(), ys, ref, abs_sum, m, n, bf16_path ? 1e-2 : 1e-4,
           "linear " + name_of(f) + " m=" + std::to_string(m) + " path " + ms::cuda::linear_path_name(path));
@@ -462,7 +465,9 @@ TEST(CudaLinear, PlanChoosesByFormatAndRows) {
   EXPECT_EQ(linear_plan(WeightFormat::BF16, 8, 4096, 4096), LinearPath::GemvBf16);
   EXPECT_EQ(linear_plan(WeightFormat::BF16, 9, 4096, 4096), LinearPath::BlasLtBf16);
   EXPECT_EQ(ms::cuda::linear_scratch_bytes(LinearPath::GemvBf16, 1, 4096, 4096).x_bytes, 0u);
-  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 1, 4096, 4096), LinearPath::DequantBlasLt);
+  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 1, 4096, 4096), LinearPath::GemvFp8Block);
+  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 8, 4096, 4104), LinearPath::DequantBlasLt);  // k % 16 != 0
+  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 9, 4096, 4096), LinearPath::DequantBlasLt);
   EXPECT_EQ(linear_plan(WeightFormat::NVFP4, 1, 4096, 4096), LinearPath::DequantBlasLt);
   EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 300), LinearPath::Direct);
   EXPECT_EQ(linear_plan(WeightFormat::F32, 64, 512, 512), LinearPath::BlasLtF32);
@@ -697,6 +702,88 @@ TEST(CudaLinearOp, DecodeRowsOfEveryFormatMatchReference) {
           expect_linear_close(got, n, ref, abs_sum, m, n, 1e-2, what + " call " + std::to_string(call));
         }
       }
+}
+
+// fp8_block_gemv against the double reference on x rounded to bf16 and the exact dequantised weight (5e-5 of
+// sum |terms|: fp8 values are exact in bf16, each 128-wide block's sum is scaled in f32) and on f32 x (1e-2).
+// Rows [row0, row0 + n) of a taller weight (row0 not a multiple of 128: a tile's rows take scales of two
+// row blocks), strided x and NaN-poisoned strided y; counters checked zero afterwards.
+void check_fp8_gemv(int m, int rows, int row0, int n, int k, int64_t xs, int64_t ys, uint32_t seed,
+                    const ms::cuda::bf16_gemv_config::Config* cfg = nullptr) {
+  const std::string what =
+      "fp8_block_gemv m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+      " row0=" + std::to_string(row0) +
+      (cfg ? " warps=" + std::to_string(cfg->warps) + " spb=" + std::to_string(cfg->slices_per_block) +
+                 " tpb=" + std::to_string(cfg->tiles_per_block)
+           : std::string());
+  TestWeight w(WeightFormat::FP8Block, rows, k, seed);
+  const auto x = random_floats(static_cast<size_t>(m * xs), seed + 1);
+  std::vector<double> ref, abs_sum, ref32, abs32;
+  reference(w, row0, n, x, xs, m, true, ref, abs_sum, false);
+  reference(w, row0, n, x, xs, m, false, ref32, abs32);
+  DeviceBuffer<float> d_x(x), d_y(static_cast<size_t>(m * ys));
+  const auto scratch = ms::cuda::fp8_block_gemv_scratch_bytes(m, n, k);
+  const size_t part_bytes = std::max(scratch.partial_bytes, cfg ? size_t{4} * cfg->splits * m * n : 0);
+  const size_t cnt_bytes = std::max(scratch.counter_bytes, cfg ? size_t{4} * cfg->row_blocks : 0);
+  DeviceBuffer<float> d_part(part_bytes / 4 + 1);
+  DeviceBuffer<uint32_t> d_cnt(cnt_bytes / 4 + 1);
+  CUDA_CHECK(cudaMemset(d_cnt.get(), 0, d_cnt.size() * 4));
+  ms::cuda::Fp8BlockGemvParams p;
+  p.x = d_x.get();
+  p.x_stride = xs;
+  p.w = w.d_data->get();
+  p.w_scale = reinterpret_cast<const float*>(w.d_scale->get());
+  p.row0 = row0;
+  p.y = d_y.get();
+  p.y_stride = ys;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.partial = d_part.get();
+  p.counters = d_cnt.get();
+  if (cfg)
+    ms::cuda::fp8_block_gemv_with(p, *cfg, nullptr);
+  else
+    ms::cuda::fp8_block_gemv(p, nullptr);
+  const auto y = d_y.download();
+  expect_linear_close(y, ys, ref, abs_sum, m, n, 5e-5, what);
+  expect_linear_close(y, ys, ref32, abs32, m, n, 1e-2, what + " vs f32");
+  const auto cnt = d_cnt.download();
+  for (size_t i = 0; i < cnt.size(); ++i) EXPECT_EQ(cnt[i], 0u) << what << ": counter " << i << " left set";
+}
+
+TEST(CudaFp8BlockGemv, MatchesReference) {
+  MS_REQUIRE_GPU();
+  for (int m = 1; m <= 8; ++m) check_fp8_gemv(m, 300, 37 + 20 * m, 129, 6144, 6148, 131, 740 + m);
+  check_fp8_gemv(3, 90, 5, 77, 144, 144, 77, 750);  // k past one 128 block, under one warp's 256
+  check_fp8_gemv(5, 40, 0, 33, 16, 17, 35, 751);    // one 16-wide load (x unaligned rows: scalar loads)
+  check_fp8_gemv(2, 500, 130, 300, 2064, 2064, 301, 752);
+  check_fp8_gemv(8, 576, 0, 576, 6144, 6144, 576, 753);  // GLM-5 kv_a
+  check_fp8_gemv(4, 300, 60, 200, 12288, 12288, 200, 754);
+}
+
+TEST(CudaFp8BlockGemv, EveryTilingAndSplitMatches) {
+  MS_REQUIRE_GPU();
+  namespace bc = ms::cuda::bf16_gemv_config;
+  const int n = 333, k = 4112;  // 17 chunks of 256 (the last one 16 wide)
+  const int chunks = bc::ceil_div(k, bc::warp_k(bc::Weights::FP8Block)),
+            tiles = bc::ceil_div(n, bc::kTileRows);
+  int runs = 0;
+  for (int warps : {8, 3, 1})
+    for (int spb : {1, 2})
+      for (int tpb : {1, 3, 8}) {
+        bc::Config c;
+        c.warps = warps;
+        c.slices = bc::ceil_div(chunks, warps);
+        if (spb > c.slices) continue;
+        c.slices_per_block = spb;
+        c.splits = bc::ceil_div(c.slices, spb);
+        c.tiles_per_block = tpb;
+        c.row_blocks = bc::ceil_div(tiles, tpb);
+        check_fp8_gemv(1 + runs % 8, n + 140, 139, n, k, k, n + 1, 760 + runs, &c);
+        ++runs;
+      }
+  EXPECT_GE(runs, 15);
 }
 
 }  // namespace

@@ -89,12 +89,15 @@ void linear_rows(const Ctx& ctx, const Tensor& x, const LinearWeight& w, int64_t
   p.y_stride = y.stride(0);
   p.m = m;
   cuda::LinearPath path = cuda::linear_plan(p.w.format, m, n, k);
-  // The GEMV loads weight rows 16 bytes at a time; a weight stored at an odd offset goes to cuBLASLt.
+  // The GEMVs load weight rows 16 bytes at a time; a weight stored at an odd offset (or FP8 blocks other
+  // than 128 x 128) goes to cuBLASLt.
   if (path == cuda::LinearPath::GemvBf16 &&
       !cuda::is_aligned(static_cast<const __nv_bfloat16*>(p.w.data) + row0 * k, 16))
     path = cuda::LinearPath::BlasLtBf16;
+  if (path == cuda::LinearPath::GemvFp8Block && (!cuda::is_aligned(p.w.data, 16) || p.w.block != 128))
+    path = cuda::LinearPath::DequantBlasLt;
   if (be.exact_linear && (path == cuda::LinearPath::BlasLtBf16 || path == cuda::LinearPath::DequantBlasLt ||
-                          path == cuda::LinearPath::GemvBf16)) {
+                          path == cuda::LinearPath::GemvBf16 || path == cuda::LinearPath::GemvFp8Block)) {
     // f32 math throughout (parity tests): the weight rows expanded to f32, then an f32 GEMM (no TF32).
     auto* wf = static_cast<float*>(be.linear_w.get(static_cast<size_t>(n * k) * 4, stream));
     cuda::DequantWeightParams d;

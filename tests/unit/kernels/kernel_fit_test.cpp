@@ -120,6 +120,32 @@ TEST(KernelFit, Bf16GemvChoosesValidConfigsThatFillEveryPreset) {
   EXPECT_EQ(checked, 3 * 18 * 8);
 }
 
+TEST(KernelFit, Fp8BlockGemvChoosesValidConfigsOnEveryPreset) {
+  namespace bc = bf16_gemv_config;
+  const auto fp8 = bc::Weights::FP8Block;
+  const int shapes[][2] = {{2048, 6144}, {576, 6144}, {16384, 2048}, {6144, 16384},
+                           {129, 144},   {7, 16},     {33, 4112},    {154880, 6144}};
+  for (const DeviceLimits& dev : target_device_presets())
+    for (const auto& s : shapes)
+      for (int m : {1, 3, 8}) {
+        const int n = s[0], k = s[1];
+        const auto c = bc::choose(m, n, k, dev, fp8);
+        const std::string where =
+            dev.name + " m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+        EXPECT_EQ(bc::why_invalid(c, n, k, fp8), "") << where;
+        EXPECT_FALSE(why_cannot_run(bc::need(m, c, fp8), dev).has_value()) << where;
+        // Each warp owns 256 of k: half the slices of the bf16 kernel's 128.
+        EXPECT_EQ(c.slices, bc::ceil_div(bc::ceil_div(k, 256), c.warps)) << where;
+        if (c.splits > 1) {
+          EXPECT_LE(static_cast<size_t>(c.splits) * m * n * 4, bc::partial_bytes_bound(m, n, k, fp8))
+              << where;
+          EXPECT_LE(static_cast<size_t>(c.row_blocks) * 4, bc::counter_bytes_bound(n, k, fp8)) << where;
+        }
+      }
+  EXPECT_NE(bc::need(1, bc::choose(1, 2048, 6144, limits_h200(), fp8), fp8).kernel.find("fp8_block_gemv"),
+            std::string::npos);
+}
+
 TEST(KernelFit, Bf16GemvSplitsKOnlyWhenRowsAreFew) {
   namespace bc = bf16_gemv_config;
   const DeviceLimits h200 = limits_h200();

@@ -34,14 +34,58 @@ namespace {
 using bf16_gemv_config::Config;
 using bf16_gemv_config::kMaxThreads;
 using bf16_gemv_config::kTileRows;
-using bf16_gemv_config::kWarpK;
 using tc::mma_bf16;
 using tc::pack_bf16;
 
-// x_vec4: x 16-byte aligned with x_stride % 4 == 0 (float4 loads).
-template <int M>
-__global__ void __launch_bounds__(kMaxThreads, 2) bf16_gemv_kernel(Bf16GemvParams p, Config c, int x_vec4) {
-  extern __shared__ float red[];  // [c.warps][M][rs]: rows of x rs = rb + 4 apart
+// What the kernel reads, for either weight format: the public params with the weight as bytes.
+struct GemvArgs {
+  const float* __restrict__ x;  // [m, k] rows x_stride apart
+  int64_t x_stride;
+  const uint8_t* __restrict__ w;  // [n, k] rows w_stride_bytes apart, row 0 = weight row row0
+  int64_t w_stride_bytes;
+  const float* __restrict__ w_scale;  // FP8Block: [ceil(rows / 128), scale_cols] of the whole weight
+  int64_t scale_cols, row0;
+  float* __restrict__ y;  // [m, n] rows y_stride apart
+  int64_t y_stride;
+  int m, n, k;
+  float* __restrict__ partial;
+  uint32_t* __restrict__ counters;
+  int x_vec4;  // x 16-byte aligned with x_stride % 4 == 0 (float4 loads)
+};
+
+// v[0..N) = x[g, kk .. kk + N) (f32), float4 loads when x_vec4.
+template <int N>
+__device__ __forceinline__ void load_x(const GemvArgs& p, int g, int kk, float (&v)[N]) {
+  const float* xs = p.x + static_cast<size_t>(g) * p.x_stride + kk;
+  if (p.x_vec4) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(xs) + i);
+      v[4 * i] = f.x;
+      v[4 * i + 1] = f.y;
+      v[4 * i + 2] = f.z;
+      v[4 * i + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) v[e] = __ldg(xs + e);
+  }
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// FP8 (kFp8): lane t's 16-byte load holds 16 consecutive k of its row (k = 64q + 16t of the warp's 256), each
+// fp8 pair widened exactly to a bf16 pair; the 4 mmas per load pair words (2j, 2j+1) with x pairs (2j, 2j+1)
+// as the bf16 path pairs words (0, 1) and (2, 3). The products are summed apart for the two 128-wide scale
+// blocks of the warp's 256 and multiplied by each row's block scale before they meet.
+template <int M, bool kFp8>
+__global__ void __launch_bounds__(kMaxThreads, 2) gemv_kernel(GemvArgs p, Config c) {
+  constexpr int kWk =
+      bf16_gemv_config::warp_k(kFp8 ? bf16_gemv_config::Weights::FP8Block : bf16_gemv_config::Weights::BF16);
+  constexpr int kLaneK = kFp8 ? 16 : 8;  // k per 16-byte load
+  extern __shared__ float red[];         // [c.warps][M][rs]: rows of x rs = rb + 4 apart
   __shared__ int is_last;
   const int rb = kTileRows * c.tiles_per_block;
   // The +4 puts the four lanes t of a row g (x rows 2t + e) on different banks.
@@ -54,51 +98,69 @@ __global__ void __launch_bounds__(kMaxThreads, 2) bf16_gemv_kernel(Bf16GemvParam
   const int iters = (s1 - s0) * tiles;
   __syncthreads();  // red zeroed
 
-  // Iteration it: slice s0 + it / tiles, tile it % tiles (slice-major: a warp's x stays the same 128 k for
+  // Iteration it: slice s0 + it / tiles, tile it % tiles (slice-major: a warp's x stays the same k range for
   // a whole slice).
   auto load = [&](int it, uint4(&buf)[2][4]) {
-    const int kc = ((s0 + it / tiles) * c.warps + warp) * kWarpK, tile = it % tiles;
+    const int kc = ((s0 + it / tiles) * c.warps + warp) * kWk, tile = it % tiles;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = min(row_base + tile * kTileRows + g + 8 * h, p.n - 1);
-      const __nv_bfloat16* src = p.w + static_cast<size_t>(row) * p.w_stride;
+      const uint8_t* src = p.w + static_cast<size_t>(row) * p.w_stride_bytes;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int kk = kc + 32 * q + 8 * t;
-        buf[h][q] = kk < p.k ? dev::ld_stream16_l2_256(src + kk) : make_uint4(0, 0, 0, 0);
+        const int kk = kc + 4 * kLaneK * q + kLaneK * t;
+        buf[h][q] = kk < p.k ? dev::ld_stream16_l2_256(src + static_cast<size_t>(kk) * (kFp8 ? 1 : 2))
+                             : make_uint4(0, 0, 0, 0);
       }
     }
   };
   auto compute = [&](int it, const uint4(&buf)[2][4]) {
-    const int kc = ((s0 + it / tiles) * c.warps + warp) * kWarpK, tile = it % tiles;
+    const int kc = ((s0 + it / tiles) * c.warps + warp) * kWk, tile = it % tiles;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (!kFp8) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int kk = kc + 32 * q + 8 * t;
-      uint32_t b[4] = {0u, 0u, 0u, 0u};
-      if (g < M && g < p.m && kk < p.k) {
-        const float* xs = p.x + static_cast<size_t>(g) * p.x_stride + kk;
-        float v[8];
-        if (x_vec4) {
-          const float4 lo = __ldg(reinterpret_cast<const float4*>(xs));
-          const float4 hi = __ldg(reinterpret_cast<const float4*>(xs) + 1);
-          v[0] = lo.x;
-          v[1] = lo.y;
-          v[2] = lo.z;
-          v[3] = lo.w;
-          v[4] = hi.x;
-          v[5] = hi.y;
-          v[6] = hi.z;
-          v[7] = hi.w;
-        } else {
+      for (int q = 0; q < 4; ++q) {
+        const int kk = kc + 32 * q + 8 * t;
+        uint32_t b[4] = {0u, 0u, 0u, 0u};
+        if (g < M && g < p.m && kk < p.k) {
+          float v[8];
+          load_x(p, g, kk, v);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = __ldg(xs + e);
+          for (int e = 0; e < 4; ++e) b[e] = pack_bf16(v[2 * e], v[2 * e + 1]);
+        }
+        mma_bf16(acc, buf[0][q].x, buf[1][q].x, buf[0][q].y, buf[1][q].y, b[0], b[1]);
+        mma_bf16(acc, buf[0][q].z, buf[1][q].z, buf[0][q].w, buf[1][q].w, b[2], b[3]);
+      }
+    } else {
+      float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // per 128-wide scale block
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int kk = kc + 64 * q + 16 * t;
+        uint32_t b[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if (g < M && g < p.m && kk < p.k) {
+          float v[16];
+          load_x(p, g, kk, v);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) b[e] = pack_bf16(v[2 * e], v[2 * e + 1]);
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) b[e] = pack_bf16(v[2 * e], v[2 * e + 1]);
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t w0 = word_of(buf[0][q], j), w1 = word_of(buf[1][q], j);
+          mma_bf16(part[q >> 1], tc::fp8x2_to_bf16x2(w0), tc::fp8x2_to_bf16x2(w1),
+                   tc::fp8x2_to_bf16x2(w0 >> 16), tc::fp8x2_to_bf16x2(w1 >> 16), b[2 * j], b[2 * j + 1]);
+        }
       }
-      mma_bf16(acc, buf[0][q].x, buf[1][q].x, buf[0][q].y, buf[1][q].y, b[0], b[1]);
-      mma_bf16(acc, buf[0][q].z, buf[1][q].z, buf[0][q].w, buf[1][q].w, b[2], b[3]);
+      // Scales of rows g and g + 8 (as loaded: clamped to n - 1) for the warp's two k blocks.
+      const int kb = kc / 128;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = p.row0 + min(row_base + tile * kTileRows + g + 8 * h, p.n - 1);
+        const float* srow = p.w_scale + (row / 128) * p.scale_cols;
+        const float sa = kb < p.scale_cols ? __ldg(srow + kb) : 0.f;
+        const float sb = kb + 1 < p.scale_cols ? __ldg(srow + kb + 1) : 0.f;
+        acc[2 * h] = part[0][2 * h] * sa + part[1][2 * h] * sb;
+        acc[2 * h + 1] = part[0][2 * h + 1] * sa + part[1][2 * h + 1] * sb;
+      }
     }
     // acc[0], acc[1]: weight row g, x rows 2t and 2t + 1; acc[2], acc[3]: weight row g + 8.
     const int tr = tile * kTileRows + g;
@@ -152,16 +214,107 @@ __global__ void __launch_bounds__(kMaxThreads, 2) bf16_gemv_kernel(Bf16GemvParam
   if (threadIdx.x == 0) atomicExch(&p.counters[blockIdx.x], 0u);
 }
 
-template <int M>
-void launch(const Bf16GemvParams& p, const Config& c, int x_vec4, cudaStream_t stream) {
+template <int M, bool kFp8>
+void launch(const GemvArgs& p, const Config& c, cudaStream_t stream) {
   const size_t smem = bf16_gemv_config::smem_bytes(M, c);
-  auto* kernel = bf16_gemv_kernel<M>;
+  auto* kernel = gemv_kernel<M, kFp8>;
   if (smem > 48 * 1024)
     CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(c.row_blocks), static_cast<unsigned>(c.splits));
-  kernel<<<grid, c.warps * 32, smem, stream>>>(p, c, x_vec4);
+  kernel<<<grid, c.warps * 32, smem, stream>>>(p, c);
   CUDA_CHECK(cudaGetLastError());
+}
+
+template <bool kFp8>
+void launch_m(const GemvArgs& p, const Config& c, cudaStream_t stream) {
+  switch (bf16_gemv_config::m_template(p.m)) {
+    case 1:
+      launch<1, kFp8>(p, c, stream);
+      break;
+    case 2:
+      launch<2, kFp8>(p, c, stream);
+      break;
+    case 4:
+      launch<4, kFp8>(p, c, stream);
+      break;
+    default:
+      launch<8, kFp8>(p, c, stream);
+      break;
+  }
+}
+
+using bf16_gemv_config::Weights;
+
+const char* kernel_name(Weights w) {
+  return w == Weights::FP8Block ? "fp8_block_gemv" : "bf16_gemv";
+}
+
+// Shape, x, y and alignment checks shared by both formats (the weight's own in the callers).
+void check_common(const char* name, int m, int n, int k, int k_multiple, const float* x, int64_t x_stride,
+                  const float* y, int64_t y_stride) {
+  MS_CHECK(m >= 1 && m <= kBf16GemvMaxM, "{}: m = {} outside [1, {}]; use a GEMM", name, m, kBf16GemvMaxM);
+  MS_CHECK(n > 0, "{}: n = {} must be positive", name, n);
+  MS_CHECK(k > 0 && k % k_multiple == 0, "{}: k = {} must be a positive multiple of {}", name, k, k_multiple);
+  check_matrix(x, m, k, x_stride, name, "x");
+  check_matrix(y, m, n, y_stride, name, "y");
+}
+
+void run(GemvArgs a, Weights w, const Config& c, const DeviceCaps& caps, cudaStream_t stream) {
+  const char* name = kernel_name(w);
+  const std::string why = bf16_gemv_config::why_invalid(c, a.n, a.k, w);
+  MS_CHECK(why.empty(), "{}: configuration for n = {}, k = {}: {}", name, a.n, a.k, why);
+  check_fit(caps, bf16_gemv_config::need(a.m, c, w));
+  if (c.splits > 1) {
+    MS_CHECK(a.partial != nullptr && is_aligned(a.partial, 4),
+             "{}: partial is null but m={} n={} k={} splits k in {} ({} bytes; the scratch_bytes function "
+             "bounds it)",
+             name, a.m, a.n, a.k, c.splits, static_cast<size_t>(c.splits) * a.m * a.n * sizeof(float));
+    MS_CHECK(a.counters != nullptr && is_aligned(a.counters, 4),
+             "{}: counters is null but m={} n={} k={} splits k in {} ({} zeroed counters)", name, a.m, a.n,
+             a.k, c.splits, c.row_blocks);
+  }
+  a.x_vec4 = is_aligned(a.x, 16) && a.x_stride % 4 == 0;
+  if (w == Weights::FP8Block)
+    launch_m<true>(a, c, stream);
+  else
+    launch_m<false>(a, c, stream);
+}
+
+GemvArgs args_of(const Bf16GemvParams& p) {
+  check_common("bf16_gemv", p.m, p.n, p.k, 8, p.x, p.x_stride, p.y, p.y_stride);
+  check_matrix(p.w, p.n, p.k, p.w_stride, "bf16_gemv", "w");
+  MS_CHECK(is_aligned(p.w, 16) && p.w_stride % 8 == 0,
+           "bf16_gemv: w must be 16-byte aligned with a row stride that is a multiple of 8 (stride {})",
+           p.w_stride);
+  return {p.x,
+          p.x_stride,
+          reinterpret_cast<const uint8_t*>(p.w),
+          p.w_stride * 2,
+          nullptr,
+          0,
+          0,
+          p.y,
+          p.y_stride,
+          p.m,
+          p.n,
+          p.k,
+          p.partial,
+          p.counters,
+          0};
+}
+
+GemvArgs args_of(const Fp8BlockGemvParams& p) {
+  check_common("fp8_block_gemv", p.m, p.n, p.k, 16, p.x, p.x_stride, p.y, p.y_stride);
+  check_matrix(p.w, p.n, p.k, p.k, "fp8_block_gemv", "w");
+  MS_CHECK(is_aligned(p.w, 16), "fp8_block_gemv: w must be 16-byte aligned");
+  MS_CHECK(p.row0 >= 0 && p.w_scale != nullptr,
+           "fp8_block_gemv: row0 = {} and w_scale (null: {}) must be set", p.row0, p.w_scale == nullptr);
+  return {p.x,       p.x_stride, p.w + p.row0 * p.k,
+          p.k,       p.w_scale,  (p.k + 127) / 128,
+          p.row0,    p.y,        p.y_stride,
+          p.m,       p.n,        p.k,
+          p.partial, p.counters, 0};
 }
 
 }  // namespace
@@ -170,63 +323,30 @@ Bf16GemvScratch bf16_gemv_scratch_bytes(int m, int n, int k) {
   return {bf16_gemv_config::partial_bytes_bound(m, n, k), bf16_gemv_config::counter_bytes_bound(n, k)};
 }
 
-namespace {
-
-void check_params(const Bf16GemvParams& p) {
-  MS_CHECK(p.m >= 1 && p.m <= kBf16GemvMaxM, "bf16_gemv: m = {} outside [1, {}]; use a GEMM", p.m,
-           kBf16GemvMaxM);
-  MS_CHECK(p.n > 0, "bf16_gemv: n = {} must be positive", p.n);
-  MS_CHECK(p.k > 0 && p.k % 8 == 0, "bf16_gemv: k = {} must be a positive multiple of 8", p.k);
-  check_matrix(p.x, p.m, p.k, p.x_stride, "bf16_gemv", "x");
-  check_matrix(p.w, p.n, p.k, p.w_stride, "bf16_gemv", "w");
-  check_matrix(p.y, p.m, p.n, p.y_stride, "bf16_gemv", "y");
-  MS_CHECK(is_aligned(p.w, 16) && p.w_stride % 8 == 0,
-           "bf16_gemv: w must be 16-byte aligned with a row stride that is a multiple of 8 (stride {})",
-           p.w_stride);
+Bf16GemvScratch fp8_block_gemv_scratch_bytes(int m, int n, int k) {
+  return {bf16_gemv_config::partial_bytes_bound(m, n, k, Weights::FP8Block),
+          bf16_gemv_config::counter_bytes_bound(n, k, Weights::FP8Block)};
 }
-
-void run(const Bf16GemvParams& p, const Config& c, const DeviceCaps& caps, cudaStream_t stream) {
-  const std::string why = bf16_gemv_config::why_invalid(c, p.n, p.k);
-  MS_CHECK(why.empty(), "bf16_gemv: configuration for n = {}, k = {}: {}", p.n, p.k, why);
-  check_fit(caps, bf16_gemv_config::need(p.m, c));
-  if (c.splits > 1) {
-    MS_CHECK(
-        p.partial != nullptr && is_aligned(p.partial, 4),
-        "bf16_gemv: partial is null but m={} n={} k={} splits k in {} ({} bytes; bf16_gemv_scratch_bytes "
-        "bounds it)",
-        p.m, p.n, p.k, c.splits, static_cast<size_t>(c.splits) * p.m * p.n * sizeof(float));
-    MS_CHECK(p.counters != nullptr && is_aligned(p.counters, 4),
-             "bf16_gemv: counters is null but m={} n={} k={} splits k in {} ({} zeroed counters)", p.m, p.n,
-             p.k, c.splits, c.row_blocks);
-  }
-  const int x_vec4 = is_aligned(p.x, 16) && p.x_stride % 4 == 0;
-  switch (bf16_gemv_config::m_template(p.m)) {
-    case 1:
-      launch<1>(p, c, x_vec4, stream);
-      break;
-    case 2:
-      launch<2>(p, c, x_vec4, stream);
-      break;
-    case 4:
-      launch<4>(p, c, x_vec4, stream);
-      break;
-    default:
-      launch<8>(p, c, x_vec4, stream);
-      break;
-  }
-}
-
-}  // namespace
 
 void bf16_gemv(const Bf16GemvParams& p, cudaStream_t stream) {
-  check_params(p);
+  const GemvArgs a = args_of(p);
   const DeviceCaps caps = current_device_caps();
-  run(p, bf16_gemv_config::choose(p.m, p.n, p.k, limits_of(caps)), caps, stream);
+  run(a, Weights::BF16, bf16_gemv_config::choose(p.m, p.n, p.k, limits_of(caps)), caps, stream);
 }
 
 void bf16_gemv_with(const Bf16GemvParams& p, const Config& c, cudaStream_t stream) {
-  check_params(p);
-  run(p, c, current_device_caps(), stream);
+  run(args_of(p), Weights::BF16, c, current_device_caps(), stream);
+}
+
+void fp8_block_gemv(const Fp8BlockGemvParams& p, cudaStream_t stream) {
+  const GemvArgs a = args_of(p);
+  const DeviceCaps caps = current_device_caps();
+  run(a, Weights::FP8Block, bf16_gemv_config::choose(p.m, p.n, p.k, limits_of(caps), Weights::FP8Block), caps,
+      stream);
+}
+
+void fp8_block_gemv_with(const Fp8BlockGemvParams& p, const Config& c, cudaStream_t stream) {
+  run(args_of(p), Weights::FP8Block, c, current_device_caps(), stream);
 }
 
 }  // namespace ms::cuda

@@ -1,7 +1,7 @@
-// Decode-time linear layer on BF16 weights: y [m, n] f32 = x [m, k] f32 . W^T for a handful of rows of x,
-// in one launch. Memory-bound: the floor is the weight bytes over HBM bandwidth. x is read as f32 and
-// rounded to bf16 (nearest even) in registers, as a bf16 GEMM on a cast copy of x would see it; products and
-// sums in f32 on the tensor cores.
+// Decode-time linear layer on BF16 (and FP8-block) weights: y [m, n] f32 = x [m, k] f32 . W^T for a handful
+// of rows of x, in one launch. Memory-bound: the floor is the weight bytes over HBM bandwidth. x is read as
+// f32 and rounded to bf16 (nearest even) in registers, as a bf16 GEMM on a cast copy of x would see it;
+// products and sums in f32 on the tensor cores.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -45,9 +45,29 @@ Bf16GemvScratch bf16_gemv_scratch_bytes(int m, int n, int k);
 // order by whichever block finishes last).
 void bf16_gemv(const Bf16GemvParams& p, cudaStream_t stream);
 
+// The same kernel on FP8 e4m3 weights with an f32 scale per 128 x 128 block (weight_scale_inv, as
+// FP8-block checkpoints store it): the fp8 values are widened exactly to bf16 in registers, each 128-wide
+// block's products are summed in f32 and multiplied by the row's block scale.
+struct Fp8BlockGemvParams {
+  const float* __restrict__ x = nullptr;  // [m, k] rows x_stride apart
+  int64_t x_stride = 0;
+  const uint8_t* __restrict__ w =
+      nullptr;  // [rows, k] e4m3 of the whole weight (row stride k), 16-byte aligned
+  const float* __restrict__ w_scale = nullptr;  // [ceil(rows / 128), ceil(k / 128)]
+  int64_t row0 = 0;                             // rows [row0, row0 + n) are used
+  float* __restrict__ y = nullptr;              // [m, n] rows y_stride apart
+  int64_t y_stride = 0;
+  int m = 0, n = 0, k = 0;                    // k a multiple of 16
+  float* __restrict__ partial = nullptr;      // as Bf16GemvParams, sized by fp8_block_gemv_scratch_bytes
+  uint32_t* __restrict__ counters = nullptr;  // as Bf16GemvParams
+};
+Bf16GemvScratch fp8_block_gemv_scratch_bytes(int m, int n, int k);
+void fp8_block_gemv(const Fp8BlockGemvParams& p, cudaStream_t stream);
+
 // The same with a given configuration instead of the chooser's (tests cover every split and tiling with
 // it); throws when `c` does not cover the shape (bf16_gemv_config::why_invalid) or fit the device. Scratch:
 // [c.splits, m, n] partial sums and c.row_blocks counters when c.splits > 1.
 void bf16_gemv_with(const Bf16GemvParams& p, const bf16_gemv_config::Config& c, cudaStream_t stream);
+void fp8_block_gemv_with(const Fp8BlockGemvParams& p, const bf16_gemv_config::Config& c, cudaStream_t stream);
 
 }  // namespace ms::cuda

@@ -1,7 +1,7 @@
 // Launch configurations of bf16_gemv, chosen on the host from the shape and the device's limits (no CUDA
 // types: tested without a GPU in tests/unit/kernels/kernel_fit_test.cpp).
 //
-// Work units: k is cut into slices of `warps` x kWarpK (each warp of a block owns kWarpK of every slice), n
+// Work units: k is cut into slices of `warps` x warp_k (each warp of a block owns warp_k of every slice), n
 // into 16-row tiles. A block owns `tiles_per_block` consecutive tiles and `slices_per_block` consecutive
 // slices; `splits` blocks share a row block along k and the last of them to finish adds their partial sums.
 #pragma once
@@ -24,9 +24,19 @@ constexpr int kMaxM = 8;
 // Warps resident per multiprocessor: __launch_bounds__(kMaxThreads, 2) caps registers at 128 per thread.
 constexpr int kWarpsPerSm = 16;
 
+// The weight formats the kernel reads: bf16, or fp8 e4m3 with an f32 scale per 128 x 128 block (each warp
+// then owns 256 of k, 4 lanes x 4 loads of 16 fp8: the same bytes per step).
+enum class Weights : uint8_t { BF16, FP8Block };
+constexpr int warp_k(Weights w) {
+  return w == Weights::FP8Block ? 2 * kWarpK : kWarpK;
+}
+constexpr int weight_bytes(Weights w) {
+  return w == Weights::FP8Block ? 1 : 2;
+}
+
 struct Config {
   int warps = 1;             // per block (blockDim.x / 32)
-  int slices = 1;            // ceil(k / (warps * kWarpK))
+  int slices = 1;            // ceil(k / (warps * warp_k))
   int slices_per_block = 1;  // consecutive slices one block walks
   int splits = 1;            // blocks along k: gridDim.y = ceil(slices / slices_per_block)
   int tiles_per_block = 1;   // 16-row tiles per block
@@ -50,32 +60,34 @@ constexpr size_t smem_bytes(int m_tmpl, const Config& c) {
   return static_cast<size_t>(c.warps) * m_tmpl * red_row_stride(c) * sizeof(float);
 }
 
-inline KernelNeed need(int m, const Config& c) {
-  return {fmt::format("bf16_gemv m{} warps{} tiles{}", m_template(m), c.warps, c.tiles_per_block),
+inline KernelNeed need(int m, const Config& c, Weights w = Weights::BF16) {
+  return {fmt::format("{}_gemv m{} warps{} tiles{}", w == Weights::FP8Block ? "fp8_block" : "bf16",
+                      m_template(m), c.warps, c.tiles_per_block),
           smem_bytes(m_template(m), c), 80, false};
 }
 
 // Scratch any device's choice fits in (the split count is at most `slices`, the row blocks at most the
 // tiles).
-inline int max_slices(int k) {
-  const int chunks = ceil_div(std::max(k, 1), kWarpK);
+inline int max_slices(int k, Weights w = Weights::BF16) {
+  const int chunks = ceil_div(std::max(k, 1), warp_k(w));
   return ceil_div(chunks, std::min(kMaxWarps, chunks));
 }
-inline size_t partial_bytes_bound(int m, int n, int k) {
-  const int s = max_slices(k);
+inline size_t partial_bytes_bound(int m, int n, int k, Weights w = Weights::BF16) {
+  const int s = max_slices(k, w);
   return s > 1 ? static_cast<size_t>(s) * std::max(m, 0) * std::max(n, 0) * sizeof(float) : 0;
 }
-inline size_t counter_bytes_bound(int n, int k) {
-  return max_slices(k) > 1 ? static_cast<size_t>(ceil_div(std::max(n, 1), kTileRows)) * sizeof(uint32_t) : 0;
+inline size_t counter_bytes_bound(int n, int k, Weights w = Weights::BF16) {
+  return max_slices(k, w) > 1 ? static_cast<size_t>(ceil_div(std::max(n, 1), kTileRows)) * sizeof(uint32_t)
+                              : 0;
 }
 
 // Why `c` cannot cover an [n, k] weight as the kernel walks it (empty when it can): warps 1..kMaxWarps, the
 // slices and tiles the shape needs, the split and row-block counts they imply.
-inline std::string why_invalid(const Config& c, int n, int k) {
+inline std::string why_invalid(const Config& c, int n, int k, Weights w = Weights::BF16) {
   if (n <= 0 || k <= 0) return fmt::format("n = {} and k = {} must be positive", n, k);
   if (c.warps < 1 || c.warps > kMaxWarps)
     return fmt::format("warps = {} outside [1, {}]", c.warps, kMaxWarps);
-  const int chunks = ceil_div(k, kWarpK), tiles = ceil_div(n, kTileRows);
+  const int chunks = ceil_div(k, warp_k(w)), tiles = ceil_div(n, kTileRows);
   if (c.slices != ceil_div(chunks, c.warps))
     return fmt::format("slices = {} but k = {} needs {} with {} warps", c.slices, k,
                        ceil_div(chunks, c.warps), c.warps);
@@ -105,7 +117,7 @@ struct TimeModel {
 };
 
 inline double estimate_us(int m, int n, int k, const Config& c, const DeviceLimits& dev,
-                          const TimeModel& t = {}) {
+                          Weights w = Weights::BF16, const TimeModel& t = {}) {
   const long sms = std::max(dev.multiprocessors, 1);
   const long slots = sms * std::max(kWarpsPerSm / c.warps, 1);
   const long blocks = static_cast<long>(c.row_blocks) * c.splits;
@@ -115,17 +127,17 @@ inline double estimate_us(int m, int n, int k, const Config& c, const DeviceLimi
                               t.hbm_bytes_per_us * busy_share / t.busy_sm_share_for_full_rate});
   const double l2_bytes = static_cast<double>(c.row_blocks) * m * k * 4.0 +
                           (c.splits > 1 ? 2.0 * c.splits * m * static_cast<double>(n) * 4.0 : 0.0);
-  const double stream_us = (2.0 * n * static_cast<double>(k) + l2_bytes / t.l2_over_hbm) / bw;
+  const double stream_us = (weight_bytes(w) * n * static_cast<double>(k) + l2_bytes / t.l2_over_hbm) / bw;
   const long rounds = (blocks + slots - 1) / slots;
   const double latency_bound_us =
       static_cast<double>(rounds) * (c.tiles_per_block * c.slices_per_block + 1) * t.latency_us / 2;
   return std::max(stream_us, latency_bound_us) + (c.splits > 1 ? t.split_tail_us : 0.0);
 }
 
-// The configuration of least estimate_us among those that fit the device (warps: one per 128 of k, at most
-// kMaxWarps); ties go to fewer splits, then to more rows per block.
-inline Config choose(int m, int n, int k, const DeviceLimits& dev) {
-  const int chunks = ceil_div(std::max(k, 1), kWarpK);
+// The configuration of least estimate_us among those that fit the device (warps: one per warp_k(w) of k, at
+// most kMaxWarps); ties go to fewer splits, then to more rows per block.
+inline Config choose(int m, int n, int k, const DeviceLimits& dev, Weights w = Weights::BF16) {
+  const int chunks = ceil_div(std::max(k, 1), warp_k(w));
   const int warps = std::min(kMaxWarps, chunks);
   const int slices = ceil_div(chunks, warps);
   const int tiles = ceil_div(std::max(n, 1), kTileRows);
@@ -137,8 +149,8 @@ inline Config choose(int m, int n, int k, const DeviceLimits& dev) {
     if (spb < slices && ceil_div(slices, spb + 1) == splits) continue;  // same split, more slices each
     for (int tpb = std::min(kMaxTilesPerBlock, tiles); tpb >= 1; --tpb) {
       const Config c{warps, slices, spb, splits, tpb, ceil_div(tiles, tpb)};
-      if (why_cannot_run(need(m, c), dev)) continue;
-      const double us = estimate_us(m, n, k, c, dev);
+      if (why_cannot_run(need(m, c, w), dev)) continue;
+      const double us = estimate_us(m, n, k, c, dev, w);
       if (!have || us < best_us * (1 - 1e-6)) {
         best = c;
         best_us = us;
