@@ -110,9 +110,9 @@ inline std::string why_invalid(const Config& c, int n, int k, Weights w = Weight
 struct TimeModel {
   double hbm_bytes_per_us = 4.3e6;
   double l2_over_hbm = 2.5;
-  double latency_us = 1.0;
-  double warp_bytes_in_flight = 2.0 * kTileRows * kWarpK * 2;
-  double busy_sm_share_for_full_rate = 0.93;  // below it, the rate falls with the busy share
+  double latency_us = 1.5;
+  double warp_bytes_in_flight = 1.5 * kTileRows * kWarpK * 2;  // one or two 16-row steps
+  double busy_sm_share_for_full_rate = 0.93;                   // below it, the rate falls with the busy share
   double split_tail_us = 1.0;
 };
 
