@@ -1,12 +1,11 @@
 // BF16 GEMV for few rows of x on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate), one launch.
 //
-// Work split (bf16_gemv_config.h): warp w of a block owns kWarpK = 128 consecutive k of every slice and walks
-// the block's 16-row tiles slice by slice; its partial sums for each (x row, weight row) stay in shared
-// memory
-// ([warps][m][rows], added to in place: each entry has one owning lane), so nothing crosses warps until the
-// end. There the warps' sums are added in warp order; a block that shares its rows with others along k writes
-// them to `partial`, and the last of those blocks to finish (a counter per row block) adds the splits in
-// split order and writes y: deterministic, no second kernel.
+// Work split (bf16_gemv_config.h): warp w of a block owns warp_k consecutive k of every slice (128 for bf16,
+// 256 for fp8) and walks the block's 16-row tiles slice by slice; its partial sums for each (x row, weight
+// row) stay in shared memory ([warps][m][rows], added to in place: each entry has one owning lane), so
+// nothing crosses warps until the end. There the warps' sums are added in warp order; a block that shares its
+// rows with others along k writes them to `partial`, and the last of those blocks to finish (a counter per
+// row block) adds the splits in split order and writes y: deterministic, no second kernel.
 //
 // Loads: in one 128-wide step lane (g = lane / 4, t = lane % 4) loads, for q = 0..3, 16 bytes of rows g and
 // g + 8 of the tile at k = 32q + 8t: each load instruction covers 64 contiguous bytes of 16 rows, and the

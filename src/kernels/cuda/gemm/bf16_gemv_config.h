@@ -103,14 +103,15 @@ inline std::string why_invalid(const Config& c, int n, int k, Weights w = Weight
 
 // A rough time model of one launch, in microseconds, for choosing between configurations (constants of an
 // H200; the choice, not the figure, is what matters). The weights stream at the lowest of the HBM bandwidth,
-// what the resident warps keep in flight (two tiles each) over a loaded round trip, and a share of the HBM
-// rate that falls once fewer than about all multiprocessors have a block; x re-read by every row block and
-// the partial sums written and read back cost L2 bandwidth; each warp needs a round trip per two of its
-// steps; splitting k adds the last block's fence, counter and re-read at the end.
+// what the resident warps keep in flight (one or two 16-row steps each) over a loaded round trip (2 us: what
+// the NVFP4 GEMV's runs on an H200 imply, 32 KB in flight per multiprocessor giving 2.1 TB/s), and a share of
+// the HBM rate that falls once fewer than about all multiprocessors have a block; x re-read by every row
+// block and the partial sums written and read back cost L2 bandwidth; each warp needs a round trip per two of
+// its steps; splitting k adds the last block's fence, counter and re-read at the end.
 struct TimeModel {
   double hbm_bytes_per_us = 4.3e6;
   double l2_over_hbm = 2.5;
-  double latency_us = 1.5;
+  double latency_us = 2.0;
   double warp_bytes_in_flight = 1.5 * kTileRows * kWarpK * 2;  // one or two 16-row steps
   double busy_sm_share_for_full_rate = 0.93;                   // below it, the rate falls with the busy share
   double split_tail_us = 1.0;
