@@ -24,6 +24,8 @@
 #include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/common/ldg.cuh"
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/bf16_gemv_config.h"
 
@@ -173,8 +175,12 @@ __global__ void __launch_bounds__(kMaxThreads, 2) gemv_kernel(GemvArgs p, Config
     }
   };
 
+  // The first weight loads (nothing writes weights) go out before waiting for the kernel before this one
+  // (programmatic dependent launch: x, y, the partial sums and the counters are touched only after).
   uint4 wa[2][4], wb[2][4];
   if (iters > 0) load(0, wa);
+  dev::grid_dep_wait();
+  dev::grid_dep_launch_dependents();
   for (int it = 0; it < iters; it += 2) {
     if (it + 1 < iters) load(it + 1, wb);
     compute(it, wa);
@@ -221,8 +227,7 @@ void launch(const GemvArgs& p, const Config& c, cudaStream_t stream) {
     CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(c.row_blocks), static_cast<unsigned>(c.splits));
-  kernel<<<grid, c.warps * 32, smem, stream>>>(p, c);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel(kFp8 ? "fp8_block_gemv" : "bf16_gemv", kernel, grid, dim3(c.warps * 32), smem, stream, p, c);
 }
 
 template <bool kFp8>

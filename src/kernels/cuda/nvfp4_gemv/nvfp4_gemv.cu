@@ -23,6 +23,8 @@
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/ldg.cuh"
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 
@@ -82,6 +84,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int k_warp = blockIdx.y * (kWarps * kWarpK * KW) + warp * (kWarpK * KW);
   const int row_base = blockIdx.x * rows_per_block;
   const bool active = k_warp < p.k;
+  // Programmatic dependent launch: the table above touches no global memory; x, y, the workspace and the
+  // counters only after the kernel before this one is done.
+  dev::grid_dep_wait();
+  dev::grid_dep_launch_dependents();
 
   // B operand: x[g, k_warp + 128 kw + 32 t + 0..31] as 16 bf16 pairs per step (zero past m or k), from
   // bf16 x or from f32 x rounded here.
@@ -216,6 +222,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 // m * n.
 __global__ void nvfp4_gemv_reduce_kernel(const float* __restrict__ part, float* __restrict__ y, size_t count,
                                          int n, int64_t y_stride, int splits, float scale2) {
+  dev::grid_dep_enter();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     float s = 0.f;
@@ -236,8 +243,7 @@ void launch(const Nvfp4GemvParams& p, const Config& c, const DeviceCaps& caps, c
   CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(ceil_div(p.n, c.rows_per_block), c.splits);
-  kernel<<<grid, kThreads, smem, stream>>>(p, c.rows_per_block, c.splits);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("nvfp4_gemv", kernel, grid, dim3(kThreads), smem, stream, p, c.rows_per_block, c.splits);
 }
 
 template <int M>
@@ -298,9 +304,9 @@ void nvfp4_gemv(const Nvfp4GemvParams& p, cudaStream_t stream) {
   if (c.splits > 1 && p.counters == nullptr) {
     const size_t count = static_cast<size_t>(p.m) * p.n;
     const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 4u * caps.multiprocessors));
-    nvfp4_gemv_reduce_kernel<<<blocks, 256, 0, stream>>>(
-        p.workspace, p.y, count, p.n, p.y_stride > 0 ? p.y_stride : p.n, c.splits, p.w_scale2);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel("nvfp4_gemv_reduce", nvfp4_gemv_reduce_kernel, dim3(blocks), dim3(256), 0, stream,
+                  static_cast<const float*>(p.workspace), p.y, count, p.n, p.y_stride > 0 ? p.y_stride : p.n,
+                  c.splits, p.w_scale2);
   }
 }
 
