@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/gemm/bf16_gemv.h"
+#include "kernels/cuda/gemm/blaslt.h"
+#include "kernels/cuda/gemm/linear.h"
 #include "kernels/cuda/mla_attention/mla_absorb.h"
 #include "kernels/cuda/mla_decode/mla_decode.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
@@ -76,16 +80,187 @@ float time_graph_ms(F&& f, int iters, bool& graphed) {
   return ms;
 }
 
+// Device-to-device copy of 2 GiB, read + write, best of 5 plain stream launches (as bench_moe_experts
+// measures it: a copy captured into a graph runs slower than one launched on a stream).
 double measure_copy_gbs() {
   const size_t bytes = size_t{2} << 30;
   void *src, *dst;
   CUDA_CHECK(cudaMalloc(&src, bytes));
   CUDA_CHECK(cudaMalloc(&dst, bytes));
   CUDA_CHECK(cudaMemset(src, 1, bytes));
-  float ms = time_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  float ms = 1e30f;
+  for (int r = 0; r < 5; ++r)
+    ms = std::min(
+        ms, time_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 1));
   cudaFree(src);
   cudaFree(dst);
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;  // read + write
+}
+
+// The BF16 GEMV on GLM-5's BF16 linears (n = outputs, k = inputs) at decode row counts, against what the BF16
+// path ran before it on the same inputs: x cast to a bf16 scratch, then a cuBLASLt GEMM (which at these m
+// splits k and adds a reduction kernel). Floor: weight bytes + x (f32) + y over the copy ceiling. Weight
+// copies rotate so the working set exceeds L2.
+// With `sweep`, every configuration the chooser considers is timed too (m = 1 and 8), and the chooser's pick
+// is printed against the fastest, with bf16_gemv_config::estimate_us of both (for tuning its TimeModel).
+void bench_bf16_gemv(double bw, bool sweep) {
+  namespace mc = ms::cuda;
+  struct Shape {
+    const char* name;
+    int n, k;
+  };
+  const Shape shapes[] = {
+      {"q_a", 2048, 6144},         {"kv_a", 576, 6144},          {"indexer wk", 128, 6144},
+      {"q_b", 16384, 2048},        {"indexer wq_b", 4096, 2048}, {"o_proj", 6144, 16384},
+      {"dense gate", 12288, 6144}, {"dense down", 6144, 12288},  {"shared gate", 2048, 6144},
+      {"shared down", 6144, 2048}, {"lm_head", 154880, 6144},
+  };
+  mc::BlasLtHandle lt;
+  const auto limits = mc::limits_of(mc::current_device_caps());
+  if (sweep)
+    std::printf("\n%-30s %9s %9s %-24s %9s %-24s %9s\n", "bf16_gemv sweep (glm5)", "floor us", "chosen us",
+                "chosen (w/spb/spl/tpb)", "best us", "best", "est ch/bst");
+  else
+    std::printf("\n%-30s %8s %9s %9s %7s %9s %7s %7s\n", "bf16 linear (glm5)", "MB", "floor us", "gemv us",
+                "% copy", "cuBLAS us", "% copy", "speedup");
+  for (const auto& s : shapes) {
+    const size_t wbytes = static_cast<size_t>(s.n) * s.k * 2;
+    const int reps = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / wbytes + 1, 1, 16));
+    std::vector<__nv_bfloat16*> dw(reps);
+    for (auto& d : dw) {
+      CUDA_CHECK(cudaMalloc(&d, wbytes));
+      CUDA_CHECK(cudaMemset(d, 0x3c, wbytes));  // bf16 0x3c3c ~ 0.0115
+    }
+    const int max_m = mc::kBf16GemvMaxM;
+    float *x, *y, *partial = nullptr;
+    uint32_t* counters = nullptr;
+    __nv_bfloat16* xb;
+    CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(max_m) * s.k * 4));
+    CUDA_CHECK(cudaMemset(x, 0x3f, static_cast<size_t>(max_m) * s.k * 4));  // ~0.75
+    CUDA_CHECK(cudaMalloc(&xb, static_cast<size_t>(max_m) * s.k * 2));
+    CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(max_m) * s.n * 4));
+    const auto scratch = mc::bf16_gemv_scratch_bytes(max_m, s.n, s.k);
+    if (scratch.partial_bytes) CUDA_CHECK(cudaMalloc(&partial, scratch.partial_bytes));
+    if (scratch.counter_bytes) {
+      CUDA_CHECK(cudaMalloc(&counters, scratch.counter_bytes));
+      CUDA_CHECK(cudaMemset(counters, 0, scratch.counter_bytes));
+    }
+    auto time_config = [&](int m, const mc::bf16_gemv_config::Config* c) {
+      int which = 0;
+      bool graphed = false;
+      const float t = time_graph_ms(
+          [&](cudaStream_t st) {
+            mc::Bf16GemvParams p;
+            p.x = x;
+            p.x_stride = s.k;
+            p.w = dw[which];
+            p.w_stride = s.k;
+            p.y = y;
+            p.y_stride = s.n;
+            p.m = m;
+            p.n = s.n;
+            p.k = s.k;
+            p.partial = partial;
+            p.counters = counters;
+            if (c)
+              mc::bf16_gemv_with(p, *c, st);
+            else
+              mc::bf16_gemv(p, st);
+            which = (which + 1) % reps;
+          },
+          10, graphed);
+      return t * 1e3f;
+    };
+    for (int m : {1, 8}) {
+      if (!sweep) break;
+      namespace bc = mc::bf16_gemv_config;
+      const bc::Config chosen = bc::choose(m, s.n, s.k, limits);
+      const float t_chosen = time_config(m, &chosen);
+      bc::Config best = chosen;
+      float t_best = t_chosen;
+      const int tiles = bc::ceil_div(s.n, bc::kTileRows);
+      for (int spb = chosen.slices; spb >= 1; --spb) {
+        const int splits = bc::ceil_div(chosen.slices, spb);
+        if (spb < chosen.slices && bc::ceil_div(chosen.slices, spb + 1) == splits) continue;
+        for (int tpb = 1; tpb <= std::min(bc::kMaxTilesPerBlock, tiles); ++tpb) {
+          const bc::Config c{chosen.warps, chosen.slices, spb, splits, tpb, bc::ceil_div(tiles, tpb)};
+          const float t = time_config(m, &c);
+          if (t < t_best) {
+            t_best = t;
+            best = c;
+          }
+        }
+      }
+      const double floor_us =
+          (static_cast<double>(wbytes) + m * s.k * 4.0 + m * static_cast<double>(s.n) * 4.0) / (bw * 1e9) *
+          1e6;
+      char name[64], cs[32], bs[32];
+      std::snprintf(name, sizeof name, "%s %dx%d m%d", s.name, s.n, s.k, m);
+      std::snprintf(cs, sizeof cs, "%d/%d/%d/%d", chosen.warps, chosen.slices_per_block, chosen.splits,
+                    chosen.tiles_per_block);
+      std::snprintf(bs, sizeof bs, "%d/%d/%d/%d", best.warps, best.slices_per_block, best.splits,
+                    best.tiles_per_block);
+      std::printf("%-30s %9.2f %9.2f %-24s %9.2f %-24s %4.1f/%4.1f\n", name, floor_us, t_chosen, cs, t_best,
+                  bs, bc::estimate_us(m, s.n, s.k, chosen, limits),
+                  bc::estimate_us(m, s.n, s.k, best, limits));
+    }
+    for (int m : {1, 2, 4, 8}) {
+      if (sweep) break;
+      int which = 0;
+      bool g1 = false, g2 = false;
+      const float t_gemv = time_graph_ms(
+          [&](cudaStream_t st) {
+            mc::Bf16GemvParams p;
+            p.x = x;
+            p.x_stride = s.k;
+            p.w = dw[which];
+            p.w_stride = s.k;
+            p.y = y;
+            p.y_stride = s.n;
+            p.m = m;
+            p.n = s.n;
+            p.k = s.k;
+            p.partial = partial;
+            p.counters = counters;
+            mc::bf16_gemv(p, st);
+            which = (which + 1) % reps;
+          },
+          20, g1);
+      const float t_lt = time_graph_ms(
+          [&](cudaStream_t st) {
+            mc::GemmBf16Params g;
+            g.x_f32 = x;
+            g.x_f32_stride = s.k;
+            g.x_bf16 = xb;
+            g.x_bf16_stride = s.k;
+            g.w = dw[which];
+            g.w_stride = s.k;
+            g.y = y;
+            g.y_stride = s.n;
+            g.m = m;
+            g.n = s.n;
+            g.k = s.k;
+            mc::gemm_bf16(g, lt, st);
+            which = (which + 1) % reps;
+          },
+          20, g2);
+      if (!g1 || !g2) std::printf("(graph capture refused: plain launches)\n");
+      const double bytes = static_cast<double>(wbytes) + m * s.k * 4.0 + m * static_cast<double>(s.n) * 4.0;
+      const double floor_us = bytes / (bw * 1e9) * 1e6;
+      char name[64];
+      std::snprintf(name, sizeof name, "%s %dx%d m%d", s.name, s.n, s.k, m);
+      std::printf("%-30s %8.1f %9.2f %9.2f %6.0f%% %9.2f %6.0f%% %6.2fx\n", name, bytes / 1e6, floor_us,
+                  t_gemv * 1e3, 100.0 * floor_us / (t_gemv * 1e3), t_lt * 1e3,
+                  100.0 * floor_us / (t_lt * 1e3), t_lt / t_gemv);
+    }
+    for (auto* d : dw) cudaFree(d);
+    cudaFree(x);
+    cudaFree(xb);
+    cudaFree(y);
+    cudaFree(partial);
+    cudaFree(counters);
+  }
 }
 
 // MLA decode over the paged fp8 cache. Floor: the KV bytes of every sequence (seq_len * 576) + q + out. Pages
@@ -280,18 +455,122 @@ void bench_mla_absorb(double bw) {
 
 }  // namespace
 
-int main() {
+// FP8-block weights (e4m3, f32 scale per 128 x 128 block) at decode row counts: fp8_block_gemv against the
+// path before it (the weight rows expanded to a bf16 scratch, x cast, a cuBLASLt GEMM), both through
+// linear(). Floor: fp8 weight bytes + scales + x (f32) + y over the copy ceiling.
+void bench_fp8_gemv(double bw) {
+  namespace mc = ms::cuda;
+  struct Shape {
+    const char* name;
+    int n, k;
+  };
+  const Shape shapes[] = {{"q_a", 2048, 6144},      {"kv_a", 576, 6144},         {"q_b", 16384, 2048},
+                          {"o_proj", 6144, 16384},  {"dense gate", 12288, 6144}, {"shared down", 6144, 2048},
+                          {"lm_head", 154880, 6144}};
+  mc::BlasLtHandle lt;
+  std::printf("\n%-30s %8s %9s %9s %7s %9s %7s %7s\n", "fp8-block linear (glm5)", "MB", "floor us", "gemv us",
+              "% copy", "deq+cuBLAS", "% copy", "speedup");
+  for (const auto& s : shapes) {
+    const size_t wbytes = static_cast<size_t>(s.n) * s.k;
+    const size_t sbytes = static_cast<size_t>((s.n + 127) / 128) * ((s.k + 127) / 128) * 4;
+    const int reps = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / wbytes + 1, 1, 16));
+    std::vector<uint8_t*> dw(reps);
+    for (auto& d : dw) {
+      CUDA_CHECK(cudaMalloc(&d, wbytes));
+      CUDA_CHECK(cudaMemset(d, 0x30, wbytes));  // e4m3 0.5
+    }
+    float *scale, *x, *y, *partial = nullptr;
+    uint32_t* counters = nullptr;
+    __nv_bfloat16 *xb, *wb;
+    CUDA_CHECK(cudaMalloc(&scale, sbytes));
+    CUDA_CHECK(cudaMemset(scale, 0x3c, sbytes));  // ~0.0115
+    const int max_m = mc::kBf16GemvMaxM;
+    CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(max_m) * s.k * 4));
+    CUDA_CHECK(cudaMemset(x, 0x3f, static_cast<size_t>(max_m) * s.k * 4));
+    CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(max_m) * s.n * 4));
+    CUDA_CHECK(cudaMalloc(&xb, static_cast<size_t>(max_m) * s.k * 2));
+    CUDA_CHECK(cudaMalloc(&wb, wbytes * 2));
+    const auto scratch = mc::fp8_block_gemv_scratch_bytes(max_m, s.n, s.k);
+    if (scratch.partial_bytes) CUDA_CHECK(cudaMalloc(&partial, scratch.partial_bytes));
+    if (scratch.counter_bytes) {
+      CUDA_CHECK(cudaMalloc(&counters, scratch.counter_bytes));
+      CUDA_CHECK(cudaMemset(counters, 0, scratch.counter_bytes));
+    }
+    for (int m : {1, 8}) {
+      auto time_path = [&](mc::LinearPath path) {
+        int which = 0;
+        bool graphed = false;
+        const float t = time_graph_ms(
+            [&](cudaStream_t st) {
+              mc::LinearParams p;
+              p.x = x;
+              p.x_stride = s.k;
+              p.w.format = mc::WeightFormat::FP8Block;
+              p.w.rows = s.n;
+              p.w.cols = s.k;
+              p.w.data = dw[which];
+              p.w.scale = scale;
+              p.w.block = 128;
+              p.n = s.n;
+              p.y = y;
+              p.y_stride = s.n;
+              p.m = m;
+              p.x_scratch = xb;
+              p.w_scratch = wb;
+              p.gemv_partial = partial;
+              p.gemv_counters = counters;
+              mc::linear(p, path, lt, st);
+              which = (which + 1) % reps;
+            },
+            20, graphed);
+        if (!graphed) std::printf("(graph capture refused: plain launches)\n");
+        return t * 1e3f;
+      };
+      const float t_gemv = time_path(mc::LinearPath::GemvFp8Block);
+      const float t_old = time_path(mc::LinearPath::DequantBlasLt);
+      const double bytes =
+          static_cast<double>(wbytes + sbytes) + m * s.k * 4.0 + m * static_cast<double>(s.n) * 4.0;
+      const double floor_us = bytes / (bw * 1e9) * 1e6;
+      char name[64];
+      std::snprintf(name, sizeof name, "%s %dx%d m%d", s.name, s.n, s.k, m);
+      std::printf("%-30s %8.1f %9.2f %9.2f %6.0f%% %9.2f %6.0f%% %6.2fx\n", name, bytes / 1e6, floor_us,
+                  t_gemv, 100.0 * floor_us / t_gemv, t_old, 100.0 * floor_us / t_old, t_old / t_gemv);
+    }
+    for (auto* d : dw) cudaFree(d);
+    cudaFree(scale);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(xb);
+    cudaFree(wb);
+    cudaFree(partial);
+    cudaFree(counters);
+  }
+}
+
+// Usage: bench_cuda_kernels [section...] with sections nvfp4, bf16, fp8, mla (default: all of them) and
+// bf16sweep (every bf16_gemv configuration, only when named).
+int main(int argc, char** argv) {
   if (ms::cuda::device_count() == 0) {
     std::printf("no CUDA device\n");
     return 0;
   }
+  auto want = [&](const char* section) {
+    if (argc < 2) return true;
+    for (int i = 1; i < argc; ++i)
+      if (std::strcmp(argv[i], section) == 0) return true;
+    return false;
+  };
   auto caps = ms::cuda::query_device(0);
   double bw = measure_copy_gbs();
   std::printf("device: %s (sm_%d, %d SMs, %zu KiB smem/block opt-in)\n", caps.name.c_str(), caps.arch(),
               caps.multiprocessors, caps.smem_per_block_optin / 1024);
   std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", bw);
   std::printf("times: per call, replayed from a CUDA graph of 20-50 calls (decode runs under graphs)\n\n");
-  std::printf("%-34s %8s %10s %10s %10s %8s\n", "kernel", "MB", "floor us", "time us", "GB/s", "% floor");
+  if (want("bf16")) bench_bf16_gemv(bw, false);
+  if (want("fp8")) bench_fp8_gemv(bw);
+  if (argc > 1 && want("bf16sweep")) bench_bf16_gemv(bw, true);
+  if (!want("nvfp4") && !want("mla")) return 0;
+  std::printf("\n%-34s %8s %10s %10s %10s %8s\n", "kernel", "MB", "floor us", "time us", "GB/s", "% floor");
 
   struct Shape {
     const char* name;
@@ -308,6 +587,7 @@ int main() {
   };
   std::mt19937 rng(7);
   for (const auto& s : shapes) {
+    if (!want("nvfp4")) break;
     const size_t wbytes = static_cast<size_t>(s.n) * s.k / 2, sbytes = static_cast<size_t>(s.n) * s.k / 16;
     std::vector<uint8_t> hw(wbytes), hs(sbytes);
     for (auto& b : hw) b = static_cast<uint8_t>(rng());
@@ -320,36 +600,53 @@ int main() {
       CUDA_CHECK(cudaMemcpy(ds[r], hs.data(), sbytes, cudaMemcpyHostToDevice));
     }
     __nv_bfloat16* x;
-    float* y;
+    float *xf, *y;
     CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(s.m) * s.k * 2));
     CUDA_CHECK(cudaMemset(x, 0, static_cast<size_t>(s.m) * s.k * 2));
+    CUDA_CHECK(cudaMalloc(&xf, static_cast<size_t>(s.m) * s.k * 4));
+    CUDA_CHECK(cudaMemset(xf, 0, static_cast<size_t>(s.m) * s.k * 4));
     CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(s.m) * s.n * 4));
     float* ws = nullptr;
     const size_t ws_bytes = ms::cuda::nvfp4_gemv_workspace_bytes(s.m, s.n, s.k);
     if (ws_bytes) CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-    int which = 0;
-    bool graphed = false;
-    float t = time_graph_ms(
-        [&](cudaStream_t st) {
-          ms::cuda::Nvfp4GemvParams p{dw[which], ds[which], 1.f, x, y, s.m, s.n, s.k, ws};
-          ms::cuda::nvfp4_gemv(p, st);
-          which = (which + 1) % s.reps;
-        },
-        50, graphed);
-    if (!graphed) std::printf("(graph capture refused: plain launches)\n");
-    double bytes = static_cast<double>(wbytes + sbytes) + s.m * s.k * 2.0 + s.m * s.n * 4.0;
-    double floor_us = bytes / (bw * 1e9) * 1e6;
-    std::printf("%-34s %8.1f %10.2f %10.2f %10.0f %7.0f%%\n", s.name, bytes / 1e6, floor_us, t * 1e3,
-                bytes / (t * 1e-3) / 1e9, 100.0 * floor_us / (t * 1e3));
+    uint32_t* counters = nullptr;
+    CUDA_CHECK(cudaMalloc(&counters, ms::cuda::nvfp4_gemv_counter_bytes(s.n)));
+    CUDA_CHECK(cudaMemset(counters, 0, ms::cuda::nvfp4_gemv_counter_bytes(s.n)));
+    // bf16 x (cast by the caller) with the reduction pass; f32 x rounded in the kernel, k-slices added by the
+    // last block (what the ops layer runs).
+    for (bool f32x : {false, true}) {
+      int which = 0;
+      bool graphed = false;
+      float t = time_graph_ms(
+          [&](cudaStream_t st) {
+            ms::cuda::Nvfp4GemvParams p{dw[which], ds[which], 1.f, f32x ? nullptr : x, y, s.m, s.n, s.k, ws};
+            p.x_f32 = f32x ? xf : nullptr;
+            p.counters = f32x ? counters : nullptr;
+            ms::cuda::nvfp4_gemv(p, st);
+            which = (which + 1) % s.reps;
+          },
+          50, graphed);
+      if (!graphed) std::printf("(graph capture refused: plain launches)\n");
+      double bytes = static_cast<double>(wbytes + sbytes) + s.m * s.k * (f32x ? 4.0 : 2.0) + s.m * s.n * 4.0;
+      double floor_us = bytes / (bw * 1e9) * 1e6;
+      char name[96];
+      std::snprintf(name, sizeof name, "%s%s", s.name, f32x ? " f32x 1 pass" : "");
+      std::printf("%-34s %8.1f %10.2f %10.2f %10.0f %7.0f%%\n", name, bytes / 1e6, floor_us, t * 1e3,
+                  bytes / (t * 1e-3) / 1e9, 100.0 * floor_us / (t * 1e3));
+    }
     for (int r = 0; r < s.reps; ++r) {
       cudaFree(dw[r]);
       cudaFree(ds[r]);
     }
     cudaFree(x);
+    cudaFree(xf);
     cudaFree(y);
     cudaFree(ws);
+    cudaFree(counters);
   }
-  bench_mla_decode(caps, bw);
-  bench_mla_absorb(bw);
+  if (want("mla")) {
+    bench_mla_decode(caps, bw);
+    bench_mla_absorb(bw);
+  }
   return 0;
 }

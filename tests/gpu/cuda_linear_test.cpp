@@ -3,8 +3,9 @@
 // cuBLASLt bf16 and f32 GEMMs, and the linear() runner on the path linear_plan picks.
 // Tolerances, relative to sum_k |x_k w_k| of each output (not to the possibly cancelling result):
 //   direct kernel and f32 GEMM 1e-4 (f32 accumulation of up to ~1000 terms, typical error ~1e-6);
-//   bf16 GEMM vs the same bf16 inputs in double 5e-5; bf16 paths vs the f32 CPU reference 1e-2 (x and the
-//   weight rounded to bf16, 2^-9 each).
+//   bf16 GEMM and bf16_gemv vs the same bf16 inputs in double 5e-5 (bf16 x bf16 products are exact in f32;
+//   what differs is the order of f32 adds); bf16 paths vs the f32 CPU reference 1e-2 (x and the weight
+//   rounded to bf16, 2^-9 each).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,10 +18,14 @@
 #include "cuda_test_util.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/weight_view.h"
+#include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/blaslt.h"
 #include "kernels/cuda/gemm/dequant_weight.h"
 #include "kernels/cuda/gemm/direct_linear.h"
 #include "kernels/cuda/gemm/linear.h"
+#include "ops/cuda_backend.h"
+#include "ops/linear_weight.h"
+#include "ops/ops.h"
 #include "quant/float_formats.h"
 #include "quant/fp8_block.h"
 #include "quant/nvfp4.h"
@@ -111,11 +116,14 @@ std::string name_of(WeightFormat f) {
 }
 
 // Reference y and sum |terms| in double, from rows [row0, row0 + n) of the CPU-dequantised weight.
-// `round_bf16`: x and w rounded to bf16 first (the inputs a bf16 GEMM sees).
+// `round_bf16`: x and w rounded to bf16 first (the inputs a bf16 GEMM sees); with `round_w` false only x
+// (what the FP8-block GEMV sees: fp8 values exact, the block scale applied in f32).
 void reference(const TestWeight& w, int64_t row0, int64_t n, const std::vector<float>& x, int64_t x_stride,
-               int64_t m, bool round_bf16, std::vector<double>& ref, std::vector<double>& abs_sum) {
+               int64_t m, bool round_bf16, std::vector<double>& ref, std::vector<double>& abs_sum,
+               bool round_w = true) {
   const int64_t k = w.cols;
-  auto rb = [&](float v) { return round_bf16 ? ms::quant::bf16_to_f32(ms::quant::f32_to_bf16(v)) : v; };
+  auto rx = [&](float v) { return round_bf16 ? ms::quant::bf16_to_f32(ms::quant::f32_to_bf16(v)) : v; };
+  auto rb = [&](float v) { return round_w ? rx(v) : v; };
   ref.assign(static_cast<size_t>(m * n), 0.0);
   abs_sum.assign(ref.size(), 0.0);
   for (int64_t j = 0; j < n; ++j) {
@@ -123,7 +131,7 @@ void reference(const TestWeight& w, int64_t row0, int64_t n, const std::vector<f
     for (int64_t i = 0; i < m; ++i) {
       double s = 0, a = 0;
       for (int64_t c = 0; c < k; ++c) {
-        const double t = static_cast<double>(rb(row[c])) * rb(x[i * x_stride + c]);
+        const double t = static_cast<double>(rb(row[c])) * rx(x[i * x_stride + c]);
         s += t;
         a += std::fabs(t);
       }
@@ -433,9 +441,15 @@ TEST(CudaLinear, PlannedPathMatchesCpuLinear) {
       p.m = m;
       p.x_scratch = reinterpret_cast<__nv_bfloat16*>(d_xs.get());
       p.w_scratch = reinterpret_cast<__nv_bfloat16*>(d_ws.get());
+      DeviceBuffer<float> d_part(scratch.gemv_partial_bytes / 4 + 1);
+      DeviceBuffer<uint32_t> d_cnt(scratch.gemv_counter_bytes / 4 + 1);
+      CUDA_CHECK(cudaMemset(d_cnt.get(), 0, d_cnt.size() * 4));
+      p.gemv_partial = d_part.get();
+      p.gemv_counters = d_cnt.get();
       ms::cuda::linear(p, path, lt, nullptr);
       const bool bf16_path =
-          path == ms::cuda::LinearPath::BlasLtBf16 || path == ms::cuda::LinearPath::DequantBlasLt;
+          path == ms::cuda::LinearPath::BlasLtBf16 || path == ms::cuda::LinearPath::DequantBlasLt ||
+          path == ms::cuda::LinearPath::GemvBf16 || path == ms::cuda::LinearPath::GemvFp8Block;
       expect_linear_close(
           d_y.download(), ys, ref, abs_sum, m, n, bf16_path ? 1e-2 : 1e-4,
           "linear " + name_of(f) + " m=" + std::to_string(m) + " path " + ms::cuda::linear_path_name(path));
@@ -447,8 +461,13 @@ TEST(CudaLinear, PlanChoosesByFormatAndRows) {
   using ms::cuda::linear_plan;
   using ms::cuda::LinearPath;
   EXPECT_EQ(linear_plan(WeightFormat::F32, 1, 4096, 4096), LinearPath::BlasLtF32);
-  EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 4096), LinearPath::BlasLtBf16);
-  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 1, 4096, 4096), LinearPath::DequantBlasLt);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 4096), LinearPath::GemvBf16);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 8, 4096, 4096), LinearPath::GemvBf16);
+  EXPECT_EQ(linear_plan(WeightFormat::BF16, 9, 4096, 4096), LinearPath::BlasLtBf16);
+  EXPECT_EQ(ms::cuda::linear_scratch_bytes(LinearPath::GemvBf16, 1, 4096, 4096).x_bytes, 0u);
+  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 1, 4096, 4096), LinearPath::GemvFp8Block);
+  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 8, 4096, 4104), LinearPath::DequantBlasLt);  // k % 16 != 0
+  EXPECT_EQ(linear_plan(WeightFormat::FP8Block, 9, 4096, 4096), LinearPath::DequantBlasLt);
   EXPECT_EQ(linear_plan(WeightFormat::NVFP4, 1, 4096, 4096), LinearPath::DequantBlasLt);
   EXPECT_EQ(linear_plan(WeightFormat::BF16, 1, 4096, 300), LinearPath::Direct);
   EXPECT_EQ(linear_plan(WeightFormat::F32, 64, 512, 512), LinearPath::BlasLtF32);
@@ -482,6 +501,289 @@ TEST(CudaLinear, LaunchersRefuseBadWeights) {
   p.w.scale = dummy;
   p.row0 = 1;  // rows [1, 2) of a 1-row weight
   EXPECT_THROW(ms::cuda::direct_linear(p, nullptr), ms::Error);
+}
+
+// bf16_gemv against the double reference on x rounded to bf16 (5e-5 of sum |terms|) and on f32 x (1e-2):
+// rows [row0, row0 + n) of a taller weight, x rows xs apart starting x_off floats into their buffer (1: the
+// unaligned scalar-load path), y rows ys apart and NaN-poisoned (every output written, nothing past n). With
+// `cfg` the given configuration runs instead of the chooser's. Checks that the split counters are zero
+// again afterwards; returns y.
+std::vector<float> check_bf16_gemv(int m, int rows, int row0, int n, int k, int64_t xs, int64_t ys, int x_off,
+                                   uint32_t seed, const ms::cuda::bf16_gemv_config::Config* cfg = nullptr) {
+  const std::string what =
+      "bf16_gemv m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+      " row0=" + std::to_string(row0) +
+      (cfg ? " warps=" + std::to_string(cfg->warps) + " spb=" + std::to_string(cfg->slices_per_block) +
+                 " tpb=" + std::to_string(cfg->tiles_per_block)
+           : std::string());
+  TestWeight w(WeightFormat::BF16, rows, k, seed);
+  const auto x = random_floats(static_cast<size_t>(m * xs), seed + 1);
+  std::vector<double> ref, abs_sum, ref32, abs32;
+  reference(w, row0, n, x, xs, m, true, ref, abs_sum);
+  reference(w, row0, n, x, xs, m, false, ref32, abs32);
+  std::vector<float> xbuf(static_cast<size_t>(m * xs + x_off), 0.f);
+  std::copy(x.begin(), x.end(), xbuf.begin() + x_off);
+  DeviceBuffer<float> d_x(xbuf), d_y(static_cast<size_t>(m * ys));
+  const auto scratch = ms::cuda::bf16_gemv_scratch_bytes(m, n, k);
+  const size_t part_bytes = std::max(scratch.partial_bytes, cfg ? size_t{4} * cfg->splits * m * n : 0);
+  const size_t cnt_bytes = std::max(scratch.counter_bytes, cfg ? size_t{4} * cfg->row_blocks : 0);
+  DeviceBuffer<float> d_part(part_bytes / 4 + 1);
+  DeviceBuffer<uint32_t> d_cnt(cnt_bytes / 4 + 1);
+  CUDA_CHECK(cudaMemset(d_cnt.get(), 0, d_cnt.size() * 4));
+  ms::cuda::Bf16GemvParams p;
+  p.x = d_x.get() + x_off;
+  p.x_stride = xs;
+  p.w = reinterpret_cast<const __nv_bfloat16*>(w.d_data->get()) + static_cast<size_t>(row0) * k;
+  p.w_stride = k;
+  p.y = d_y.get();
+  p.y_stride = ys;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.partial = d_part.get();
+  p.counters = d_cnt.get();
+  if (cfg)
+    ms::cuda::bf16_gemv_with(p, *cfg, nullptr);
+  else
+    ms::cuda::bf16_gemv(p, nullptr);
+  const auto y = d_y.download();
+  expect_linear_close(y, ys, ref, abs_sum, m, n, 5e-5, what);
+  expect_linear_close(y, ys, ref32, abs32, m, n, 1e-2, what + " vs f32");
+  const auto cnt = d_cnt.download();
+  for (size_t i = 0; i < cnt.size(); ++i) EXPECT_EQ(cnt[i], 0u) << what << ": counter " << i << " left set";
+  return y;
+}
+
+TEST(CudaBf16Gemv, MatchesReferenceForEveryRowCount) {
+  MS_REQUIRE_GPU();
+  // k = 6144 splits k across blocks (a 129-row slice of a 200-row weight), odd n, strided x and y.
+  for (int m = 1; m <= 8; ++m) check_bf16_gemv(m, 200, 37, 129, 6144, 6144 + 4, 129 + 3, 0, 700 + m);
+}
+
+TEST(CudaBf16Gemv, MatchesReferenceOnOddShapes) {
+  MS_REQUIRE_GPU();
+  check_bf16_gemv(3, 90, 5, 77, 136, 136, 77, 0, 710);         // k not a multiple of 128: a part-empty warp
+  check_bf16_gemv(5, 40, 0, 33, 8, 9, 35, 0, 711);             // one 8-wide chunk, one warp
+  check_bf16_gemv(1, 7, 0, 7, 1000, 1000, 7, 0, 712);          // fewer rows than one tile
+  check_bf16_gemv(4, 120, 17, 100, 520, 521, 101, 1, 713);     // x unaligned: scalar loads
+  check_bf16_gemv(2, 300, 0, 300, 16384, 16384, 300, 0, 714);  // 16 slices
+  check_bf16_gemv(8, 2100, 51, 2049, 2048, 2048, 2050, 0, 715);
+  check_bf16_gemv(1, 576, 0, 576, 6144, 6144, 576, 0, 716);    // GLM-5 kv_a
+  check_bf16_gemv(8, 640, 64, 576, 6144, 6144, 1200, 0, 717);  // a row slice of a fused weight
+}
+
+TEST(CudaBf16Gemv, EveryTilingAndSplitMatches) {
+  MS_REQUIRE_GPU();
+  namespace bc = ms::cuda::bf16_gemv_config;
+  // n = 333 (21 tiles), k = 2056 (17 chunks): warps 1..8, slices walked by one block or split across several,
+  // several tiles per block with a short last block.
+  const int n = 333, k = 2056;
+  const int chunks = bc::ceil_div(k, bc::kWarpK), tiles = bc::ceil_div(n, bc::kTileRows);
+  int runs = 0;
+  for (int warps : {8, 5, 2, 1})
+    for (int spb : {1, 2, 3})
+      for (int tpb : {1, 3, 8}) {
+        bc::Config c;
+        c.warps = warps;
+        c.slices = bc::ceil_div(chunks, warps);
+        if (spb > c.slices) continue;
+        c.slices_per_block = spb;
+        c.splits = bc::ceil_div(c.slices, spb);
+        c.tiles_per_block = tpb;
+        c.row_blocks = bc::ceil_div(tiles, tpb);
+        const int m = 1 + runs % 8;
+        check_bf16_gemv(m, n + 9, 9, n, k, k, n + 1, 0, 720 + runs, &c);
+        ++runs;
+      }
+  EXPECT_GE(runs, 20);
+}
+
+TEST(CudaBf16Gemv, SplitSumsAreDeterministic) {
+  MS_REQUIRE_GPU();
+  // The last block of each row block adds the splits in a fixed order: repeated launches give the same bits
+  // (and leave the counters zero for the next, checked inside).
+  // (13 tiles of rows: fewer than half the multiprocessors, so the chooser splits k.)
+  const auto a = check_bf16_gemv(4, 200, 0, 200, 12288, 12288, 200, 0, 730);
+  const auto b = check_bf16_gemv(4, 200, 0, 200, 12288, 12288, 200, 0, 730);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(ms::test::same_float(a[i], b[i])) << "element " << i;
+}
+
+TEST(CudaBf16Gemv, RefusesBadArguments) {
+  MS_REQUIRE_GPU();
+  DeviceBuffer<float> buf(1 << 16);
+  ms::cuda::Bf16GemvParams p;
+  p.x = buf.get();
+  p.x_stride = 64;
+  p.w = reinterpret_cast<const __nv_bfloat16*>(buf.get());
+  p.w_stride = 64;
+  p.y = buf.get() + 8192;
+  p.y_stride = 16;
+  p.m = 9;  // more rows than the GEMV takes
+  p.n = 16;
+  p.k = 64;
+  EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
+  p.m = 1;
+  p.k = 60;  // not a multiple of 8
+  p.x_stride = p.w_stride = 60;
+  EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
+  p.k = p.x_stride = p.w_stride = 64;
+  p.w = reinterpret_cast<const __nv_bfloat16*>(buf.get()) + 1;  // not 16-byte aligned
+  EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
+  p.w = reinterpret_cast<const __nv_bfloat16*>(buf.get());
+  p.k = p.x_stride = p.w_stride = 8192;  // 8 slices: k splits, and the scratch is missing
+  p.y = buf.get() + 40000;
+  EXPECT_THROW(ms::cuda::bf16_gemv(p, nullptr), ms::Error);
+}
+
+// The op as the executor calls it, on decode row counts: rows [row0, row0 + n) of a weight, x a row view of
+// a wider buffer (aligned, and one float off: the NVFP4 path then casts, the BF16 GEMV loads scalars), y a
+// column slice of a wider output (a fused gate_up's half). Each format's GPU path against the double
+// reference: 1e-2 of sum |terms| for the bf16-activation paths (BF16, FP8-block, NVFP4), called twice so the
+// GEMV's split counters are seen left zero by the second call.
+TEST(CudaLinearOp, DecodeRowsOfEveryFormatMatchReference) {
+  MS_REQUIRE_GPU();
+  ms::ops::CudaBackend backend;
+  const ms::ops::Ctx ctx = backend.ctx(nullptr);
+  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::NVFP4, WeightFormat::FP8Block})
+    for (int64_t m : {1, 3, 8})
+      for (int64_t x_off : {0, 1}) {
+        const int64_t rows = 200, k = 2048, row0 = 64, n = 129, xs = k + 4, ys = 2 * n + 8, y_off = 4;
+        TestWeight w(f, rows, k, 800 + static_cast<uint32_t>(m));
+        const auto x = random_floats(static_cast<size_t>(m * xs), 801);
+        std::vector<double> ref, abs_sum;
+        reference(w, row0, n, x, xs, m, false, ref, abs_sum);
+        std::vector<float> xbuf(static_cast<size_t>(m * xs + x_off), 0.f);
+        std::copy(x.begin(), x.end(), xbuf.begin() + x_off);
+        DeviceBuffer<float> d_x(xbuf), d_y(static_cast<size_t>(m * ys));
+        ms::ops::LinearWeight lw;
+        lw.name = "test." + name_of(f);
+        lw.format = static_cast<ms::ops::WeightFormat>(static_cast<int>(f));
+        lw.out = rows;
+        lw.in = k;
+        lw.scale2 = w.scale2;
+        lw.block = 128;
+        const auto cuda = ms::Device::CUDA;
+        switch (f) {
+          case WeightFormat::BF16:
+            lw.weight = ms::Tensor::borrow(w.d_data->get(), {rows, k}, ms::DType::BF16, nullptr, cuda);
+            break;
+          case WeightFormat::NVFP4:
+            lw.weight = ms::Tensor::borrow(w.d_data->get(), {rows, k / 2}, ms::DType::U8, nullptr, cuda);
+            lw.scale =
+                ms::Tensor::borrow(w.d_scale->get(), {rows, k / 16}, ms::DType::F8_E4M3, nullptr, cuda);
+            break;
+          default:
+            lw.weight = ms::Tensor::borrow(w.d_data->get(), {rows, k}, ms::DType::F8_E4M3, nullptr, cuda);
+            lw.scale = ms::Tensor::borrow(w.d_scale->get(), {(rows + 127) / 128, (k + 127) / 128},
+                                          ms::DType::F32, nullptr, cuda);
+            break;
+        }
+        const auto tx =
+            ms::Tensor::borrow(d_x.get() + x_off, {m, xs}, ms::DType::F32, nullptr, cuda).slice(1, 0, k);
+        const auto ty =
+            ms::Tensor::borrow(d_y.get(), {m, ys}, ms::DType::F32, nullptr, cuda).slice(1, y_off, y_off + n);
+        const std::string what =
+            "linear_rows " + name_of(f) + " m=" + std::to_string(m) + " x_off=" + std::to_string(x_off);
+        for (int call = 0; call < 2; ++call) {
+          d_y.poison();
+          ms::ops::linear_rows(ctx, tx, lw, row0, ty);
+          const auto y = d_y.download();
+          // Compare the slice; every column outside it must still be poison.
+          std::vector<float> got(static_cast<size_t>(m * n));
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ys; ++j) {
+              const float v = y[static_cast<size_t>(i * ys + j)];
+              if (j >= y_off && j < y_off + n)
+                got[static_cast<size_t>(i * n + j - y_off)] = v;
+              else
+                ASSERT_TRUE(std::isnan(v)) << what << ": column " << j << " outside the slice written";
+            }
+          expect_linear_close(got, n, ref, abs_sum, m, n, 1e-2, what + " call " + std::to_string(call));
+        }
+      }
+}
+
+// fp8_block_gemv against the double reference on x rounded to bf16 and the exact dequantised weight (5e-5 of
+// sum |terms|: fp8 values are exact in bf16, each 128-wide block's sum is scaled in f32) and on f32 x (1e-2).
+// Rows [row0, row0 + n) of a taller weight (row0 not a multiple of 128: a tile's rows take scales of two
+// row blocks), strided x and NaN-poisoned strided y; counters checked zero afterwards.
+void check_fp8_gemv(int m, int rows, int row0, int n, int k, int64_t xs, int64_t ys, uint32_t seed,
+                    const ms::cuda::bf16_gemv_config::Config* cfg = nullptr) {
+  const std::string what =
+      "fp8_block_gemv m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+      " row0=" + std::to_string(row0) +
+      (cfg ? " warps=" + std::to_string(cfg->warps) + " spb=" + std::to_string(cfg->slices_per_block) +
+                 " tpb=" + std::to_string(cfg->tiles_per_block)
+           : std::string());
+  TestWeight w(WeightFormat::FP8Block, rows, k, seed);
+  const auto x = random_floats(static_cast<size_t>(m * xs), seed + 1);
+  std::vector<double> ref, abs_sum, ref32, abs32;
+  reference(w, row0, n, x, xs, m, true, ref, abs_sum, false);
+  reference(w, row0, n, x, xs, m, false, ref32, abs32);
+  DeviceBuffer<float> d_x(x), d_y(static_cast<size_t>(m * ys));
+  const auto scratch = ms::cuda::fp8_block_gemv_scratch_bytes(m, n, k);
+  const size_t part_bytes = std::max(scratch.partial_bytes, cfg ? size_t{4} * cfg->splits * m * n : 0);
+  const size_t cnt_bytes = std::max(scratch.counter_bytes, cfg ? size_t{4} * cfg->row_blocks : 0);
+  DeviceBuffer<float> d_part(part_bytes / 4 + 1);
+  DeviceBuffer<uint32_t> d_cnt(cnt_bytes / 4 + 1);
+  CUDA_CHECK(cudaMemset(d_cnt.get(), 0, d_cnt.size() * 4));
+  ms::cuda::Fp8BlockGemvParams p;
+  p.x = d_x.get();
+  p.x_stride = xs;
+  p.w = w.d_data->get();
+  p.w_scale = reinterpret_cast<const float*>(w.d_scale->get());
+  p.row0 = row0;
+  p.y = d_y.get();
+  p.y_stride = ys;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.partial = d_part.get();
+  p.counters = d_cnt.get();
+  if (cfg)
+    ms::cuda::fp8_block_gemv_with(p, *cfg, nullptr);
+  else
+    ms::cuda::fp8_block_gemv(p, nullptr);
+  const auto y = d_y.download();
+  expect_linear_close(y, ys, ref, abs_sum, m, n, 5e-5, what);
+  expect_linear_close(y, ys, ref32, abs32, m, n, 1e-2, what + " vs f32");
+  const auto cnt = d_cnt.download();
+  for (size_t i = 0; i < cnt.size(); ++i) EXPECT_EQ(cnt[i], 0u) << what << ": counter " << i << " left set";
+}
+
+TEST(CudaFp8BlockGemv, MatchesReference) {
+  MS_REQUIRE_GPU();
+  for (int m = 1; m <= 8; ++m) check_fp8_gemv(m, 300, 37 + 20 * m, 129, 6144, 6148, 131, 740 + m);
+  check_fp8_gemv(3, 90, 5, 77, 144, 144, 77, 750);  // k past one 128 block, under one warp's 256
+  check_fp8_gemv(5, 40, 0, 33, 16, 17, 35, 751);    // one 16-wide load (x unaligned rows: scalar loads)
+  check_fp8_gemv(2, 500, 130, 300, 2064, 2064, 301, 752);
+  check_fp8_gemv(8, 576, 0, 576, 6144, 6144, 576, 753);  // GLM-5 kv_a
+  check_fp8_gemv(4, 300, 60, 200, 12288, 12288, 200, 754);
+}
+
+TEST(CudaFp8BlockGemv, EveryTilingAndSplitMatches) {
+  MS_REQUIRE_GPU();
+  namespace bc = ms::cuda::bf16_gemv_config;
+  const int n = 333, k = 4112;  // 17 chunks of 256 (the last one 16 wide)
+  const int chunks = bc::ceil_div(k, bc::warp_k(bc::Weights::FP8Block)),
+            tiles = bc::ceil_div(n, bc::kTileRows);
+  int runs = 0;
+  for (int warps : {8, 3, 1})
+    for (int spb : {1, 2})
+      for (int tpb : {1, 3, 8}) {
+        bc::Config c;
+        c.warps = warps;
+        c.slices = bc::ceil_div(chunks, warps);
+        if (spb > c.slices) continue;
+        c.slices_per_block = spb;
+        c.splits = bc::ceil_div(c.slices, spb);
+        c.tiles_per_block = tpb;
+        c.row_blocks = bc::ceil_div(tiles, tpb);
+        check_fp8_gemv(1 + runs % 8, n + 140, 139, n, k, k, n + 1, 760 + runs, &c);
+        ++runs;
+      }
+  EXPECT_GE(runs, 15);
 }
 
 }  // namespace

@@ -46,6 +46,13 @@ void* GrowBuffer::get(size_t bytes, cudaStream_t stream) {
   return ptr_;
 }
 
+void* GrowBuffer::get_zeroed(size_t bytes, cudaStream_t stream) {
+  const size_t before = size_;
+  void* p = get(bytes, stream);
+  if (size_ != before) CUDA_CHECK(cudaMemsetAsync(p, 0, size_, stream));
+  return p;
+}
+
 CudaBackend::Impl::~Impl() {
   for (auto& [k, p] : expert_tables) cudaFree(p);
 }
@@ -71,8 +78,9 @@ Ctx CudaBackend::ctx(void* stream) {
 
 size_t CudaBackend::scratch_bytes() const {
   const Impl& i = *impl_;
-  return i.linear_x.size() + i.linear_w.size() + i.gemv_ws.size() + i.gemv_y.size() + i.attn_ws.size() +
-         i.moe_act.size() + i.moe_slot.size() + i.moe_plan.size() + i.moe_mma.size() + i.route_aux.size();
+  return i.linear_x.size() + i.linear_w.size() + i.gemv_ws.size() + i.gemv_counters.size() +
+         i.attn_ws.size() + i.moe_act.size() + i.moe_slot.size() + i.moe_plan.size() + i.moe_mma.size() +
+         i.route_aux.size();
 }
 
 std::string CudaBackend::device_name() const {

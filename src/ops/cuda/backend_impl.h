@@ -24,6 +24,8 @@ class GrowBuffer {
   GrowBuffer(const GrowBuffer&) = delete;
   GrowBuffer& operator=(const GrowBuffer&) = delete;
   void* get(size_t bytes, cudaStream_t stream);
+  // The same, zero-filled on the stream whenever it (re)allocates: for state its users leave zero again.
+  void* get_zeroed(size_t bytes, cudaStream_t stream);
   size_t size() const { return size_ + retired_bytes_; }  // device bytes held, replaced allocations included
 
  private:
@@ -40,7 +42,8 @@ struct CudaBackend::Impl {
   cuda::BlasLtHandle lt;
   bool keep_replaced = false;  // graphs were captured: growing buffers keep their old allocations
   GrowBuffer linear_x{"linear x scratch", &keep_replaced}, linear_w{"linear weight scratch", &keep_replaced};
-  GrowBuffer gemv_ws{"nvfp4 gemv partial sums", &keep_replaced}, gemv_y{"nvfp4 gemv output", &keep_replaced};
+  GrowBuffer gemv_ws{"gemv partial sums", &keep_replaced},
+      gemv_counters{"gemv split counters", &keep_replaced};
   GrowBuffer attn_ws{"mla attention workspace", &keep_replaced};
   GrowBuffer moe_act{"moe activations", &keep_replaced}, moe_slot{"moe slot outputs", &keep_replaced},
       moe_plan{"moe plan", &keep_replaced};

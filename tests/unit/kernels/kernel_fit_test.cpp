@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cuda/common/kernel_fit.h"
+#include "kernels/cuda/gemm/bf16_gemv_config.h"
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
 #include "kernels/cuda/moe/moe_decode_config.h"
 #include "kernels/cuda/moe/moe_experts_mma_config.h"
@@ -69,6 +70,108 @@ TEST(KernelFit, Nvfp4GemvAvoidsTilesTooLargeForASmallDevice) {
   const auto c = nvfp4_gemv_config::choose(8, 16384, 16384, tiny);
   EXPECT_LE(c.rows_per_block, 32);
   EXPECT_FALSE(why_cannot_run(nvfp4_gemv_config::need(8, c), tiny).has_value());
+}
+
+TEST(KernelFit, Bf16GemvChoosesValidConfigsThatFillEveryPreset) {
+  // GLM-5 BF16 linears (n = outputs, k = inputs): q_a, kv_a, kv_a with the indexer's wk, indexer wk and
+  // weights_proj, q_b, indexer wq_b, o_proj, dense gate/up and down, shared expert gate/up and down, lm_head;
+  // then odd and tiny shapes.
+  const int shapes[][2] = {{2048, 6144},  {576, 6144},  {704, 6144},    {128, 6144},   {32, 6144},
+                           {16384, 2048}, {4096, 2048}, {6144, 16384},  {12288, 6144}, {6144, 12288},
+                           {2048, 6144},  {6144, 2048}, {154880, 6144}, {129, 136},    {7, 8},
+                           {33, 1000},    {300, 16384}, {1, 520}};
+  namespace bc = bf16_gemv_config;
+  int checked = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (const auto& s : shapes)
+      for (int m = 1; m <= bc::kMaxM; ++m) {
+        const int n = s[0], k = s[1];
+        const auto c = bc::choose(m, n, k, dev);
+        const std::string where =
+            dev.name + " m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+        EXPECT_EQ(bc::why_invalid(c, n, k), "") << where;
+        const auto why = why_cannot_run(bc::need(m, c), dev);
+        EXPECT_FALSE(why.has_value()) << where << ": " << *why;
+        // The device-independent scratch bound holds what this device's choice uses.
+        if (c.splits > 1) {
+          EXPECT_LE(static_cast<size_t>(c.splits) * m * n * 4, bc::partial_bytes_bound(m, n, k)) << where;
+          EXPECT_LE(static_cast<size_t>(c.row_blocks) * 4, bc::counter_bytes_bound(n, k)) << where;
+        }
+        // Weights of 16 MB and more stream from (nearly) every multiprocessor; fewer 16-row tiles than half
+        // the multiprocessors split k to find more blocks.
+        const long blocks = static_cast<long>(c.row_blocks) * c.splits;
+        const int tiles = bc::ceil_div(n, bc::kTileRows);
+        if (2.0 * n * k >= 16e6) {
+          EXPECT_GE(blocks, 0.85 * dev.multiprocessors) << where;
+        }
+        if (2 * tiles < dev.multiprocessors && c.slices > 1) {
+          EXPECT_GT(c.splits, 1) << where;
+        }
+        // The estimate is the least of every configuration the chooser walks past.
+        const double best = bc::estimate_us(m, n, k, c, dev);
+        for (int tpb = 1; tpb <= std::min(bc::kMaxTilesPerBlock, tiles); ++tpb) {
+          bc::Config o = c;
+          o.tiles_per_block = tpb;
+          o.row_blocks = bc::ceil_div(tiles, tpb);
+          EXPECT_LE(best, bc::estimate_us(m, n, k, o, dev) * (1 + 1e-6)) << where << " tpb " << tpb;
+        }
+        ++checked;
+      }
+  EXPECT_EQ(checked, 3 * 18 * 8);
+}
+
+TEST(KernelFit, Fp8BlockGemvChoosesValidConfigsOnEveryPreset) {
+  namespace bc = bf16_gemv_config;
+  const auto fp8 = bc::Weights::FP8Block;
+  const int shapes[][2] = {{2048, 6144}, {576, 6144}, {16384, 2048}, {6144, 16384},
+                           {129, 144},   {7, 16},     {33, 4112},    {154880, 6144}};
+  for (const DeviceLimits& dev : target_device_presets())
+    for (const auto& s : shapes)
+      for (int m : {1, 3, 8}) {
+        const int n = s[0], k = s[1];
+        const auto c = bc::choose(m, n, k, dev, fp8);
+        const std::string where =
+            dev.name + " m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+        EXPECT_EQ(bc::why_invalid(c, n, k, fp8), "") << where;
+        EXPECT_FALSE(why_cannot_run(bc::need(m, c, fp8), dev).has_value()) << where;
+        // Each warp owns 256 of k: half the slices of the bf16 kernel's 128.
+        EXPECT_EQ(c.slices, bc::ceil_div(bc::ceil_div(k, 256), c.warps)) << where;
+        if (c.splits > 1) {
+          EXPECT_LE(static_cast<size_t>(c.splits) * m * n * 4, bc::partial_bytes_bound(m, n, k, fp8))
+              << where;
+          EXPECT_LE(static_cast<size_t>(c.row_blocks) * 4, bc::counter_bytes_bound(n, k, fp8)) << where;
+        }
+      }
+  EXPECT_NE(bc::need(1, bc::choose(1, 2048, 6144, limits_h200(), fp8), fp8).kernel.find("fp8_block_gemv"),
+            std::string::npos);
+}
+
+TEST(KernelFit, Bf16GemvSplitsKOnlyWhenRowsAreFew) {
+  namespace bc = bf16_gemv_config;
+  const DeviceLimits h200 = limits_h200();
+  // kv_a (576 rows): 36 tiles cannot fill 132 multiprocessors without splitting k.
+  EXPECT_GT(bc::choose(1, 576, 6144, h200).splits, 1);
+  // One slice of k: nothing to split, no scratch.
+  const auto one = bc::choose(1, 4096, 1024, h200);
+  EXPECT_EQ(one.slices, 1);
+  EXPECT_EQ(one.splits, 1);
+  EXPECT_EQ(bc::partial_bytes_bound(8, 4096, 1024), 0u);
+  EXPECT_EQ(bc::counter_bytes_bound(4096, 1024), 0u);
+  // lm_head, dense MLP: enough rows to fill the device; k is not split (no partial sums, no last-block tail).
+  const auto lm = bc::choose(1, 154880, 6144, h200);
+  EXPECT_EQ(lm.splits, 1);
+  EXPECT_EQ(lm.tiles_per_block, bc::kMaxTilesPerBlock);
+  EXPECT_EQ(bc::choose(1, 12288, 6144, h200).splits, 1);
+  // Short k uses fewer warps (each owns 128 of it) instead of idle ones.
+  EXPECT_EQ(bc::choose(2, 512, 512, h200).warps, 4);
+  EXPECT_EQ(bc::choose(2, 512, 8, h200).warps, 1);
+  // A configuration that does not cover the shape is named.
+  bc::Config bad = bc::choose(1, 2048, 6144, h200);
+  bad.splits += 1;
+  EXPECT_NE(bc::why_invalid(bad, 2048, 6144).find("splits"), std::string::npos);
+  bad = bc::choose(1, 2048, 6144, h200);
+  bad.row_blocks -= 1;
+  EXPECT_NE(bc::why_invalid(bad, 2048, 6144).find("row_blocks"), std::string::npos);
 }
 
 // For every target part, m of ms and (hidden, inter) of shapes (top 8 of 256 NVFP4 experts): choose(shape,

@@ -1,9 +1,10 @@
 // Programmatic dependent launch (PDL), the host side: the launchers under kernels/cuda launch through
-// launch_kernel (all but moe/moe_experts_decode, nvfp4_gemv/ and gemm/, which launch plainly), which asks for
-// cudaLaunchAttributeProgrammaticStreamSerialization when PDL is on (pdl_switch.h) and the current device is
-// sm_90 or newer, else launches plainly. The kernel must follow pdl.cuh's rules (grid_dep_wait before its
-// first global access). Launches stay capturable: stream capture (CUDA 12.3+) records programmatic edges
-// between kernel nodes; the device's architecture is read once per device, never per launch.
+// launch_kernel (all but moe/moe_experts_decode and gemm/'s direct and dequantising kernels, which launch
+// plainly), which asks for cudaLaunchAttributeProgrammaticStreamSerialization when PDL is on (pdl_switch.h)
+// and the current device is sm_90 or newer, else launches plainly. The kernel must follow pdl.cuh's rules
+// (grid_dep_wait before its first global access). Launches stay capturable: stream capture (CUDA 12.3+)
+// records programmatic edges between kernel nodes; the device's architecture is read once per device, never
+// per launch.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -16,6 +16,10 @@ const char* linear_path_name(LinearPath p) {
       return "cublaslt-bf16";
     case LinearPath::DequantBlasLt:
       return "dequant-cublaslt-bf16";
+    case LinearPath::GemvBf16:
+      return "gemv-bf16";
+    case LinearPath::GemvFp8Block:
+      return "gemv-fp8-block";
   }
   return "unknown";
 }
@@ -26,6 +30,14 @@ LinearScratchBytes linear_scratch_bytes(LinearPath path, int64_t m, int64_t n, i
   const size_t nk = static_cast<size_t>(n > 0 ? n : 0) * static_cast<size_t>(k > 0 ? k : 0);
   if (path == LinearPath::BlasLtBf16 || path == LinearPath::DequantBlasLt) s.x_bytes = mk * 2;
   if (path == LinearPath::DequantBlasLt) s.w_bytes = nk * 2;
+  if ((path == LinearPath::GemvBf16 || path == LinearPath::GemvFp8Block) && m > 0 && n > 0 && k > 0 &&
+      m <= kBf16GemvMaxM && n <= INT32_MAX && k <= INT32_MAX) {
+    const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+    const Bf16GemvScratch g = path == LinearPath::GemvBf16 ? bf16_gemv_scratch_bytes(mi, ni, ki)
+                                                           : fp8_block_gemv_scratch_bytes(mi, ni, ki);
+    s.gemv_partial_bytes = g.partial_bytes;
+    s.gemv_counter_bytes = g.counter_bytes;
+  }
   return s;
 }
 
@@ -62,6 +74,52 @@ void linear(const LinearParams& p, LinearPath path, BlasLtHandle& lt, cudaStream
       g.n = p.n;
       g.k = k;
       gemm_f32(g, lt, stream);
+      return;
+    }
+    case LinearPath::GemvBf16: {
+      MS_CHECK(p.w.format == WeightFormat::BF16, "linear: path {} needs bf16 weights, got {}",
+               linear_path_name(path), weight_format_name(p.w.format));
+      if (p.m == 0 || p.n == 0) return;
+      MS_CHECK(p.m <= kBf16GemvMaxM && p.n <= INT32_MAX && k <= INT32_MAX,
+               "linear: path {} takes at most {} rows (m = {}, n = {}, k = {})", linear_path_name(path),
+               kBf16GemvMaxM, p.m, p.n, k);
+      Bf16GemvParams g;
+      g.x = p.x;
+      g.x_stride = p.x_stride;
+      g.w = static_cast<const __nv_bfloat16*>(p.w.data) + p.row0 * k;
+      g.w_stride = k;
+      g.y = p.y;
+      g.y_stride = p.y_stride;
+      g.m = static_cast<int>(p.m);
+      g.n = static_cast<int>(p.n);
+      g.k = static_cast<int>(k);
+      g.partial = p.gemv_partial;
+      g.counters = p.gemv_counters;
+      bf16_gemv(g, stream);
+      return;
+    }
+    case LinearPath::GemvFp8Block: {
+      MS_CHECK(p.w.format == WeightFormat::FP8Block && p.w.block == 128,
+               "linear: path {} needs FP8-block weights with 128 x 128 blocks, got {} (block {})",
+               linear_path_name(path), weight_format_name(p.w.format), p.w.block);
+      if (p.m == 0 || p.n == 0) return;
+      MS_CHECK(p.m <= kBf16GemvMaxM && p.n <= INT32_MAX && k <= INT32_MAX,
+               "linear: path {} takes at most {} rows (m = {}, n = {}, k = {})", linear_path_name(path),
+               kBf16GemvMaxM, p.m, p.n, k);
+      Fp8BlockGemvParams g;
+      g.x = p.x;
+      g.x_stride = p.x_stride;
+      g.w = static_cast<const uint8_t*>(p.w.data);
+      g.w_scale = static_cast<const float*>(p.w.scale);
+      g.row0 = p.row0;
+      g.y = p.y;
+      g.y_stride = p.y_stride;
+      g.m = static_cast<int>(p.m);
+      g.n = static_cast<int>(p.n);
+      g.k = static_cast<int>(k);
+      g.partial = p.gemv_partial;
+      g.counters = p.gemv_counters;
+      fp8_block_gemv(g, stream);
       return;
     }
     case LinearPath::BlasLtBf16:

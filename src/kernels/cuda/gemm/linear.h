@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/weight.h"
+#include "kernels/cuda/gemm/bf16_gemv.h"
 #include "kernels/cuda/gemm/blaslt.h"
 
 namespace ms::cuda {
@@ -19,25 +20,36 @@ enum class LinearPath : uint8_t {
   BlasLtF32,      // f32 weights: cuBLASLt f32 GEMM
   BlasLtBf16,     // bf16 weights: x cast to bf16 scratch, cuBLASLt bf16 GEMM
   DequantBlasLt,  // FP8-block / NVFP4: weight rows dequantised to bf16 scratch, x cast, cuBLASLt bf16 GEMM
+  GemvBf16,       // bf16 weights, decode rows: bf16_gemv (f32 x rounded in registers, one launch)
+  GemvFp8Block,   // FP8-block weights (128 x 128 scales), decode rows: fp8_block_gemv, likewise
 };
 const char* linear_path_name(LinearPath p);
 
 // Every row count goes to cuBLASLt when k keeps every bf16 row 16-byte aligned (f32: k % 4 == 0): in a decode
 // step of a glm5-slice checkpoint on an H200 (2026-11-30) the direct kernel streamed bf16 weights at only
-// 86-535 GB/s at one row, where cuBLASLt's products run near the copy bandwidth. FP8-block and NVFP4 weights
-// are expanded to bf16 first (the ops layer sends NVFP4 decode batches to nvfp4_gemv instead). The direct
-// kernel stays for the shapes cuBLASLt cannot take.
+// 86-535 GB/s at one row, where cuBLASLt's products run near the copy bandwidth. BF16 weights at decode row
+// counts (m <= kBf16GemvMaxM) go to bf16_gemv instead: cuBLASLt needs x cast to bf16 first and picks split-K
+// with a separate reduction kernel there, three launches where the GEMV takes one; FP8-block weights at those
+// counts (k % 16 == 0; the 128-wide blocks the checkpoints use) to fp8_block_gemv, which reads the fp8 bytes
+// instead of expanding the weight. Otherwise FP8-block and NVFP4 weights are expanded to bf16 first (the ops
+// layer sends NVFP4 decode batches to nvfp4_gemv instead). The direct kernel stays for the shapes cuBLASLt
+// cannot take.
 inline LinearPath linear_plan(WeightFormat format, int64_t m, int64_t n, int64_t k) {
   if (m <= 0 || n <= 0) return LinearPath::Direct;
   if (format == WeightFormat::F32) return k % 4 == 0 ? LinearPath::BlasLtF32 : LinearPath::Direct;
   if (k % 8 != 0) return LinearPath::Direct;
-  return format == WeightFormat::BF16 ? LinearPath::BlasLtBf16 : LinearPath::DequantBlasLt;
+  const bool gemv = m <= kBf16GemvMaxM && n <= INT32_MAX && k <= INT32_MAX;
+  if (format == WeightFormat::BF16) return gemv ? LinearPath::GemvBf16 : LinearPath::BlasLtBf16;
+  if (format == WeightFormat::FP8Block && gemv && k % 16 == 0) return LinearPath::GemvFp8Block;
+  return LinearPath::DequantBlasLt;
 }
 
 // Scratch a path needs, in bytes: x_bytes for the bf16 copy of x [m, k] (row stride k), w_bytes for the
-// dequantised weight [n, k] (row stride k). Zero where the path needs none.
+// dequantised weight [n, k] (row stride k), gemv_partial_bytes and gemv_counter_bytes for bf16_gemv's split-K
+// partial sums and its counters (zeroed once, left zero by every launch). Zero where the path needs none.
 struct LinearScratchBytes {
   size_t x_bytes = 0, w_bytes = 0;
+  size_t gemv_partial_bytes = 0, gemv_counter_bytes = 0;
 };
 LinearScratchBytes linear_scratch_bytes(LinearPath path, int64_t m, int64_t n, int64_t k);
 
@@ -52,6 +64,8 @@ struct LinearParams {
   // Scratch for the cuBLASLt paths, linear_scratch_bytes(path, m, n, k) each, 256-byte aligned preferred.
   __nv_bfloat16* __restrict__ x_scratch = nullptr;  // [m, k] row stride k
   __nv_bfloat16* __restrict__ w_scratch = nullptr;  // [n, k] row stride k
+  float* __restrict__ gemv_partial = nullptr;       // GemvBf16 / GemvFp8Block: the GEMV's partial sums
+  uint32_t* __restrict__ gemv_counters = nullptr;   // GemvBf16 / GemvFp8Block: its counters (zeroed)
 };
 
 // Runs `path` (normally linear_plan(p.w.format, p.m, p.n, p.w.cols)); throws when the path does not fit the

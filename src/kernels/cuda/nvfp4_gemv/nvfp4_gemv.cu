@@ -23,6 +23,8 @@
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/ldg.cuh"
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 
@@ -68,6 +70,8 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 template <int M, int KW>
 __global__ void __launch_bounds__(kThreads, 2)
     nvfp4_gemv_splitk_kernel(Nvfp4GemvParams p, int rows_per_block, int splits) {
+  const int64_t x_stride = p.x_f32_stride > 0 ? p.x_f32_stride : p.k;
+  const int64_t y_stride = p.y_stride > 0 ? p.y_stride : p.n;
   constexpr int R = 2 / KW;
   extern __shared__ uint4 smem[];
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);      // [256][32]
@@ -80,22 +84,38 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int k_warp = blockIdx.y * (kWarps * kWarpK * KW) + warp * (kWarpK * KW);
   const int row_base = blockIdx.x * rows_per_block;
   const bool active = k_warp < p.k;
+  // Programmatic dependent launch: the table above touches no global memory; x, y, the workspace and the
+  // counters only after the kernel before this one is done.
+  dev::grid_dep_wait();
+  dev::grid_dep_launch_dependents();
 
-  // B operand: x[g, k_warp + 128 kw + 32 t + 0..31] as 16 bf16 pairs per step (zero past m or k).
+  // B operand: x[g, k_warp + 128 kw + 32 t + 0..31] as 16 bf16 pairs per step (zero past m or k), from
+  // bf16 x or from f32 x rounded here.
   uint32_t b[KW][16];
 #pragma unroll
   for (int kw = 0; kw < KW; ++kw) {
     const int kk = k_warp + kw * kWarpK + 32 * t;
     const bool in = g < M && g < p.m && kk < p.k;
-    const uint4* src =
-        reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(in ? g : 0) * p.k + (in ? kk : 0));
+    if (p.x_f32 != nullptr) {
+      const float4* src = reinterpret_cast<const float4*>(
+          p.x_f32 + static_cast<size_t>(in ? g : 0) * x_stride + (in ? kk : 0));
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 v = in ? __ldg(src + q) : make_uint4(0, 0, 0, 0);
-      b[kw][4 * q] = v.x;
-      b[kw][4 * q + 1] = v.y;
-      b[kw][4 * q + 2] = v.z;
-      b[kw][4 * q + 3] = v.w;
+      for (int q = 0; q < 8; ++q) {
+        const float4 v = in ? __ldg(src + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        b[kw][2 * q] = bf16x2_bits(v.x, v.y);
+        b[kw][2 * q + 1] = bf16x2_bits(v.z, v.w);
+      }
+    } else {
+      const uint4* src =
+          reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(in ? g : 0) * p.k + (in ? kk : 0));
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint4 v = in ? __ldg(src + q) : make_uint4(0, 0, 0, 0);
+        b[kw][4 * q] = v.x;
+        b[kw][4 * q + 1] = v.y;
+        b[kw][4 * q + 2] = v.z;
+        b[kw][4 * q + 3] = v.w;
+      }
     }
   }
   __syncthreads();  // table ready
@@ -173,20 +193,41 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += red[(w * M + col) * rows_per_block + tr];
     if (splits == 1)
-      p.y[static_cast<size_t>(col) * p.n + row] = s * p.w_scale2;
+      p.y[static_cast<size_t>(col) * y_stride + row] = s * p.w_scale2;
     else
       p.workspace[(static_cast<size_t>(blockIdx.y) * p.m + col) * p.n + row] = s;
   }
+  if (splits == 1 || p.counters == nullptr) return;
+  // With counters, the last block of this row block to finish adds the k-slices in slice order (the order
+  // and the arithmetic of the reduction pass, so the bits are the same) and no second kernel runs.
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&p.counters[blockIdx.x], 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < M * rows_per_block; i += kThreads) {
+    const int col = i / rows_per_block, tr = i % rows_per_block, row = row_base + tr;
+    if (col >= p.m || row >= p.n) continue;
+    float s = 0.f;
+    for (int sp = 0; sp < splits; ++sp)
+      s += __ldcg(p.workspace + (static_cast<size_t>(sp) * p.m + col) * p.n + row);
+    p.y[static_cast<size_t>(col) * y_stride + row] = s * p.w_scale2;
+  }
+  if (threadIdx.x == 0) atomicExch(&p.counters[blockIdx.x], 0u);
 }
 
-// y[i] = w_scale2 * sum over slices s (in order) of workspace[s, i], i over m * n.
+// y[i / n, i % n] (rows y_stride apart) = w_scale2 * sum over slices s (in order) of workspace[s, i], i over
+// m * n.
 __global__ void nvfp4_gemv_reduce_kernel(const float* __restrict__ part, float* __restrict__ y, size_t count,
-                                         int splits, float scale2) {
+                                         int n, int64_t y_stride, int splits, float scale2) {
+  dev::grid_dep_enter();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     float s = 0.f;
     for (int sp = 0; sp < splits; ++sp) s += part[sp * count + i];
-    y[i] = s * scale2;
+    y[(i / n) * y_stride + i % n] = s * scale2;
   }
 }
 
@@ -202,8 +243,7 @@ void launch(const Nvfp4GemvParams& p, const Config& c, const DeviceCaps& caps, c
   CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(ceil_div(p.n, c.rows_per_block), c.splits);
-  kernel<<<grid, kThreads, smem, stream>>>(p, c.rows_per_block, c.splits);
-  CUDA_CHECK(cudaGetLastError());
+  launch_kernel("nvfp4_gemv", kernel, grid, dim3(kThreads), smem, stream, p, c.rows_per_block, c.splits);
 }
 
 template <int M>
@@ -216,6 +256,10 @@ void launch_m(const Nvfp4GemvParams& p, const Config& c, const DeviceCaps& caps,
 
 }  // namespace
 
+size_t nvfp4_gemv_counter_bytes(int n) {
+  return static_cast<size_t>(ceil_div(std::max(n, 1), 16)) * sizeof(uint32_t);  // the smallest row block
+}
+
 size_t nvfp4_gemv_workspace_bytes(int m, int n, int k) {
   const int max_splits = ceil_div(std::max(k, 1), kWarps * kWarpK);  // the smallest slice any config uses
   if (max_splits <= 1) return 0;
@@ -227,7 +271,14 @@ void nvfp4_gemv(const Nvfp4GemvParams& p, cudaStream_t stream) {
   MS_CHECK(p.n > 0, "nvfp4_gemv: n = {} must be positive", p.n);
   MS_CHECK(p.m >= 1 && p.m <= kNvfp4GemvMaxM, "nvfp4_gemv: m = {} outside [1, {}]; use the grouped GEMM", p.m,
            kNvfp4GemvMaxM);
-  MS_CHECK(reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+  MS_CHECK((p.x != nullptr) != (p.x_f32 != nullptr), "nvfp4_gemv: set exactly one of x (bf16) and x_f32");
+  MS_CHECK(p.y != nullptr && (p.y_stride == 0 || p.y_stride >= p.n),
+           "nvfp4_gemv: y is null or its row stride {} is smaller than n = {}", p.y_stride, p.n);
+  MS_CHECK(p.x_f32 == nullptr || ((p.x_f32_stride == 0 || p.x_f32_stride >= p.k) && p.x_f32_stride % 4 == 0),
+           "nvfp4_gemv: x_f32 row stride {} must be 0 (k) or at least k = {} and a multiple of 4",
+           p.x_f32_stride, p.k);
+  const void* x = p.x != nullptr ? static_cast<const void*>(p.x) : static_cast<const void*>(p.x_f32);
+  MS_CHECK(reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(p.w_scale) % 2 == 0,
            "nvfp4_gemv: weights and activations must be 16-byte aligned, block scales 2-byte aligned");
   const DeviceCaps caps = current_device_caps();
@@ -250,11 +301,12 @@ void nvfp4_gemv(const Nvfp4GemvParams& p, cudaStream_t stream) {
       launch_m<8>(p, c, caps, stream);
       break;
   }
-  if (c.splits > 1) {
+  if (c.splits > 1 && p.counters == nullptr) {
     const size_t count = static_cast<size_t>(p.m) * p.n;
     const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 4u * caps.multiprocessors));
-    nvfp4_gemv_reduce_kernel<<<blocks, 256, 0, stream>>>(p.workspace, p.y, count, c.splits, p.w_scale2);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel("nvfp4_gemv_reduce", nvfp4_gemv_reduce_kernel, dim3(blocks), dim3(256), 0, stream,
+                  static_cast<const float*>(p.workspace), p.y, count, p.n, p.y_stride > 0 ? p.y_stride : p.n,
+                  c.splits, p.w_scale2);
   }
 }
 
