@@ -29,7 +29,7 @@ void add_device_options(CLI::App& sub, DeviceOptions& o) {
       ->capture_default_str();
   sub.add_option("--gpu-sampling-min-rows", o.gpu_sampling_min_rows,
                  "With --gpu-sampling on: steps with fewer sampling rows than this copy every row in full "
-                 "(on an H200 one row came back faster whole)")
+                 "(1: every step; a larger value sends small steps' rows whole)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   sub.add_option("--attention-backend", o.attention_backend,

@@ -24,7 +24,7 @@ struct DeviceOptions {
   std::string attention_backend = "auto", moe_runner_backend = "auto";
   // --gpu-sampling on|off: candidate summaries of logits rows from the GPU (EngineConfig::logits_summaries).
   std::string gpu_sampling = "on";
-  int gpu_sampling_min_rows = 8;  // runtime::EngineConfig::logits_summary_min_rows
+  int gpu_sampling_min_rows = 1;  // runtime::EngineConfig::logits_summary_min_rows
   // --tp-size / --ep-size (serve, generate, bench-one-batch, profile): the model split over ranks. On the CPU
   // the ranks are threads of this process (runtime::LocalParallelExecutor) unless rank_processes; on the GPU
   // they are always processes (cli/rank_processes.h).

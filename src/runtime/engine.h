@@ -51,10 +51,10 @@ struct EngineConfig {
   // Count the tokens routed to each expert per MoE layer over the run (--expert-distribution-out; every
   // step's ids come back to the host, so steps run without CUDA graphs).
   bool expert_distribution = false;
-  // Steps with fewer sampling rows than this copy full rows: on an H200 (GLM-5 vocabulary 154880) one row
-  // came back faster whole (1.44 ms step against 1.49 ms through the one-block summary kernel), 8 and 64
-  // rows faster as summaries (2.53 against 2.64 ms, 6.24 against 7.96 ms).
-  int logits_summary_min_rows = 8;
+  // Steps with fewer sampling rows than this copy full rows. On an H200 (GLM-5 vocabulary 154880) a row cut
+  // over several blocks by the summary kernel came back faster than the whole row even alone (batch-1 step
+  // 1.303 ms against 1.484 ms), so every step with a summary-capable row takes summaries.
+  int logits_summary_min_rows = 1;
   // Rows whose sampling params allow it come back from the executor as candidate summaries (top 128 tokens
   // and the row's sums) where the executor can make them (the CUDA executor: --gpu-sampling on), instead of
   // full rows; the Sampler decides from them exactly as from the full row, or asks for the full row.

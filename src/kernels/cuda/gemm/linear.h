@@ -33,13 +33,17 @@ const char* linear_path_name(LinearPath p);
 // counts (k % 16 == 0; the 128-wide blocks the checkpoints use) to fp8_block_gemv, which reads the fp8 bytes
 // instead of expanding the weight. Otherwise FP8-block and NVFP4 weights are expanded to bf16 first (the ops
 // layer sends NVFP4 decode batches to nvfp4_gemv instead). The direct kernel stays for the shapes cuBLASLt
-// cannot take.
+// cannot take. Measured on an H200 (bench_cuda_kernels bf16, 2026-12-01): bf16_gemv beats cast + cuBLASLt
+// 1.2-1.65x up to 17 MB of weights (indexer wk, kv_a, indexer wq_b), is even at 25 MB and 0.6-0.9x on the
+// larger ones (q_b, o_proj, the dense MLP, lm_head), so BF16 weights above kBf16GemvMaxBytes keep cuBLASLt.
+constexpr int64_t kBf16GemvMaxBytes = int64_t{20} << 20;
 inline LinearPath linear_plan(WeightFormat format, int64_t m, int64_t n, int64_t k) {
   if (m <= 0 || n <= 0) return LinearPath::Direct;
   if (format == WeightFormat::F32) return k % 4 == 0 ? LinearPath::BlasLtF32 : LinearPath::Direct;
   if (k % 8 != 0) return LinearPath::Direct;
   const bool gemv = m <= kBf16GemvMaxM && n <= INT32_MAX && k <= INT32_MAX;
-  if (format == WeightFormat::BF16) return gemv ? LinearPath::GemvBf16 : LinearPath::BlasLtBf16;
+  if (format == WeightFormat::BF16)
+    return gemv && n * k * 2 <= kBf16GemvMaxBytes ? LinearPath::GemvBf16 : LinearPath::BlasLtBf16;
   if (format == WeightFormat::FP8Block && gemv && k % 16 == 0) return LinearPath::GemvFp8Block;
   return LinearPath::DequantBlasLt;
 }
