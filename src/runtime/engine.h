@@ -53,7 +53,7 @@ struct EngineConfig {
   bool expert_distribution = false;
   // Steps with fewer sampling rows than this copy full rows. On an H200 (GLM-5 vocabulary 154880) a row cut
   // over several blocks by the summary kernel came back faster than the whole row even alone (batch-1 step
-  // 1.303 ms against 1.484 ms), so every step with a summary-capable row takes summaries.
+  // 1.303 ms against 1.524 ms), so every step with a summary-capable row takes summaries.
   int logits_summary_min_rows = 1;
   // Rows whose sampling params allow it come back from the executor as candidate summaries (top 128 tokens
   // and the row's sums) where the executor can make them (the CUDA executor: --gpu-sampling on), instead of
