@@ -122,26 +122,6 @@ const uint32_t* enqueue_chain(Buffers& b, int steps, int plain_every, int snap_a
   return b.buf[steps % 2];
 }
 
-// Edges of `g` by type: {all, programmatic}.
-std::pair<size_t, size_t> count_edges(cudaGraph_t g) {
-  size_t n = 0;
-#if CUDART_VERSION >= 13000
-  CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
-#else
-  CUDA_CHECK(cudaGraphGetEdges_v2(g, nullptr, nullptr, nullptr, &n));
-#endif
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  std::vector<cudaGraphEdgeData> data(n);
-#if CUDART_VERSION >= 13000
-  CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
-#else
-  CUDA_CHECK(cudaGraphGetEdges_v2(g, from.data(), to.data(), data.data(), &n));
-#endif
-  size_t prog = 0;
-  for (size_t i = 0; i < n; ++i) prog += data[i].type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
-  return {n, prog};
-}
-
 // Restores the process-wide switch after a test changes it.
 struct PdlSwitchGuard {
   bool was = ms::cuda::pdl_enabled();
@@ -188,7 +168,7 @@ TEST_P(PdlChain, CapturedGraphMatchesHostAndKeepsProgrammaticEdges) {
     ++pdl_steps;
     if (k > 0 && k - 1 != snap_after) ++pdl_after_kernel;
   }
-  const auto [edges, prog] = count_edges(g);
+  const auto [edges, prog] = ms::cuda::graph_edge_count(g);
   EXPECT_GE(edges, static_cast<size_t>(steps));
   if (ms::cuda::pdl_active()) {
     EXPECT_GE(prog, pdl_after_kernel);

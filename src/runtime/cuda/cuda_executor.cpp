@@ -18,31 +18,6 @@
 
 namespace ms::runtime::cuda {
 
-namespace {
-
-// Edges of `g` that are programmatic (a kernel node's launch overlapping its predecessor's tail).
-int64_t programmatic_edges(cudaGraph_t g) {
-  size_t n = 0;
-#if CUDART_VERSION >= 13000
-  CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
-#else
-  CUDA_CHECK(cudaGraphGetEdges_v2(g, nullptr, nullptr, nullptr, &n));
-#endif
-  if (n == 0) return 0;
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  std::vector<cudaGraphEdgeData> data(n);
-#if CUDART_VERSION >= 13000
-  CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
-#else
-  CUDA_CHECK(cudaGraphGetEdges_v2(g, from.data(), to.data(), data.data(), &n));
-#endif
-  return std::count_if(data.begin(), data.begin() + static_cast<int64_t>(n), [](const cudaGraphEdgeData& e) {
-    return e.type == cudaGraphDependencyTypeProgrammatic;
-  });
-}
-
-}  // namespace
-
 std::vector<int> cuda_graph_buckets(int max_bs) {
   std::vector<int> b;
   for (int s : {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512})
@@ -389,7 +364,7 @@ void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting
     CUDA_CHECK(cudaStreamEndCapture(I.stream, &g));
     int64_t prog = 0;
     try {
-      prog = programmatic_edges(g);
+      prog = static_cast<int64_t>(ms::cuda::graph_edge_count(g).programmatic);
     } catch (...) {
       cudaGraphDestroy(g);
       throw;

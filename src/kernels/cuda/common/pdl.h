@@ -19,6 +19,12 @@ namespace ms::cuda {
 // The current device's architecture (90 for sm_90), read once per device and cached.
 int current_device_arch();
 
+// Edges of a graph (e.g. one captured from a stream): all of them and the programmatic ones among them.
+struct GraphEdgeCount {
+  size_t all = 0, programmatic = 0;
+};
+GraphEdgeCount graph_edge_count(cudaGraph_t g);
+
 // PDL is on (pdl_enabled) and the current device runs dependents early.
 inline bool pdl_active() {
   return pdl_enabled() && pdl_supported_arch(current_device_arch());
