@@ -1,5 +1,7 @@
 #include "ops/cuda_backend.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "ops/cuda/backend_impl.h"
 
@@ -27,6 +29,7 @@ void* GrowBuffer::get(size_t bytes, cudaStream_t stream) {
            "capture must size it",
            name_, bytes, size_);
   CUDA_CHECK(cudaStreamSynchronize(stream));
+  const size_t old = size_;
   if (ptr_ && keep_replaced_ && *keep_replaced_) {
     retired_.push_back(ptr_);
     retired_bytes_ += size_;
@@ -35,12 +38,20 @@ void* GrowBuffer::get(size_t bytes, cudaStream_t stream) {
   }
   ptr_ = nullptr;
   size_ = 0;
-  const size_t want = (bytes + 255) / 256 * 256;
+  // At least 1.5x the old size: a run of ever larger prefills reallocates a few times, not once per size,
+  // and the allocations kept alive under captured graphs add up to less than twice the largest.
+  const size_t exact = (bytes + 255) / 256 * 256;
+  size_t want = std::max(exact, (old + old / 2 + 255) / 256 * 256);
   if (cudaMalloc(&ptr_, want) != cudaSuccess) {
     cudaGetLastError();
-    size_ = 0;
     ptr_ = nullptr;
-    MS_THROW("{}: cannot allocate {:.1f} MiB on the GPU", name_, want / 1048576.0);
+    want = exact;  // the headroom did not fit: the exact size may
+    if (cudaMalloc(&ptr_, want) != cudaSuccess) {
+      cudaGetLastError();
+      size_ = 0;
+      ptr_ = nullptr;
+      MS_THROW("{}: cannot allocate {:.1f} MiB on the GPU", name_, want / 1048576.0);
+    }
   }
   size_ = want;
   return ptr_;
