@@ -41,6 +41,17 @@ LinearScratchBytes linear_scratch_bytes(LinearPath path, int64_t m, int64_t n, i
   return s;
 }
 
+namespace {
+
+// The decode GEMVs (bf16_gemv, fp8_block_gemv) take at most kBf16GemvMaxM rows and 32-bit sizes.
+void check_gemv_shape(const LinearParams& p, LinearPath path, int64_t k) {
+  MS_CHECK(p.m <= kBf16GemvMaxM && p.n <= INT32_MAX && k <= INT32_MAX,
+           "linear: path {} takes at most {} rows (m = {}, n = {}, k = {})", linear_path_name(path),
+           kBf16GemvMaxM, p.m, p.n, k);
+}
+
+}  // namespace
+
 void linear(const LinearParams& p, LinearPath path, BlasLtHandle& lt, cudaStream_t stream) {
   check_weight(p.w, "linear");
   MS_CHECK(p.row0 >= 0 && p.n >= 0 && p.row0 + p.n <= p.w.rows,
@@ -80,9 +91,7 @@ void linear(const LinearParams& p, LinearPath path, BlasLtHandle& lt, cudaStream
       MS_CHECK(p.w.format == WeightFormat::BF16, "linear: path {} needs bf16 weights, got {}",
                linear_path_name(path), weight_format_name(p.w.format));
       if (p.m == 0 || p.n == 0) return;
-      MS_CHECK(p.m <= kBf16GemvMaxM && p.n <= INT32_MAX && k <= INT32_MAX,
-               "linear: path {} takes at most {} rows (m = {}, n = {}, k = {})", linear_path_name(path),
-               kBf16GemvMaxM, p.m, p.n, k);
+      check_gemv_shape(p, path, k);
       Bf16GemvParams g;
       g.x = p.x;
       g.x_stride = p.x_stride;
@@ -103,9 +112,7 @@ void linear(const LinearParams& p, LinearPath path, BlasLtHandle& lt, cudaStream
                "linear: path {} needs FP8-block weights with 128 x 128 blocks, got {} (block {})",
                linear_path_name(path), weight_format_name(p.w.format), p.w.block);
       if (p.m == 0 || p.n == 0) return;
-      MS_CHECK(p.m <= kBf16GemvMaxM && p.n <= INT32_MAX && k <= INT32_MAX,
-               "linear: path {} takes at most {} rows (m = {}, n = {}, k = {})", linear_path_name(path),
-               kBf16GemvMaxM, p.m, p.n, k);
+      check_gemv_shape(p, path, k);
       Fp8BlockGemvParams g;
       g.x = p.x;
       g.x_stride = p.x_stride;
