@@ -23,6 +23,7 @@
 #include "kernels/cuda/gemm/dequant_weight.h"
 #include "kernels/cuda/gemm/direct_linear.h"
 #include "kernels/cuda/gemm/linear.h"
+#include "ops/attention.h"
 #include "ops/cuda_backend.h"
 #include "ops/linear_weight.h"
 #include "ops/ops.h"
@@ -785,6 +786,78 @@ TEST(CudaFp8BlockGemv, EveryTilingAndSplitMatches) {
         ++runs;
       }
   EXPECT_GE(runs, 15);
+}
+
+// The MLA absorption products as the executor calls them (ops::mla_absorb_q / mla_out_v) with a BF16 kv_b
+// and enough tokens to take one batched cuBLASLt GEMM over the heads: against the CPU op on the same inputs,
+// within 1e-2 of the largest |output| (bf16 activations), every output element written (poisoned first).
+TEST(CudaLinearOp, AbsorptionByBatchedGemmMatchesCpu) {
+  MS_REQUIRE_GPU();
+  ms::ops::CudaBackend backend;
+  const ms::ops::Ctx ctx = backend.ctx(nullptr);
+  const auto cuda = ms::Device::CUDA;
+  struct Shape {
+    int64_t heads, nope, rope, v, r;
+  };
+  for (const Shape sh : {Shape{8, 192, 64, 256, 512}, Shape{4, 128, 64, 128, 512}})
+    for (int64_t m : {16, 64, 200}) {
+      const int64_t rows = sh.heads * (sh.nope + sh.v);
+      std::vector<uint16_t> wb(static_cast<size_t>(rows * sh.r));
+      const auto wf = random_floats(wb.size(), 900 + static_cast<uint32_t>(m));
+      std::vector<float> wq(wb.size());
+      for (size_t i = 0; i < wb.size(); ++i) {
+        wb[i] = ms::quant::f32_to_bf16(wf[i] * 0.05f);
+        wq[i] = ms::quant::bf16_to_f32(wb[i]);
+      }
+      ms::ops::LinearWeight host_w;
+      host_w.name = "test.kv_b";
+      host_w.format = ms::ops::WeightFormat::BF16;
+      host_w.out = rows;
+      host_w.in = sh.r;
+      host_w.weight = ms::Tensor::borrow(wb.data(), {rows, sh.r}, ms::DType::BF16);
+      DeviceBuffer<uint16_t> d_w(wb);
+      ms::ops::LinearWeight dev_w = host_w;
+      dev_w.weight = ms::Tensor::borrow(d_w.get(), {rows, sh.r}, ms::DType::BF16, nullptr, cuda);
+      const std::string what = "m=" + std::to_string(m) + " heads=" + std::to_string(sh.heads);
+      auto check = [&](const std::vector<float>& got, const std::vector<float>& want, const std::string& op) {
+        ASSERT_EQ(got.size(), want.size());
+        double top = 0;
+        for (float x : want) top = std::max(top, std::fabs(static_cast<double>(x)));
+        int bad = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+          if (!(std::fabs(static_cast<double>(got[i]) - want[i]) <= 1e-2 * top) && bad++ < 5)
+            ADD_FAILURE() << op << " " << what << " [" << i << "]: gpu " << got[i] << " cpu " << want[i];
+        EXPECT_EQ(bad, 0) << op << " " << what;
+      };
+      {  // absorb_q: q [m, heads, nope + rope] -> q_cat [m, heads, r + rope]
+        auto q = random_floats(static_cast<size_t>(m * sh.heads * (sh.nope + sh.rope)), 910);
+        std::vector<float> want(static_cast<size_t>(m * sh.heads * (sh.r + sh.rope)));
+        ms::ops::mla_absorb_q(ms::ops::Ctx::cpu(),
+                              ms::Tensor::borrow(q.data(), {m, sh.heads, sh.nope + sh.rope}, ms::DType::F32),
+                              host_w, sh.nope, sh.v,
+                              ms::Tensor::borrow(want.data(), {m, sh.heads, sh.r + sh.rope}, ms::DType::F32));
+        DeviceBuffer<float> d_q(q), d_out(want.size());
+        ms::ops::mla_absorb_q(
+            ctx,
+            ms::Tensor::borrow(d_q.get(), {m, sh.heads, sh.nope + sh.rope}, ms::DType::F32, nullptr, cuda),
+            dev_w, sh.nope, sh.v,
+            ms::Tensor::borrow(d_out.get(), {m, sh.heads, sh.r + sh.rope}, ms::DType::F32, nullptr, cuda));
+        check(d_out.download(), want, "absorb_q");
+      }
+      {  // out_v: lat [m, heads, r] -> out [m, heads * v]
+        auto lat = random_floats(static_cast<size_t>(m * sh.heads * sh.r), 920);
+        std::vector<float> want(static_cast<size_t>(m * sh.heads * sh.v));
+        ms::ops::mla_out_v(
+            ms::ops::Ctx::cpu(), ms::Tensor::borrow(lat.data(), {m, sh.heads, sh.r}, ms::DType::F32), host_w,
+            sh.nope, sh.v, ms::Tensor::borrow(want.data(), {m, sh.heads * sh.v}, ms::DType::F32));
+        DeviceBuffer<float> d_lat(lat), d_out(want.size());
+        ms::ops::mla_out_v(
+            ctx, ms::Tensor::borrow(d_lat.get(), {m, sh.heads, sh.r}, ms::DType::F32, nullptr, cuda), dev_w,
+            sh.nope, sh.v,
+            ms::Tensor::borrow(d_out.get(), {m, sh.heads * sh.v}, ms::DType::F32, nullptr, cuda));
+        check(d_out.download(), want, "out_v");
+      }
+    }
 }
 
 }  // namespace

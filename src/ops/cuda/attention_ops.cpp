@@ -1,6 +1,9 @@
 #if MOESERVE_HAVE_CUDA
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/launch.h"
 #include "kernels/cuda/dsa_indexer/dsa_indexer.h"
+#include "kernels/cuda/elementwise/pointwise.h"
+#include "kernels/cuda/gemm/blaslt.h"
 #include "kernels/cuda/kv_store/kv_store.h"
 #include "kernels/cuda/mla_attention/mla_absorb.h"
 #include "kernels/cuda/mla_attention/mla_attention.h"
@@ -91,8 +94,56 @@ void cache_write(const Ctx& ctx, const Tensor& x, const PagedCacheLayer& cache, 
   cuda::kv_store(p, cuda_stream(ctx));
 }
 
+// From this many tokens on, BF16 kv_b products go to one batched cuBLASLt GEMM over the heads (tensor cores)
+// instead of the absorption kernels (f32 on CUDA cores: at 64 tokens 13-27x their floor on an H200).
+constexpr int64_t kAbsorbBlasMinTokens = 16;
+
+bool absorb_by_blaslt(const CudaBackend::Impl& be, const LinearWeight& kv_b, int64_t m) {
+  return !be.exact_linear && kv_b.format == WeightFormat::BF16 && m >= kAbsorbBlasMinTokens &&
+         cuda::is_aligned(kv_b.weight.raw(), 16) && kv_b.in % 8 == 0;
+}
+
 void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int64_t nope, int64_t v,
                   const Tensor& q_cat) {
+  CudaBackend::Impl& be = cuda_impl(ctx);
+  const int64_t m = q.size(0), heads = q.size(1), rope = q.size(2) - nope, r = kv_b.in;
+  if (absorb_by_blaslt(be, kv_b, m) && nope % 8 == 0) {
+    const cudaStream_t stream = cuda_stream(ctx);
+    // q_nope as bf16 [m, heads, nope]; per head h: q_cat[:, h, :r] = q_nope[:, h, :] W_UK_h, W_UK_h the rows
+    // [h (nope + v), + nope) of kv_b ([nope, r] row-major: the weight is k x n); the rope part is copied.
+    auto* xb =
+        static_cast<__nv_bfloat16*>(be.linear_x.get(static_cast<size_t>(m * heads * nope) * 2, stream));
+    cuda::CastBf16Params c;
+    c.x = q.data<float>();
+    c.x_stride = nope + rope;
+    c.out = xb;
+    c.out_stride = nope;
+    c.m = m * heads;
+    c.n = nope;
+    cuda::cast_f32_to_bf16(c, stream);
+    cuda::GemmBf16BatchedParams g;
+    g.x = xb;
+    g.x_stride = heads * nope;
+    g.x_batch_stride = nope;
+    g.w = static_cast<const __nv_bfloat16*>(kv_b.weight.raw());
+    g.w_stride = r;
+    g.w_batch_stride = (nope + v) * r;
+    g.w_kn = true;
+    g.y = q_cat.data<float>();
+    g.y_stride = heads * (r + rope);
+    g.y_batch_stride = r + rope;
+    g.m = m;
+    g.n = r;
+    g.k = nope;
+    g.batch = heads;
+    cuda::gemm_bf16_batched(g, be.lt, stream);
+    if (rope > 0)
+      CUDA_CHECK(cudaMemcpy2DAsync(q_cat.data<float>() + r, static_cast<size_t>(r + rope) * 4,
+                                   q.data<float>() + nope, static_cast<size_t>(nope + rope) * 4,
+                                   static_cast<size_t>(rope) * 4, static_cast<size_t>(m * heads),
+                                   cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
   cuda::MlaAbsorbQParams p;
   p.q = q.data<float>();
   p.kv_b = dense_view(kv_b);
@@ -108,6 +159,39 @@ void mla_absorb_q(const Ctx& ctx, const Tensor& q, const LinearWeight& kv_b, int
 
 void mla_out_v(const Ctx& ctx, const Tensor& lat, const LinearWeight& kv_b, int64_t nope, int64_t v,
                const Tensor& out) {
+  CudaBackend::Impl& be = cuda_impl(ctx);
+  const int64_t m = lat.size(0), heads = lat.size(1), r = kv_b.in;
+  if (absorb_by_blaslt(be, kv_b, m)) {
+    const cudaStream_t stream = cuda_stream(ctx);
+    // lat as bf16 [m, heads, r]; per head h: out[:, h v .. h v + v] = lat[:, h, :] W_UV_h^T, W_UV_h the rows
+    // [h (nope + v) + nope, + v) of kv_b ([v, r] row-major: the checkpoint layout of a linear).
+    auto* xb = static_cast<__nv_bfloat16*>(be.linear_x.get(static_cast<size_t>(m * heads * r) * 2, stream));
+    cuda::CastBf16Params c;
+    c.x = lat.data<float>();
+    c.x_stride = r;
+    c.out = xb;
+    c.out_stride = r;
+    c.m = m * heads;
+    c.n = r;
+    cuda::cast_f32_to_bf16(c, stream);
+    cuda::GemmBf16BatchedParams g;
+    g.x = xb;
+    g.x_stride = heads * r;
+    g.x_batch_stride = r;
+    g.w = static_cast<const __nv_bfloat16*>(kv_b.weight.raw()) + nope * r;
+    g.w_stride = r;
+    g.w_batch_stride = (nope + v) * r;
+    g.w_kn = false;
+    g.y = out.data<float>();
+    g.y_stride = heads * v;
+    g.y_batch_stride = v;
+    g.m = m;
+    g.n = v;
+    g.k = r;
+    g.batch = heads;
+    cuda::gemm_bf16_batched(g, be.lt, stream);
+    return;
+  }
   cuda::MlaOutVParams p;
   p.lat = lat.data<float>();
   p.kv_b = dense_view(kv_b);

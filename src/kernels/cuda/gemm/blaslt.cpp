@@ -67,6 +67,7 @@ struct BlasLtHandle::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  std::map<std::array<int64_t, 15>, std::unique_ptr<Plan>> batched;
 
   // y [m, n] = x [m, k] W^T, x and W of `type`, f32 accumulation and output.
   void run(cudaDataType_t type, const void* x, int64_t x_stride, const void* w, int64_t w_stride, float* y,
@@ -135,6 +136,7 @@ BlasLtHandle::BlasLtHandle(size_t workspace_bytes) : impl_(std::make_unique<Impl
 
 BlasLtHandle::~BlasLtHandle() {
   impl_->plans.clear();
+  impl_->batched.clear();
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->handle) cublasLtDestroy(impl_->handle);
 }
@@ -144,7 +146,85 @@ size_t BlasLtHandle::workspace_bytes() const {
 }
 
 size_t BlasLtHandle::cached_plans() const {
-  return impl_->plans.size();
+  return impl_->plans.size() + impl_->batched.size();
+}
+
+void gemm_bf16_batched(const GemmBf16BatchedParams& p, BlasLtHandle& lt, cudaStream_t stream) {
+  MS_CHECK(p.m >= 0 && p.n >= 0 && p.k > 0 && p.batch >= 0,
+           "gemm_bf16_batched: m = {}, n = {}, k = {}, batch = {} (k must be positive)", p.m, p.n, p.k,
+           p.batch);
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return;
+  MS_CHECK(p.x && p.w && p.y, "gemm_bf16_batched: x, w and y must be set");
+  MS_CHECK(p.x_stride >= p.k && p.y_stride >= p.n && p.w_stride >= (p.w_kn ? p.n : p.k),
+           "gemm_bf16_batched: strides x {} w {} y {} are narrower than their rows (m {}, n {}, k {})",
+           p.x_stride, p.w_stride, p.y_stride, p.m, p.n, p.k);
+  BlasLtHandle::Impl& I = lt.impl();
+  const uint32_t ax = alignment_of(p.x), aw = alignment_of(p.w), ay = alignment_of(p.y);
+  const std::array<int64_t, 15> key{p.m,
+                                    p.n,
+                                    p.k,
+                                    p.batch,
+                                    p.x_stride,
+                                    p.w_stride,
+                                    p.y_stride,
+                                    p.x_batch_stride,
+                                    p.w_batch_stride,
+                                    p.y_batch_stride,
+                                    p.w_kn,
+                                    ax,
+                                    aw,
+                                    ay,
+                                    0};
+  auto it = I.batched.find(key);
+  if (it == I.batched.end()) {
+    auto plan = std::make_unique<Plan>();
+    LT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // Column-major: D_b [n, m] = op(A_b) [n, k] x B_b [k, m]; A as stored is [k, n] (ld w_stride, op T) for W
+    // [n, k] row-major, or [n, k] (ld w_stride, op N) for W [k, n] row-major.
+    const cublasOperation_t ta = p.w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (p.w_kn) {
+      LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, static_cast<uint64_t>(p.n),
+                                          static_cast<uint64_t>(p.k), p.w_stride));
+    } else {
+      LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, static_cast<uint64_t>(p.k),
+                                          static_cast<uint64_t>(p.n), p.w_stride));
+    }
+    LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, static_cast<uint64_t>(p.k),
+                                        static_cast<uint64_t>(p.m), p.x_stride));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, static_cast<uint64_t>(p.n),
+                                        static_cast<uint64_t>(p.m), p.y_stride));
+    const int32_t batch = static_cast<int32_t>(p.batch);
+    const struct {
+      cublasLtMatrixLayout_t l;
+      int64_t stride;
+    } layouts[] = {{plan->a, p.w_batch_stride}, {plan->b, p.x_batch_stride}, {plan->d, p.y_batch_stride}};
+    for (const auto& l : layouts) {
+      LT_CHECK(
+          cublasLtMatrixLayoutSetAttribute(l.l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+      LT_CHECK(cublasLtMatrixLayoutSetAttribute(l.l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &l.stride,
+                                                sizeof l.stride));
+    }
+    Preference pref;
+    pref.set<uint64_t>(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, I.workspace_bytes);
+    pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aw);
+    pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ax);
+    pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ay);
+    pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ay);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(I.handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
+                                            pref.pref, 1, &result, &found));
+    MS_CHECK(found > 0, "cuBLASLt has no algorithm for a batched bf16 GEMM m={} n={} k={} batch={}", p.m, p.n,
+             p.k, p.batch);
+    plan->algo = result.algo;
+    it = I.batched.emplace(key, std::move(plan)).first;
+  }
+  const Plan& plan = *it->second;
+  const float alpha = 1.0f, beta = 0.0f;
+  LT_CHECK(cublasLtMatmul(I.handle, plan.desc, &alpha, p.w, plan.a, p.x, plan.b, &beta, p.y, plan.d, p.y,
+                          plan.d, &plan.algo, I.workspace, I.workspace_bytes, stream));
 }
 
 void gemm_bf16(const GemmBf16Params& p, BlasLtHandle& lt, cudaStream_t stream) {

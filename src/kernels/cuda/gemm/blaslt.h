@@ -48,6 +48,22 @@ struct GemmBf16Params {
 };
 void gemm_bf16(const GemmBf16Params& p, BlasLtHandle& lt, cudaStream_t stream);
 
+// A batch of bf16 GEMMs with f32 output, one per b in [0, batch): y_b [m, n] = x_b [m, k] W_b^T, where
+// x_b = x + b * x_batch_stride ([m, k] rows x_stride apart), y_b likewise, and W_b = w + b * w_batch_stride
+// either [n, k] rows w_stride apart (w_kn false, the checkpoint layout of a linear) or [k, n] rows w_stride
+// apart (w_kn true: y_b = x_b W_b). One cuBLASLt call; capturable.
+struct GemmBf16BatchedParams {
+  const __nv_bfloat16* __restrict__ x = nullptr;
+  int64_t x_stride = 0, x_batch_stride = 0;
+  const __nv_bfloat16* __restrict__ w = nullptr;
+  int64_t w_stride = 0, w_batch_stride = 0;
+  bool w_kn = false;
+  float* __restrict__ y = nullptr;
+  int64_t y_stride = 0, y_batch_stride = 0;
+  int64_t m = 0, n = 0, k = 0, batch = 0;
+};
+void gemm_bf16_batched(const GemmBf16BatchedParams& p, BlasLtHandle& lt, cudaStream_t stream);
+
 struct GemmF32Params {
   const float* __restrict__ x = nullptr;  // [m, k] rows x_stride apart
   int64_t x_stride = 0;
