@@ -19,6 +19,10 @@ void add_device_options(CLI::App& sub, DeviceOptions& o) {
   sub.add_flag("--disable-pdl", o.disable_pdl,
                "Launch kernels plainly instead of as programmatic dependents (sm_90+: a kernel's launch and "
                "prologue overlap the previous kernel's tail); MOESERVE_DISABLE_PDL=1 does the same");
+  sub.add_flag(
+      "--disable-shared-expert-fusion", o.disable_shared_expert_fusion,
+      "On the GPU, run each MoE layer's shared expert as a separate MLP instead of as one more expert "
+      "of the grouped expert kernels (every token routed to it with weight 1)");
   sub.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs,
                  "Largest decode batch replayed from a CUDA graph")
       ->capture_default_str();
@@ -92,6 +96,7 @@ runtime::cuda::CudaExecutorOptions cuda_options(const DeviceOptions& o) {
   runtime::cuda::CudaExecutorOptions co;
   co.cuda_graphs = !o.disable_cuda_graph;
   co.pdl = !o.disable_pdl;
+  co.fuse_shared_expert = !o.disable_shared_expert_fusion;
   co.cuda_graph_max_bs = o.cuda_graph_max_bs;
   co.attention_kernel = o.attention_backend;
   return co;

@@ -20,6 +20,9 @@ struct DeviceOptions {
   std::string device = "auto";  // auto: cuda where a GPU is visible and the build has CUDA, else cpu
   bool disable_cuda_graph = false;
   bool disable_pdl = false;  // --disable-pdl: kernels launch plainly (CudaExecutorOptions::pdl)
+  // --disable-shared-expert-fusion: the shared expert as its own MLP
+  // (CudaExecutorOptions::fuse_shared_expert)
+  bool disable_shared_expert_fusion = false;
   int cuda_graph_max_bs = 64;
   std::string attention_backend = "auto", moe_runner_backend = "auto";
   // --gpu-sampling on|off: candidate summaries of logits rows from the GPU (EngineConfig::logits_summaries).

@@ -115,6 +115,7 @@ Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
     cfg_ = shard_config(cfg_, w_.shard);
   }
   if (w_.shard.ep_size > 1) build_expert_routes();
+  if (opt_.fuse_shared_expert) build_fused_experts();
   scales_ =
       make_attention_scales(cfg_, opt_.indexer_rope_interleaved.value_or(default_indexer_interleaved(cfg_)));
   router_ = make_router_config(cfg_);
@@ -129,6 +130,24 @@ Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
         cfg_.indexer_types.empty() || static_cast<int>(cfg_.indexer_types.size()) == cfg_.num_hidden_layers,
         "model config: indexer_types has {} entries for {} layers", cfg_.indexer_types.size(),
         cfg_.num_hidden_layers);
+}
+
+void Model::build_fused_experts() {
+  fused_experts_.assign(w_.layers.size(), {});
+  if (w_.shard.ep_size > 1) return;  // the shared expert is added on one rank only
+  auto same = [](const ops::LinearWeight& a, const ops::LinearWeight& b) {
+    return a.format == b.format && a.block == b.block && a.out == b.out && a.in == b.in;
+  };
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const LayerWeights& L = w_.layers[l];
+    if (!L.is_moe || !L.moe.has_shared || L.moe.experts.empty()) continue;
+    const ops::ExpertWeights& e0 = L.moe.experts.front();
+    const MlpWeights& s = L.moe.shared;
+    if (!same(s.gate, e0.gate) || !same(s.up, e0.up) || !same(s.down, e0.down)) continue;
+    std::vector<ops::ExpertWeights> all = L.moe.experts;
+    all.push_back(ops::ExpertWeights{s.gate, s.up, s.down});
+    fused_experts_[l] = std::move(all);
+  }
 }
 
 void Model::build_expert_routes() {
@@ -446,13 +465,23 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
       if (routing.expert_distribution) routing.expert_distribution->record(l, ws.host_ids.data(), m, K);
       if (stats) record_stats(ctx, l, in, ws, plain, routing);
       if (opt_.router_probe) opt_.router_probe(RouterProbe{l, &logits, ws.host_ids.data()});
+      const std::vector<ops::ExpertWeights>* fused =
+          fused_experts_.empty() || fused_experts_[static_cast<size_t>(l)].empty()
+              ? nullptr
+              : &fused_experts_[static_cast<size_t>(l)];
       {
         NamedOp op(sink, l, "moe.experts", [&] {
           const int distinct = moe::count_distinct_experts(ws.host_ids.data(), static_cast<int>(m), K, E);
-          return costs::moe_experts(c, mw.experts, m, distinct);
+          // Fused: the shared expert is one more expert every token takes.
+          return fused ? costs::moe_experts(c, *fused, m, distinct + 1, K + 1)
+                       : costs::moe_experts(c, mw.experts, m, distinct, K);
         });
         ops::fill_zero(ctx, ffn);
-        if (sp.ep_size > 1) {
+        if (fused) {
+          const Tensor ids_x = rows(ws.topk_ids_ext, m), wts_x = rows(ws.topk_weights_ext, m);
+          ops::append_expert_slot(ctx, ids, wts, E, 1.0f, ids_x, wts_x);
+          ops::moe_experts(ctx, xn, ids_x, wts_x, *fused, ffn, ws.moe);
+        } else if (sp.ep_size > 1) {
           // Routing is the same on every rank; each runs only its own experts (other ranks' slots -> -1).
           const Tensor local = rows(ws.local_ids, m);
           const ExpertRoute& route = expert_route_[static_cast<size_t>(l)];
@@ -466,7 +495,7 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
         }
       }
       // The shared expert is replicated: under EP one rank adds it before the sum.
-      if (mw.has_shared && (sp.ep_size == 1 || sp.ep_rank == 0)) {
+      if (mw.has_shared && !fused && (sp.ep_size == 1 || sp.ep_rank == 0)) {
         const Tensor sh = rows(ws.shared, m);
         run_mlp(ctx, sink, l, "moe.shared", xn, mw.shared, ws, sh);
         NamedOp op(sink, l, "moe.shared_add",

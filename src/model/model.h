@@ -51,6 +51,11 @@ struct ModelOptions {
   // to an f32 scratch buffer (op `attn.debug_pool_cast`), the needless work the profiler must catch. Also
   // turned on by the environment variable MOESERVE_DEBUG_PLANT_POOL_CAST=1.
   bool debug_cast_whole_pool = false;
+  // Run each MoE layer's shared expert as one more expert of the grouped op (every token routed to it with
+  // weight 1: one launch reads it once for all tokens, instead of a dense MLP of its own) where it has the
+  // routed experts' width and storage format and the experts are not split over EP ranks. The GPU executor
+  // turns it on; the CPU reference keeps the separate MLP.
+  bool fuse_shared_expert = false;
 };
 
 // MoE routing choices of one step. Decode tokens may use Opportunistic Expert Activation, with the base set
@@ -117,6 +122,10 @@ class Model {
     Tensor slots;   // i32 [E, max copies] this rank's slot of copy c of expert e, -1 elsewhere
   };
   std::vector<ExpertRoute> expert_route_;
+  // fuse_shared_expert, one per layer (empty where the layer's shared expert runs as its own MLP): the routed
+  // experts followed by the shared one, as the grouped op takes them.
+  std::vector<std::vector<ops::ExpertWeights>> fused_experts_;
+  void build_fused_experts();
 };
 
 }  // namespace ms::model

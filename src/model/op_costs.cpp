@@ -139,11 +139,11 @@ profiler::OpCost route(const io::ModelConfig& c, int64_t m) {
 }
 
 profiler::OpCost moe_experts(const io::ModelConfig& c, std::span<const ops::ExpertWeights> experts, int64_t m,
-                             int distinct) {
+                             int distinct, int slots_per_token) {
   const ops::ExpertWeights& e0 = experts.front();
   const double per_expert = e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
   const double H = static_cast<double>(c.hidden_size);
-  const double slots = static_cast<double>(m) * c.num_experts_per_tok;
+  const double slots = static_cast<double>(m) * slots_per_token;
   // Floor: the weights of the experts routed to (not all E), x read, out read and written. Moved: each
   // (token, expert) slot gathers its row, writes its result and adds it into out.
   return {distinct * per_expert + 12.0 * m * H, distinct * per_expert + 20.0 * slots * H,

@@ -46,7 +46,8 @@ profiler::OpCost mla(const io::ModelConfig& c, const StepShape& s, double cache_
 profiler::OpCost out_v(const io::ModelConfig& c, const ops::LinearWeight& kv_b, int64_t m);
 profiler::OpCost route(const io::ModelConfig& c, int64_t m);
 // `distinct` experts routed to (their weights are the floor), m tokens x top_k slots.
+// `distinct` of `experts` run, each token taking `slots_per_token` of them.
 profiler::OpCost moe_experts(const io::ModelConfig& c, std::span<const ops::ExpertWeights> experts, int64_t m,
-                             int distinct);
+                             int distinct, int slots_per_token);
 
 }  // namespace ms::model::costs

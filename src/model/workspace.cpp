@@ -45,6 +45,10 @@ Workspace Workspace::make(const io::ModelConfig& c, const WorkspaceLimits& lim, 
     w.router_logits = f32(E);
     w.topk_ids = alloc({T, K}, DType::I32);
     w.topk_weights = alloc({T, K}, DType::F32);
+    if (shared_inter > 0) {  // the router's choice plus the shared expert (ModelOptions::fuse_shared_expert)
+      w.topk_ids_ext = alloc({T, K + 1}, DType::I32);
+      w.topk_weights_ext = alloc({T, K + 1}, DType::F32);
+    }
     w.plain_ids = alloc({T, K}, DType::I32);
     w.local_ids = alloc({T, K}, DType::I32);
     w.moe = ops::MoeScratch::make(alloc, T, K, E, H, c.moe_intermediate_size);
@@ -88,6 +92,8 @@ size_t Workspace::bytes() const {
                           &router_logits,
                           &topk_ids,
                           &topk_weights,
+                          &topk_ids_ext,
+                          &topk_weights_ext,
                           &plain_ids,
                           &local_ids,
                           &last,

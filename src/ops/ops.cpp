@@ -211,6 +211,34 @@ void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tenso
   }
 }
 
+void append_expert_slot(const Ctx& ctx, const Tensor& ids, const Tensor& wts, int32_t id, float weight,
+                        const Tensor& ids_out, const Tensor& wts_out) {
+  check_device(ctx, "append_expert_slot", {&ids, &wts, &ids_out, &wts_out});
+  MS_CHECK(ids.dtype() == DType::I32 && ids.dim() == 2 && ids.is_contiguous() && wts.dtype() == DType::F32 &&
+               wts.is_contiguous() && wts.shape() == ids.shape(),
+           "append_expert_slot: ids {} and wts {} must be contiguous i32 / f32 [m, k] of one shape",
+           ids.desc(), wts.desc());
+  const int64_t m = ids.size(0), k = ids.size(1);
+  const std::vector<int64_t> wide{m, k + 1};
+  MS_CHECK(ids_out.dtype() == DType::I32 && ids_out.is_contiguous() && ids_out.shape() == wide &&
+               wts_out.dtype() == DType::F32 && wts_out.is_contiguous() && wts_out.shape() == wide,
+           "append_expert_slot: ids_out {} and wts_out {} must be contiguous i32 / f32 [{}, {}]",
+           ids_out.desc(), wts_out.desc(), m, k + 1);
+  MS_OPS_ON_CUDA(ctx, cuda_ops::append_expert_slot(ctx, ids, wts, id, weight, ids_out, wts_out));
+  const int32_t* in = ids.data<int32_t>();
+  const float* w = wts.data<float>();
+  int32_t* io = ids_out.data<int32_t>();
+  float* wo = wts_out.data<float>();
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      io[t * (k + 1) + j] = in[t * k + j];
+      wo[t * (k + 1) + j] = w[t * k + j];
+    }
+    io[t * (k + 1) + k] = id;
+    wo[t * (k + 1) + k] = weight;
+  }
+}
+
 void remap_ids_replicated(const Ctx& ctx, const Tensor& ids, const Tensor& copies, const Tensor& slots,
                           const Tensor& out) {
   check_device(ctx, "remap_ids_replicated", {&ids, &copies, &slots, &out});

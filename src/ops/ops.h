@@ -59,6 +59,11 @@ void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tenso
 // contiguous; copies i32 [E], each in [1, R]; slots i32 [E, R] contiguous; every id below E.
 void remap_ids_replicated(const Ctx& ctx, const Tensor& ids, const Tensor& copies, const Tensor& slots,
                           const Tensor& out);
+// ids_out [m, k + 1] = (ids [m, k], id) and wts_out [m, k + 1] = (wts [m, k], weight) row by row: a router's
+// choice widened by one expert every token takes (the shared expert run as a routed one). i32 / f32,
+// contiguous.
+void append_expert_slot(const Ctx& ctx, const Tensor& ids, const Tensor& wts, int32_t id, float weight,
+                        const Tensor& ids_out, const Tensor& wts_out);
 // out [n, cols] = x[rows[i]] for rows i32 [n], each in [0, x.size(0)); x [m, cols] f32 contiguous.
 void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tensor& out);
 

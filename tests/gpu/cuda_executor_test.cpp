@@ -25,6 +25,7 @@
 #include "model/load_model.h"
 #include "model/random_weights.h"
 #include "model/weight_loader.h"
+#include "profiler/op_record.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/cuda/cuda_executor.h"
 #include "runtime/engine.h"
@@ -282,6 +283,61 @@ TEST_P(CudaGolden, ProgrammaticDependentLaunchChangesNoResult) {
   for (size_t i = 0; i < f->prompts.size(); ++i) {
     EXPECT_EQ(on.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (PDL on)";
     EXPECT_EQ(off.at(i), f->greedy[i]) << GetParam() << " prompt " << i << " (PDL off)";
+  }
+}
+
+// The shared expert run as one more expert of the grouped kernels (CudaExecutorOptions::fuse_shared_expert,
+// on by default; every fixture has one shared expert as wide as the routed ones) gives the logits of the
+// separate MLP, in exact mode eagerly and replayed from graphs, and the fused step records no op of the
+// shared MLP (so the fusion did happen).
+TEST_P(CudaGolden, SharedExpertFusionChangesNoResult) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto f = load_fixture(GetParam());
+  if (!f) GTEST_SKIP() << "fixture " << GetParam() << " is absent";
+  model::Model m(f->cfg, model::load_weights(f->cfg, *f->src));
+  struct Names final : profiler::OpSink {
+    std::vector<std::string> seen;
+    void op_begin(const profiler::OpInfo& info) override { seen.emplace_back(info.name); }
+    void op_end() noexcept override {}
+  };
+  std::vector<int32_t> ids = f->prompts[0];
+  ids.insert(ids.end(), f->greedy[0].begin(), f->greedy[0].end() - 1);
+  for (bool graphs : {false, true}) {
+    std::vector<float> logits[2];
+    for (int fuse = 0; fuse < 2; ++fuse) {
+      runtime::cuda::CudaExecutorOptions opt;
+      opt.quiet = true;
+      opt.exact_linear = true;
+      opt.cuda_graphs = graphs;
+      opt.fuse_shared_expert = fuse == 1;
+      runtime::cuda::CudaExecutor ex(m, exec_config(m, kv::KvCacheDType::F32), opt);
+      logits[fuse] = run(ex, ids, f->prompts[0].size(), true, true);
+      if (graphs) continue;
+      kv::PageAllocator alloc(ex.kv_capacity().num_pages);
+      std::vector<int32_t> pages;
+      ASSERT_TRUE(alloc.allocate(1, pages));
+      kv::ForwardBatchBuilder bb(ex.kv_capacity().page_size);
+      bb.add_sequence(pages, 0, ids.data(), 1, false);
+      kv::ForwardBatch b = bb.finish();
+      b.logit_rows.push_back(0);
+      Names names;
+      ex.run(b, {}, &names);
+      int shared_ops = 0, expert_ops = 0;
+      for (const std::string& n : names.seen) {
+        shared_ops += n.find("moe.shared") != std::string::npos;
+        expert_ops += n.find("moe.experts") != std::string::npos;
+      }
+      EXPECT_GT(expert_ops, 0) << GetParam();
+      if (fuse == 1)
+        EXPECT_EQ(shared_ops, 0) << GetParam() << ": the shared expert still ran as its own MLP";
+      else
+        EXPECT_GT(shared_ops, 0) << GetParam();
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    const double e = rel_err(logits[1].data(), logits[0].data(), logits[0].size());
+    std::printf("[ measured ] %s %s: shared expert fused vs separate, logits rel err %.2e\n",
+                GetParam().c_str(), graphs ? "graphs" : "eager", e);
+    EXPECT_LT(e, 1e-4) << GetParam() << (graphs ? " graphs" : " eager");
   }
 }
 

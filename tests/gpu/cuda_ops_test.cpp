@@ -491,6 +491,44 @@ TEST(CudaPointwise, RemapIdsReplicatedMatchesTheCpuOp) {
   }
 }
 
+// The router's choice widened by the shared expert: against the CPU op, more rows than one pass of the
+// capped grid covers, outputs poisoned first.
+TEST(CudaPointwise, AppendExpertSlotMatchesTheCpuOp) {
+  MS_REQUIRE_GPU();
+  const int64_t m = 120001, k = 8;
+  std::mt19937 rng(19);
+  std::vector<int32_t> ids(static_cast<size_t>(m * k));
+  std::vector<float> wts(ids.size());
+  for (auto& v : ids) v = static_cast<int32_t>(rng() % 257) - 1;
+  for (auto& w : wts) w = static_cast<float>(rng() % 1000) / 997.0f;
+  std::vector<int32_t> want_ids(static_cast<size_t>(m * (k + 1)));
+  std::vector<float> want_wts(want_ids.size());
+  ms::ops::append_expert_slot(ms::ops::Ctx::cpu(), ms::Tensor::borrow(ids.data(), {m, k}, ms::DType::I32),
+                              ms::Tensor::borrow(wts.data(), {m, k}, ms::DType::F32), 256, 1.0f,
+                              ms::Tensor::borrow(want_ids.data(), {m, k + 1}, ms::DType::I32),
+                              ms::Tensor::borrow(want_wts.data(), {m, k + 1}, ms::DType::F32));
+  DeviceBuffer<int32_t> d_ids(ids), d_ids_out(want_ids.size());
+  DeviceBuffer<float> d_wts(wts), d_wts_out(want_wts.size());
+  CUDA_CHECK(cudaMemset(d_ids_out.get(), 0x7b, want_ids.size() * sizeof(int32_t)));
+  CUDA_CHECK(cudaMemset(d_wts_out.get(), 0xff, want_wts.size() * sizeof(float)));  // NaN
+  ms::cuda::AppendExpertSlotParams p;
+  p.ids = d_ids.get();
+  p.wts = d_wts.get();
+  p.ids_out = d_ids_out.get();
+  p.wts_out = d_wts_out.get();
+  p.m = m;
+  p.k = static_cast<int>(k);
+  p.id = 256;
+  p.weight = 1.0f;
+  ms::cuda::append_expert_slot(p, nullptr);
+  const auto got_ids = d_ids_out.download();
+  const auto got_wts = d_wts_out.download();
+  for (size_t i = 0; i < want_ids.size(); ++i) {
+    ASSERT_EQ(got_ids[i], want_ids[i]) << "slot " << i;
+    ASSERT_EQ(got_wts[i], want_wts[i]) << "slot " << i;
+  }
+}
+
 TEST(CudaPointwise, CastBf16IsBitExact) {
   MS_REQUIRE_GPU();
   const int64_t m = 7, n = 301, xs = 305, os = 304;

@@ -29,6 +29,8 @@ void scale(const Ctx& ctx, const Tensor& x, float s);
 void fill_zero(const Ctx& ctx, const Tensor& x);
 void gather_rows(const Ctx& ctx, const Tensor& x, const Tensor& rows, const Tensor& out);
 void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tensor& out);
+void append_expert_slot(const Ctx& ctx, const Tensor& ids, const Tensor& wts, int32_t id, float weight,
+                        const Tensor& ids_out, const Tensor& wts_out);
 void remap_ids_replicated(const Ctx& ctx, const Tensor& ids, const Tensor& copies, const Tensor& slots,
                           const Tensor& out);
 void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes);

@@ -148,6 +148,20 @@ void remap_ids(const Ctx& ctx, const Tensor& ids, const Tensor& map, const Tenso
   cuda::remap_ids(p, cuda_stream(ctx));
 }
 
+void append_expert_slot(const Ctx& ctx, const Tensor& ids, const Tensor& wts, int32_t id, float weight,
+                        const Tensor& ids_out, const Tensor& wts_out) {
+  cuda::AppendExpertSlotParams p;
+  p.ids = ids.data<int32_t>();
+  p.wts = wts.data<float>();
+  p.ids_out = ids_out.data<int32_t>();
+  p.wts_out = wts_out.data<float>();
+  p.m = ids.size(0);
+  p.k = static_cast<int>(ids.size(1));
+  p.id = id;
+  p.weight = weight;
+  cuda::append_expert_slot(p, cuda_stream(ctx));
+}
+
 void remap_ids_replicated(const Ctx& ctx, const Tensor& ids, const Tensor& copies, const Tensor& slots,
                           const Tensor& out) {
   cuda::RemapIdsReplicatedParams p;

@@ -124,7 +124,9 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
 
   // Weights, in their stored formats; then a model over them with its RoPE tables on the device.
   model::ModelWeights dw = make_weights(I);
-  auto m = std::make_shared<model::Model>(mc, std::move(dw), mopt);
+  model::ModelOptions model_opt = mopt;
+  model_opt.fuse_shared_expert = opt_.fuse_shared_expert;
+  auto m = std::make_shared<model::Model>(mc, std::move(dw), model_opt);
   m->place_tables(I.ctx, arena_alloc(I.weights));
   model_ = m;
 

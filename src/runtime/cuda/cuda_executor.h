@@ -27,6 +27,10 @@ struct CudaExecutorOptions {
   // prologue overlapping the previous kernel's tail; --disable-pdl turns it off. Process-wide (set when the
   // executor is made); MOESERVE_DISABLE_PDL=1 in the environment turns it off whatever this says.
   bool pdl = true;
+  // Each MoE layer's shared expert runs inside the grouped experts' launches as one more expert every token
+  // takes (model::ModelOptions::fuse_shared_expert, where widths and formats allow);
+  // --disable-shared-expert-fusion runs it as a separate MLP.
+  bool fuse_shared_expert = true;
   bool quiet = false;  // no load log lines
   // With ExecutorConfig::num_pages 0: the share of the GPU's memory for weights, workspace and KV pages
   // together (--mem-fraction-static); the KV pages take what the weights and the workspace leave.

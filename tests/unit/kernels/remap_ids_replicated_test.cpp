@@ -89,5 +89,37 @@ TEST(RemapIdsReplicated, BadTablesAreNamed) {
   EXPECT_THROW(ops::remap_ids_replicated(ops::Ctx::cpu(), ok, i32({1, 1, 1}, {3}), slots, out), Error);
 }
 
+// ops::append_expert_slot (the shared expert run as a routed one): every row keeps its k choices in order and
+// gains (id, weight) last; shapes that do not match are named.
+TEST(AppendExpertSlot, EveryRowGainsTheExpertLast) {
+  const int64_t m = 5, k = 3;
+  std::vector<int32_t> ids(static_cast<size_t>(m * k));
+  std::vector<float> wts(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int32_t>((i * 7) % 11);
+    wts[i] = 0.125f * static_cast<float>(i + 1);
+  }
+  const Tensor t_ids = i32(ids, {m, k});
+  Tensor t_wts = Tensor::empty({m, k}, DType::F32);
+  std::copy(wts.begin(), wts.end(), t_wts.data<float>());
+  Tensor ids_out = Tensor::empty({m, k + 1}, DType::I32), wts_out = Tensor::empty({m, k + 1}, DType::F32);
+  ops::append_expert_slot(ops::Ctx::cpu(), t_ids, t_wts, 11, 1.0f, ids_out, wts_out);
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      EXPECT_EQ(ids_out.data<int32_t>()[t * (k + 1) + j], ids[static_cast<size_t>(t * k + j)]);
+      EXPECT_EQ(wts_out.data<float>()[t * (k + 1) + j], wts[static_cast<size_t>(t * k + j)]);
+    }
+    EXPECT_EQ(ids_out.data<int32_t>()[t * (k + 1) + k], 11);
+    EXPECT_EQ(wts_out.data<float>()[t * (k + 1) + k], 1.0f);
+  }
+  Tensor narrow = Tensor::empty({m, k}, DType::I32);
+  try {
+    ops::append_expert_slot(ops::Ctx::cpu(), t_ids, t_wts, 11, 1.0f, narrow, wts_out);
+    ADD_FAILURE() << "an output of k columns was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ids_out"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ms

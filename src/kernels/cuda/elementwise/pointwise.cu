@@ -76,6 +76,18 @@ __global__ void remap_ids_kernel(RemapIdsParams p) {
   }
 }
 
+__global__ void append_expert_slot_kernel(AppendExpertSlotParams p) {
+  dev::grid_dep_enter();
+  const int64_t k1 = p.k + 1, n = p.m * k1;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / k1, j = i - t * k1;
+    const bool extra = j == p.k;
+    p.ids_out[i] = extra ? p.id : p.ids[t * p.k + j];
+    p.wts_out[i] = extra ? p.weight : p.wts[t * p.k + j];
+  }
+}
+
 __global__ void remap_ids_replicated_kernel(RemapIdsReplicatedParams p) {
   dev::grid_dep_enter();
   const int64_t n = p.m * p.k;
@@ -147,6 +159,18 @@ void remap_ids(const RemapIdsParams& p, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((p.n + kElementwiseThreads - 1) / kElementwiseThreads, 4096);
   launch_kernel("remap_ids", remap_ids_kernel, static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream,
                 p);
+}
+
+void append_expert_slot(const AppendExpertSlotParams& p, cudaStream_t stream) {
+  MS_CHECK(p.m >= 0 && p.k >= 0, "append_expert_slot: m {} and k {} must not be negative", p.m, p.k);
+  if (p.m == 0) return;
+  MS_CHECK(
+      p.ids_out != nullptr && p.wts_out != nullptr && (p.k == 0 || (p.ids != nullptr && p.wts != nullptr)),
+      "append_expert_slot: a pointer is null");
+  const int64_t n = p.m * (p.k + 1);
+  const int64_t blocks = std::min<int64_t>((n + kElementwiseThreads - 1) / kElementwiseThreads, 4096);
+  launch_kernel("append_expert_slot", append_expert_slot_kernel, static_cast<unsigned>(blocks),
+                kElementwiseThreads, 0, stream, p);
 }
 
 void remap_ids_replicated(const RemapIdsReplicatedParams& p, cudaStream_t stream) {

@@ -60,6 +60,20 @@ struct RemapIdsParams {
 };
 void remap_ids(const RemapIdsParams& p, cudaStream_t stream);
 
+// Router output widened by one slot per token (ops::append_expert_slot): ids_out[t] = (ids[t, 0..k), id),
+// wts_out[t] = (wts[t, 0..k), weight). The shared expert then runs as one more routed expert.
+struct AppendExpertSlotParams {
+  const int32_t* __restrict__ ids = nullptr;  // [m, k] on the device, contiguous
+  const float* __restrict__ wts = nullptr;    // [m, k]
+  int32_t* __restrict__ ids_out = nullptr;    // [m, k + 1]
+  float* __restrict__ wts_out = nullptr;      // [m, k + 1]
+  int64_t m = 0;
+  int k = 0;
+  int32_t id = 0;
+  float weight = 1.0f;
+};
+void append_expert_slot(const AppendExpertSlotParams& p, cudaStream_t stream);
+
 // Router ids to local slots when experts have several copies over the EP ranks (ops::remap_ids_replicated):
 // assignment (t, j) of expert e = ids[t, j] takes copy c = (t + j) mod copies[e] and
 // out[t, j] = slots[e, c] (-1: that copy is on another rank). A negative id, an id at or past n_experts or a
