@@ -1,9 +1,13 @@
 // Device pieces the two NVFP4 decode paths of the routed experts share (moe_experts_decode.cu,
 // moe_experts_stream.cu): the e2m1 byte -> bf16x2 table replicated per lane, the (expert, chunk) work list
-// each block builds from the plan's expert counts, bf16x2 bit access (the mma: tc::mma_bf16, mma_sm80.cuh).
+// each block builds from the plan's expert counts, bf16x2 bit access (the mma: tc::mma_bf16, mma_sm80.cuh);
+// and the eight-code E2M1 -> bf16 expansion the tensor-core prefill kernels share (moe_experts_mma.cu,
+// moe_experts_wgmma.cu).
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -70,6 +74,46 @@ __device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, i
     base += __shfl_sync(kFull, incl, 31);
   }
   if (lane == 0) *n = min(base, kMaxEc);
+}
+
+__device__ __forceinline__ float fp8_e4m3_value(uint32_t byte) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// Eight E2M1 codes (element 2i in the low nibble of byte i) -> four bf16x2 (elements 0,1 | 2,3 | 4,5 | 6,7),
+// each times `s`. The magnitude (code & 7) is looked up by byte permutes in two 8-byte tables (bf16 of 0,
+// 0.5, 1, 1.5, 2, 3, 4, 6 split into its high and low byte; every low byte's low 6 bits are 0), the pair is
+// interleaved, then the sign bit (code bit 3) is moved to bit 15 / 31. Selector nibbles never have bit 3
+// set (byte_perm reads the low 3 bits).
+__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, __nv_bfloat162 s) {
+  constexpr uint32_t kHiA = 0x3F3F3F00u, kHiB = 0x40404040u;  // high bytes of codes 0..3, 4..7
+  constexpr uint32_t kLoA = 0xC0800000u, kLoB = 0xC0804000u;  // low bytes
+  const uint32_t w4 = w << 4;  // byte i bit 7 = sign of element 2i (bit 3 of byte i of w)
+  uint32_t out[4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t sel = (w >> (16 * h)) & 0x7777u;  // magnitudes of elements 4h .. 4h + 3
+    const uint32_t hi = __byte_perm(kHiA, kHiB, sel);
+    const uint32_t lo = __byte_perm(kLoA, kLoB, sel);
+    out[2 * h] = __byte_perm(lo, hi, 0x5140);      // [lo0, hi0, lo1, hi1]
+    out[2 * h + 1] = __byte_perm(lo, hi, 0x7362);  // [lo2, hi2, lo3, hi3]
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // byte 1 <- byte i of w4 (sign of element 2i at bit 15), byte 3 <- byte i of w (element 2i + 1, bit 31)
+    const uint32_t sign = __byte_perm(w4, w, static_cast<uint32_t>(((4 + i) << 12) | (i << 4)));
+    out[i] |= sign & 0x80008000u;
+  }
+  uint4 r;
+  uint32_t* rp = &r.x;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&out[i]);
+    v = __hmul2(v, s);
+    rp[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return r;
 }
 
 }  // namespace ms::cuda::moe_dev

@@ -23,6 +23,11 @@ namespace ms::cuda {
 
 enum class MoeWeightFormat : int32_t { F32, BF16, FP8Block, NVFP4 };
 
+// The grouped GEMM kernel of the tensor-core prefill path (moe_experts_mma.h). Auto: the environment's
+// MOESERVE_MOE_PREFILL_KERNEL (mma | wgmma | auto) if set, else the warpgroup-MMA kernel on sm_90 where it
+// applies and the mma.sync kernel elsewhere. Mma / Wgmma force one (Wgmma throws where it cannot run).
+enum class MoePrefillKernel : int32_t { Auto, Mma, Wgmma };
+
 // One expert's three matrices as stored: gate, up [inter, hidden]; down [hidden, inter] (rows = out
 // features).
 //   F32:      data f32 [rows, cols];  scale unused
@@ -71,6 +76,8 @@ struct MoeExpertsParams {
   // Skip the decode path (moe_experts_decode.h: bf16 activations) even where it applies; the streamed path
   // (f32-exact to ~1e-5) or the old kernels run instead. Exact-mode callers and benchmarks set it.
   bool disable_decode = false;
+  // Prefill path's GEMM kernel (benchmarks compare both; tests pin one).
+  MoePrefillKernel prefill_kernel = MoePrefillKernel::Auto;
 };
 
 // Which kernels run. Tiled: vector loads of whole 16-element weight pieces and 8-element activation pieces,

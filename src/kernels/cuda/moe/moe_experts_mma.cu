@@ -34,6 +34,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -43,7 +45,9 @@
 #include "kernels/cuda/common/mma_sm80.cuh"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/pdl.h"
+#include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_mma.h"
+#include "kernels/cuda/moe/moe_experts_wgmma.h"
 
 namespace ms::cuda {
 namespace {
@@ -103,45 +107,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 
 using tc::mma_bf16;
 
-__device__ __forceinline__ float fp8_e4m3_value(uint32_t byte) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
-  return __half2float(__half(h));
-}
-
-// Eight E2M1 codes (element 2i in the low nibble of byte i) -> four bf16x2 (elements 0,1 | 2,3 | 4,5 | 6,7),
-// each times `s`. The magnitude (code & 7) is looked up by byte permutes in two 8-byte tables (bf16 of 0,
-// 0.5, 1, 1.5, 2, 3, 4, 6 split into its high and low byte; every low byte's low 6 bits are 0), the pair is
-// interleaved, then the sign bit (code bit 3) is moved to bit 15 / 31. Selector nibbles never have bit 3
-// set (byte_perm reads the low 3 bits).
-__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, __nv_bfloat162 s) {
-  constexpr uint32_t kHiA = 0x3F3F3F00u, kHiB = 0x40404040u;  // high bytes of codes 0..3, 4..7
-  constexpr uint32_t kLoA = 0xC0800000u, kLoB = 0xC0804000u;  // low bytes
-  const uint32_t w4 = w << 4;  // byte i bit 7 = sign of element 2i (bit 3 of byte i of w)
-  uint32_t out[4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t sel = (w >> (16 * h)) & 0x7777u;  // magnitudes of elements 4h .. 4h + 3
-    const uint32_t hi = __byte_perm(kHiA, kHiB, sel);
-    const uint32_t lo = __byte_perm(kLoA, kLoB, sel);
-    out[2 * h] = __byte_perm(lo, hi, 0x5140);      // [lo0, hi0, lo1, hi1]
-    out[2 * h + 1] = __byte_perm(lo, hi, 0x7362);  // [lo2, hi2, lo3, hi3]
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    // byte 1 <- byte i of w4 (sign of element 2i at bit 15), byte 3 <- byte i of w (element 2i + 1, bit 31)
-    const uint32_t sign = __byte_perm(w4, w, static_cast<uint32_t>(((4 + i) << 12) | (i << 4)));
-    out[i] |= sign & 0x80008000u;
-  }
-  uint4 r;
-  uint32_t* rp = &r.x;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&out[i]);
-    v = __hmul2(v, s);
-    rp[i] = *reinterpret_cast<const uint32_t*>(&v);
-  }
-  return r;
-}
+using moe_dev::e2m1x8_to_bf16;
+using moe_dev::fp8_e4m3_value;
 
 template <int BM, int STAGES, MoeMmaFormat F>
 struct Layout {
@@ -514,6 +481,20 @@ bool moe_experts_mma_supported(const MoeExpertsParams& p) {
   return !moe_mma_shape_unsupported(mma_shape(p)).has_value();
 }
 
+MoePrefillKernel moe_experts_prefill_kernel(const MoeExpertsParams& p) {
+  if (p.prefill_kernel != MoePrefillKernel::Auto) return p.prefill_kernel;
+  // The environment's choice, read once: benchmarks and A/B runs switch kernels without a rebuild.
+  static const MoePrefillKernel env = [] {
+    const char* v = std::getenv("MOESERVE_MOE_PREFILL_KERNEL");
+    if (v != nullptr && std::strcmp(v, "mma") == 0) return MoePrefillKernel::Mma;
+    if (v != nullptr && std::strcmp(v, "wgmma") == 0) return MoePrefillKernel::Wgmma;
+    return MoePrefillKernel::Auto;
+  }();
+  if (env != MoePrefillKernel::Auto) return env;
+  if (!moe_wgmma_preferred(mma_shape(p))) return MoePrefillKernel::Mma;
+  return moe_experts_wgmma_unavailable(p).has_value() ? MoePrefillKernel::Mma : MoePrefillKernel::Wgmma;
+}
+
 size_t moe_experts_mma_workspace_bytes(int m, int top_k, int hidden, int inter) {
   const size_t mm = static_cast<size_t>(std::max(m, 0));
   return align256(mm * std::max(hidden, 0) * 2) + align256(mm * std::max(top_k, 0) * std::max(inter, 0) * 2);
@@ -545,10 +526,16 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
   MS_CHECK(reinterpret_cast<uintptr_t>(p.slot_out) % 16 == 0,
            "moe_experts_mma: slot_out is not 16-byte aligned");
   const DeviceCaps caps = current_device_caps();
-  std::string why;
-  const auto cfg = choose_moe_mma_config(mma_shape(p), limits_of(caps), &why);
-  MS_CHECK(cfg.has_value(), "{}", why);
-  check_smem(caps, "moe_experts_mma", cfg->smem);
+  const bool wgmma = moe_experts_prefill_kernel(p) == MoePrefillKernel::Wgmma;
+  std::optional<MoeMmaConfig> cfg;
+  if (wgmma) {
+    moe_experts_wgmma_config(p);  // throws with the reason before any launch where it cannot run
+  } else {
+    std::string why;
+    cfg = choose_moe_mma_config(mma_shape(p), limits_of(caps), &why);
+    MS_CHECK(cfg.has_value(), "{}", why);
+    check_smem(caps, "moe_experts_mma", cfg->smem);
+  }
 
   auto* xb = static_cast<__nv_bfloat16*>(workspace);
   auto* act = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(workspace) +
@@ -559,6 +546,11 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
         static_cast<int>(std::min<int64_t>((n + 255) / 256, int64_t{caps.multiprocessors} * 8));
     launch_kernel("moe_mma_convert", moe_mma_convert_kernel, std::max(blocks, 1), 256, 0, stream, p.x, p.ldx,
                   xb, p.m, p.hidden);
+  }
+  if (wgmma) {
+    moe_experts_wgmma_gemms(p, xb, act, stream);
+    moe_experts_combine(p, stream);
+    return;
   }
   MmaParams mp;
   mp.counts = p.expert_counts;

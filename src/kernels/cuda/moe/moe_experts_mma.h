@@ -34,6 +34,13 @@ size_t moe_experts_mma_workspace_bytes(int m, int top_k, int hidden, int inter);
 // shared memory it needs and the device's limit when nothing fits.
 MoeMmaConfig moe_experts_mma_config(const MoeExpertsParams& p);
 
+// Which grouped GEMM kernel moe_experts_mma runs for p on the current device (never Auto): p.prefill_kernel
+// if not Auto, else MOESERVE_MOE_PREFILL_KERNEL (mma | wgmma; anything else: auto), else Wgmma where the
+// warpgroup-MMA kernels can run (moe_experts_wgmma.h: sm_90, shape, shared memory) and the grouped rows
+// average at least 64 per expert (moe_wgmma_preferred), Mma otherwise. A forced Wgmma is returned even where
+// it cannot run (moe_experts_mma then throws with the reason).
+MoePrefillKernel moe_experts_prefill_kernel(const MoeExpertsParams& p);
+
 // gate_up, down and combine after moe_plan on one stream. workspace: moe_experts_mma_workspace_bytes(p.m,
 // ...) bytes, 256-byte aligned. Throws (before any launch) when moe_experts_mma_supported(p) is false.
 void moe_experts_mma(const MoeExpertsParams& p, void* workspace, cudaStream_t stream);

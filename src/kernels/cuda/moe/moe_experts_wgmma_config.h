@@ -1,0 +1,105 @@
+// The configuration of the warp-specialised warpgroup-MMA grouped expert GEMMs (moe_experts_wgmma.h), chosen
+// on the host from the shape and the device limits alone (tested without the hardware against the sm_90,
+// sm_100 and sm_120 presets). Header-only and free of CUDA types.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "kernels/cuda/common/kernel_fit.h"
+#include "kernels/cuda/moe/moe_experts_mma_config.h"
+
+namespace ms::cuda {
+
+// Fixed by the kernel: 3 warpgroups (one producer, two consumers of 64 rows each), block tile 128 grouped
+// rows x bn weight rows (128 or 256), 64 k per stage.
+constexpr int kMoeWgThreads = 384;
+constexpr int kMoeWgBM = 128;
+constexpr int kMoeWgBK = 64;
+constexpr int kMoeWgMaxStages = 6;
+constexpr int kMoeWgMinStages = 3;
+
+struct MoeWgmmaGemmConfig {
+  int bn = 256;     // weight rows per block tile: 128 or 256 (gate_up: half gate, half up rows)
+  int stages = 4;   // shared-memory ring depth (the producer keeps stages - 1 copies in flight)
+  size_t smem = 0;  // dynamic shared memory per block, bytes
+};
+
+struct MoeWgmmaConfig {
+  MoeWgmmaGemmConfig gate_up, down;
+};
+
+// Shared memory of one block: the bf16 ring [stages] x (A [128][64] + W [bn][64]), each tile 1024-aligned
+// (the 128-byte swizzle); NVFP4 adds the raw ring [stages - 1] x bn x (32 packed bytes + 4 e4m3 scales); then
+// 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums; 1024 bytes of
+// slack to align the dynamic window.
+inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts) {
+  const size_t ring = static_cast<size_t>(stages) * (size_t{kMoeWgBM} + bn) * kMoeWgBK * 2;
+  const size_t raw =
+      f == MoeMmaFormat::NVFP4 ? static_cast<size_t>(stages - 1) * bn * (kMoeWgBK / 2 + kMoeWgBK / 16) : 0;
+  const size_t bars = static_cast<size_t>(2) * stages * 8;
+  const size_t table = (static_cast<size_t>(n_experts) + 1 + 12) * 4;
+  return 1024 + ring + (raw + 127) / 128 * 128 + bars + (table + 127) / 128 * 128;
+}
+
+// Weight rows per block tile of one projection: 256 where the output width allows (gate_up: 128 act columns
+// per tile, so inter % 128; down: hidden % 256), else 128.
+inline int moe_wgmma_bn(bool gate_up, int hidden, int inter) {
+  return gate_up ? (inter % 128 == 0 ? 256 : 128) : (hidden % 256 == 0 ? 256 : 128);
+}
+
+// Why the shape cannot use the wgmma kernels (nullopt when it can): k widths multiples of 64, output widths
+// of the 128-row tiles (gate_up: inter % 64; down: hidden % 128), n_experts <= 1024.
+inline std::optional<std::string> moe_wgmma_shape_unsupported(const MoeMmaShape& s) {
+  if (s.hidden <= 0 || s.inter <= 0 || s.top_k <= 0 || s.n_experts <= 0)
+    return fmt::format("moe_experts_wgmma: empty shape (hidden {}, inter {}, top_k {}, n_experts {})",
+                       s.hidden, s.inter, s.top_k, s.n_experts);
+  if (s.hidden % 128 != 0 || s.inter % 64 != 0)
+    return fmt::format("moe_experts_wgmma: hidden {} must be a multiple of 128 and inter {} of 64", s.hidden,
+                       s.inter);
+  if (s.n_experts > 1024) return fmt::format("moe_experts_wgmma: n_experts {} > 1024", s.n_experts);
+  return std::nullopt;
+}
+
+// One projection's configuration: the deepest ring (from kMoeWgMaxStages for bn 128, 4 for bn 256, down to
+// kMoeWgMinStages) whose shared memory fits `dev`; nullopt with *why when none does or `dev` is not sm_90
+// (the kernel is sm_90a code).
+inline std::optional<MoeWgmmaGemmConfig> choose_moe_wgmma_gemm(MoeMmaFormat f, int bn, int n_experts,
+                                                               const DeviceLimits& dev, std::string* why) {
+  std::string last;
+  for (int stages = bn == 256 ? 4 : kMoeWgMaxStages; stages >= kMoeWgMinStages; --stages) {
+    const KernelNeed need{fmt::format("moe_experts_wgmma bn{} stages{}", bn, stages),
+                          moe_wgmma_smem_bytes(f, bn, stages, n_experts), 90, true};
+    const auto no = why_cannot_run(need, dev);
+    if (!no) return MoeWgmmaGemmConfig{bn, stages, need.smem_bytes};
+    last = *no;
+  }
+  if (why != nullptr) *why = last;
+  return std::nullopt;
+}
+
+inline std::optional<MoeWgmmaConfig> choose_moe_wgmma_config(const MoeMmaShape& s, const DeviceLimits& dev,
+                                                             std::string* why = nullptr) {
+  if (auto bad = moe_wgmma_shape_unsupported(s)) {
+    if (why != nullptr) *why = *bad;
+    return std::nullopt;
+  }
+  const auto gu =
+      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why);
+  if (!gu) return std::nullopt;
+  const auto dn =
+      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why);
+  if (!dn) return std::nullopt;
+  return MoeWgmmaConfig{*gu, *dn};
+}
+
+// The automatic choice between the prefill kernels where both can run: wgmma when the grouped rows average
+// at least 64 per expert (half a 128-row tile; below that the mma.sync kernel's 64-row tiles waste less).
+inline bool moe_wgmma_preferred(const MoeMmaShape& s) {
+  return s.n_experts > 0 && static_cast<long long>(s.m) * s.top_k >= 64LL * s.n_experts;
+}
+
+}  // namespace ms::cuda
