@@ -1,9 +1,10 @@
 // The prefill regime of the routed experts on GLM-5 shapes (256 experts, top-8, hidden 6144, moe intermediate
-// 2048): the tensor-core grouped kernels (moe_experts_mma, NVFP4 and BF16 weights) against the BF16 matrix
-// rate measured first in the same run (cuBLASLt BF16 GEMM 8192^3), cuBLASLt BF16 on the same routed problem
-// (per-expert GEMMs over BF16 copies of the weights, rows already grouped: no gather, no SiLU, no combine)
-// and the CUDA-core kernels (moe_experts). FLOPs count 6 * hidden * inter per routed slot (gate, up, down).
-// One table on stdout.
+// 2048): the tensor-core grouped kernels (moe_experts_mma with each of its GEMM kernels: mma.sync and, on
+// sm_90, the warp-specialised wgmma one; NVFP4 and BF16 weights) against the BF16 matrix rate measured first
+// in the same run (cuBLASLt BF16 GEMM 8192^3), cuBLASLt BF16 on the same routed problem (per-expert GEMMs
+// over BF16 copies of the weights, rows already grouped: no gather, no SiLU, no combine) and the CUDA-core
+// kernels (moe_experts). FLOPs count 6 * hidden * inter per routed slot (gate, up, down). One table on
+// stdout.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "kernels/cuda/gemm/blaslt.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_experts_mma.h"
+#include "kernels/cuda/moe/moe_experts_wgmma.h"
 #include "kernels/cuda/moe/moe_plan.h"
 
 namespace {
@@ -186,8 +188,9 @@ int main() {
     CUDA_CHECK(cudaMemset(out, 0, size_t{max_m} * kH * 4));
   }
 
-  std::printf("\n%-6s %6s %-8s %11s %9s %9s %8s %11s %9s %8s %12s\n", "format", "tokens", "routing", "config",
-              "ours ms", "TFLOP/s", "% bf16", "cuBLAS ms", "TFLOP/s", "% bf16", "CUDA-core ms");
+  std::printf("\n%-6s %6s %-8s %-6s %15s %9s %9s %8s %11s %9s %8s %12s\n", "format", "tokens", "routing",
+              "kernel", "config", "ours ms", "TFLOP/s", "% bf16", "cuBLAS ms", "TFLOP/s", "% bf16",
+              "CUDA-core ms");
   for (int m : {512, 2048, 8192}) {
     for (bool skewed : {false, true}) {
       const auto ids = make_ids(m, skewed, rng);
@@ -254,26 +257,45 @@ int main() {
       for (auto f : {ms::cuda::MoeWeightFormat::NVFP4, ms::cuda::MoeWeightFormat::BF16}) {
         p.format = f;
         p.experts = f == ms::cuda::MoeWeightFormat::NVFP4 ? d_t4 : d_tb;
-        const auto cfg = ms::cuda::moe_experts_mma_config(p);
-        const float t = time_ms(
-            [&] {
-              ms::cuda::moe_plan(pp, nullptr);
-              ms::cuda::moe_experts_mma(p, ws, nullptr);
-            },
-            iters);
-        const double tf = flops / (t * 1e-3) / 1e12, tc = flops / (t_cublas * 1e-3) / 1e12;
-        char cfgs[32];
-        std::snprintf(cfgs, sizeof cfgs, "bm%d s%d", cfg.bm, cfg.stages);
-        std::printf("%-6s %6d %-8s %11s %9.3f %9.1f %7.1f%% %11.3f %9.1f %7.1f%% %12s\n",
-                    f == ms::cuda::MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m,
-                    skewed ? "skewed" : "uniform", cfgs, t, tf, 100.0 * tf / bf16_tflops, t_cublas, tc,
-                    100.0 * tc / bf16_tflops,
-                    f == ms::cuda::MoeWeightFormat::NVFP4 ? std::to_string(t_old).c_str() : "-");
+        for (auto kernel : {ms::cuda::MoePrefillKernel::Mma, ms::cuda::MoePrefillKernel::Wgmma}) {
+          p.prefill_kernel = kernel;
+          char cfgs[48];
+          if (kernel == ms::cuda::MoePrefillKernel::Wgmma) {
+            if (const auto no = ms::cuda::moe_experts_wgmma_unavailable(p)) {
+              std::printf("%-6s %6d %-8s %-6s not run: %s\n",
+                          f == ms::cuda::MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m,
+                          skewed ? "skewed" : "uniform", "wgmma", no->c_str());
+              continue;
+            }
+            const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
+            std::snprintf(cfgs, sizeof cfgs, "bn%d/%d s%d/%d", cfg.gate_up.bn, cfg.down.bn,
+                          cfg.gate_up.stages, cfg.down.stages);
+          } else {
+            const auto cfg = ms::cuda::moe_experts_mma_config(p);
+            std::snprintf(cfgs, sizeof cfgs, "bm%d s%d", cfg.bm, cfg.stages);
+          }
+          const float t = time_ms(
+              [&] {
+                ms::cuda::moe_plan(pp, nullptr);
+                ms::cuda::moe_experts_mma(p, ws, nullptr);
+              },
+              iters);
+          const double tf = flops / (t * 1e-3) / 1e12, tc = flops / (t_cublas * 1e-3) / 1e12;
+          std::printf("%-6s %6d %-8s %-6s %15s %9.3f %9.1f %7.1f%% %11.3f %9.1f %7.1f%% %12s\n",
+                      f == ms::cuda::MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m,
+                      skewed ? "skewed" : "uniform",
+                      kernel == ms::cuda::MoePrefillKernel::Wgmma ? "wgmma" : "mma", cfgs, t, tf,
+                      100.0 * tf / bf16_tflops, t_cublas, tc, 100.0 * tc / bf16_tflops,
+                      f == ms::cuda::MoeWeightFormat::NVFP4 && kernel == ms::cuda::MoePrefillKernel::Mma
+                          ? std::to_string(t_old).c_str()
+                          : "-");
+        }
       }
     }
   }
   std::printf(
-      "\nours: moe_plan + convert + gate_up (SiLU-and-mul) + down + combine; cuBLAS: the GEMMs alone on "
+      "\nours: moe_plan + convert + gate_up (SiLU-and-mul) + down + combine, with the mma.sync or the wgmma "
+      "GEMMs; cuBLAS: the GEMMs alone on "
       "pre-grouped rows; CUDA-core: moe_experts (NVFP4), without the plan.\n");
   return 0;
 }

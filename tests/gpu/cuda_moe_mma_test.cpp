@@ -1,4 +1,5 @@
-// The tensor-core grouped experts (moe_experts_mma) against the CPU reference (ops::moe_experts on the CPU,
+// The tensor-core grouped experts (moe_experts_mma, both of its GEMM kernels: mma.sync and, on sm_90, the
+// warp-specialised wgmma one) against the CPU reference (ops::moe_experts on the CPU,
 // f32 math on the dequantised weights), for NVFP4 and BF16 weights: small and full-width (GLM-5 hidden 6144,
 // inter 2048) shapes, uniform and skewed routing, experts with no token (null weight pointers: a read would
 // fault) and one expert with every token. Workspaces and slot outputs are poisoned with NaN first, so an
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -27,6 +29,7 @@
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_experts_mma.h"
+#include "kernels/cuda/moe/moe_experts_wgmma.h"
 #include "kernels/cuda/moe/moe_plan.h"
 #include "ops/moe_experts.h"
 #include "quant/float_formats.h"
@@ -213,8 +216,11 @@ std::vector<int32_t> make_ids(int m, int K, int E, Routing r, std::mt19937& rng)
   return ids;
 }
 
+using ms::cuda::MoePrefillKernel;
+
 std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const std::vector<int32_t>& ids,
-                           const std::vector<float>& wts, const std::vector<float>& out0, int m, int K) {
+                           const std::vector<float>& wts, const std::vector<float>& out0, int m, int K,
+                           MoePrefillKernel kernel) {
   const int E = xs.E(), H = xs.hidden(), I = xs.inter();
   std::vector<uint8_t> touched(E, 0);
   for (int32_t e : ids)
@@ -245,7 +251,9 @@ std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const
   p.n_experts = E;
   p.hidden = H;
   p.inter = I;
+  p.prefill_kernel = kernel;
   EXPECT_TRUE(ms::cuda::moe_experts_mma_supported(p));
+  EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), kernel);
   ms::cuda::moe_experts_mma(p, d_ws.get(), nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   // Every valid slot row was written (no NaN left from the poison).
@@ -264,11 +272,14 @@ std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const
   return d_out.download();
 }
 
-void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed) {
+void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
+              MoePrefillKernel kernel = MoePrefillKernel::Mma) {
   const int H = xs.hidden();
-  SCOPED_TRACE(std::string(xs.format() == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16") + " E=" +
-               std::to_string(xs.E()) + " H=" + std::to_string(H) + " I=" + std::to_string(xs.inter()) +
-               " m=" + std::to_string(m) + " K=" + std::to_string(K) + " routing=" + std::to_string(int(r)));
+  const char* kname = kernel == MoePrefillKernel::Wgmma ? "wgmma" : "mma";
+  SCOPED_TRACE(
+      std::string(kname) + " " + std::string(xs.format() == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16") +
+      " E=" + std::to_string(xs.E()) + " H=" + std::to_string(H) + " I=" + std::to_string(xs.inter()) +
+      " m=" + std::to_string(m) + " K=" + std::to_string(K) + " routing=" + std::to_string(int(r)));
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> uw(0.05f, 1.0f);
@@ -290,7 +301,7 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed) {
                          ms::Tensor::borrow(wc.data(), {m, K}, ms::DType::F32), xs.cpu(),
                          ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
   }
-  const auto got = run_mma(xs, x, ids, wts, out0, m, K);
+  const auto got = run_mma(xs, x, ids, wts, out0, m, K, kernel);
 
   double c2 = 0, e2 = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -312,9 +323,10 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed) {
     }
   }
   // Deterministic: the same bits again.
-  if (m <= 300) EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K), got);
-  std::printf("  [moe_mma] %s m=%d K=%d routing=%d: relative error %.2e\n",
-              xs.format() == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m, K, static_cast<int>(r), rel);
+  if (m <= 300) EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K, kernel), got);
+  std::printf("  [moe_%s] %s E=%d H=%d I=%d m=%d K=%d routing=%d: relative error %.2e\n", kname,
+              xs.format() == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", xs.E(), H, xs.inter(), m, K,
+              static_cast<int>(r), rel);
 }
 
 class CudaMoeMma : public ::testing::TestWithParam<MoeWeightFormat> {};
@@ -345,6 +357,65 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeMma,
                          [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {
                            return std::string(i.param == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16");
                          });
+
+// The warpgroup-MMA kernel (sm_90 only) on the same shapes and routings, plus a width where both
+// projections take 256-row weight tiles (hidden 512, inter 256) with few k steps, and the one-expert case
+// whose k steps (2 and 1) are fewer than the ring's copies in flight (the producer's drain path).
+class CudaMoeWgmma : public ::testing::TestWithParam<MoeWeightFormat> {};
+
+bool have_sm90() {
+  return ms::cuda::device_count() > 0 && ms::cuda::current_device_caps().arch() == 90;
+}
+
+TEST_P(CudaMoeWgmma, SmallShapesMatchCpuReference) {
+  if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
+  // bn 128 for both projections (inter 192 is not a multiple of 128, hidden 384 not of 256).
+  const Experts xs(16, 384, 192, GetParam(), 1);
+  int seed = 10;
+  for (int m : {1, 40, 300, 1000}) {
+    for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot})
+      run_case(xs, m, 4, r, seed++, MoePrefillKernel::Wgmma);
+  }
+  const Experts one(1, 128, 64, GetParam(), 2);
+  run_case(one, 200, 1, Routing::Uniform, seed++, MoePrefillKernel::Wgmma);
+  // bn 256 for both; 1000 x 4 / 16 = 250 rows an expert: full and partial 128-row tiles, both consumers.
+  const Experts wide(16, 512, 256, GetParam(), 4);
+  for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot})
+    run_case(wide, 1000, 4, r, seed++, MoePrefillKernel::Wgmma);
+  run_case(wide, 40, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma);
+}
+
+TEST_P(CudaMoeWgmma, FullWidthMatchesCpuReference) {
+  if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
+  const Experts xs(8, 6144, 2048, GetParam(), 3);
+  run_case(xs, 150, 4, Routing::Uniform, 30, MoePrefillKernel::Wgmma);
+  run_case(xs, 64, 4, Routing::OneHot, 31, MoePrefillKernel::Wgmma);
+  run_case(xs, 300, 4, Routing::Skewed, 32, MoePrefillKernel::Wgmma);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeWgmma,
+                         ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16),
+                         [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {
+                           return std::string(i.param == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16");
+                         });
+
+TEST(CudaMoeWgmma, ChosenByDefaultOnSm90ForLargeSteps) {
+  if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
+  ms::cuda::MoeExpertsParams p;
+  p.format = MoeWeightFormat::NVFP4;
+  p.m = 8192;
+  p.top_k = 8;
+  p.n_experts = 256;
+  p.hidden = 6144;
+  p.inter = 2048;
+  if (std::getenv("MOESERVE_MOE_PREFILL_KERNEL") == nullptr)
+    EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), MoePrefillKernel::Wgmma);
+  p.prefill_kernel = MoePrefillKernel::Mma;
+  EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), MoePrefillKernel::Mma);
+  const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
+  EXPECT_EQ(cfg.gate_up.bn, 256);
+  EXPECT_EQ(cfg.down.bn, 256);
+}
 
 TEST(CudaMoeMma, BigTilesWhenExpertsHaveManyRows) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";

@@ -14,6 +14,7 @@
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
 #include "kernels/cuda/moe/moe_decode_config.h"
 #include "kernels/cuda/moe/moe_experts_mma_config.h"
+#include "kernels/cuda/moe/moe_experts_wgmma_config.h"
 #include "kernels/cuda/moe/moe_stream_config.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
 
@@ -425,6 +426,51 @@ TEST(KernelFit, MoeMmaConfigFitsEveryTarget) {
   const MoeMmaShape big{MoeMmaFormat::BF16, 8192, 8, 256, 6144, 2048};
   EXPECT_EQ(choose_moe_mma_config(big, limits_h200())->stages, 4);
   EXPECT_LT(choose_moe_mma_config(big, limits_rtx_pro_6000())->stages, 4);
+}
+
+// The warpgroup-MMA MoE GEMMs: sm_90a code, so only the H200 preset gets a configuration (GLM-5: 256-row
+// weight tiles for both projections, the deepest ring that fits 227 KiB); the others are refused with the
+// kernel's name and the architecture, and a shape the tiles do not divide is refused with the field.
+TEST(KernelFit, MoeWgmmaConfigFitsSm90Only) {
+  for (MoeMmaFormat f : {MoeMmaFormat::NVFP4, MoeMmaFormat::BF16}) {
+    const MoeMmaShape s{f, 8192, 8, 256, 6144, 2048};
+    std::string why;
+    const auto cfg = choose_moe_wgmma_config(s, limits_h200(), &why);
+    ASSERT_TRUE(cfg.has_value()) << why;
+    for (const MoeWgmmaGemmConfig& g : {cfg->gate_up, cfg->down}) {
+      EXPECT_EQ(g.bn, 256);
+      EXPECT_GE(g.stages, kMoeWgMinStages);
+      EXPECT_LE(g.smem, limits_h200().smem_per_block_optin);
+      EXPECT_EQ(g.smem, moe_wgmma_smem_bytes(f, g.bn, g.stages, 256));
+      // One more stage would not fit (the deepest that does was taken), unless the cap was reached.
+      if (g.stages < 4) {
+        EXPECT_GT(moe_wgmma_smem_bytes(f, g.bn, g.stages + 1, 256), limits_h200().smem_per_block_optin);
+      }
+    }
+    for (const DeviceLimits& dev : {limits_b200(), limits_rtx_pro_6000()}) {
+      EXPECT_FALSE(choose_moe_wgmma_config(s, dev, &why).has_value()) << dev.name;
+      EXPECT_NE(why.find("moe_experts_wgmma"), std::string::npos) << why;
+      EXPECT_NE(why.find("sm_90a"), std::string::npos) << why;
+    }
+  }
+  // Narrow widths take 128-row weight tiles and deeper rings.
+  const MoeMmaShape narrow{MoeMmaFormat::NVFP4, 1000, 4, 16, 384, 192};
+  const auto n = choose_moe_wgmma_config(narrow, limits_h200());
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(n->gate_up.bn, 128);
+  EXPECT_EQ(n->down.bn, 128);
+  EXPECT_EQ(n->down.stages, kMoeWgMaxStages);
+  MoeMmaShape odd{MoeMmaFormat::BF16, 8192, 8, 256, 6144, 2048};
+  odd.inter = 2000;
+  std::string why;
+  EXPECT_FALSE(choose_moe_wgmma_config(odd, limits_h200(), &why).has_value());
+  EXPECT_NE(why.find("inter 2000"), std::string::npos) << why;
+  DeviceLimits tiny{"tiny part (sm_90)", 90, 100000, 10};
+  EXPECT_FALSE(
+      choose_moe_wgmma_config(MoeMmaShape{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048}, tiny, &why));
+  EXPECT_NE(why.find("100000"), std::string::npos) << why;
+  EXPECT_TRUE(moe_wgmma_preferred({MoeMmaFormat::NVFP4, 2048, 8, 256, 6144, 2048}));
+  EXPECT_FALSE(moe_wgmma_preferred({MoeMmaFormat::NVFP4, 1024, 8, 256, 6144, 2048}));
 }
 
 TEST(KernelFit, MoeMmaConfigRefusesWithKernelNeedAndLimit) {
