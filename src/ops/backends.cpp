@@ -196,7 +196,9 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         "nvfp4, bf16",
         "prefill steps (grouped rows averaging 8+ per expert); hidden a multiple of 128 and "
         "intermediate of 64, up to 1024 experts; multi-stage cp.async tiles, nvfp4 expanded to bf16 in "
-        "shared memory, mma.sync; used by `grouped` automatically where it applies (not in exact mode)",
+        "shared memory, mma.sync; on sm_90 with 64+ grouped rows per expert the warp-specialised wgmma "
+        "kernel instead (MOESERVE_MOE_PREFILL_KERNEL=mma|wgmma forces one); used by `grouped` automatically "
+        "where it applies (not in exact mode)",
         "sm_80 or newer",
         0,
         false,
