@@ -1,0 +1,480 @@
+// Warpgroup-MMA MLA decode (see mla_decode_wgmma.h): split pass and log-sum-exp combine pass.
+//
+// Split pass, one block = (split, head group, sequence), 384 threads: warp 8 is the producer (warps 9-11
+// only lend it its warpgroup for setmaxnreg), warps 0-7 are two consumer warpgroups (WG 0, WG 1).
+// Rows r = j * hb + local head (query token j), padded to 64.
+//   producer: per tile of 64 keys, waits for the ring stage to be free (mbarrier `empty`), then bulk-copies
+//     the tile's raw fp8 rows (one copy of the whole tile when pages hold a multiple of 64 tokens, else one
+//     576-byte copy per row, page looked up per key) into the stage, completing on mbarrier `full` with the
+//     byte count of the rows that exist. Rows past the sequence are not copied.
+//   consumers, per tile:
+//     1. widen the raw tile to f16 (exact: e4m3 is a subset of f16, one cvt per pair) into the swizzled
+//        K-major tile K[64 keys][576]; rows past the sequence are written as zeros, so NaN bytes of page
+//        tails or stale ring rows never reach the math; release the stage.
+//     2. S = Q K^T, computed once and split over the keys: WG w computes S[64 rows, keys 32w..32w+31] over
+//        the whole 576-long k range (36 x wgmma m64n32k16, Q and K from shared memory).
+//        Why split over keys, and not over k with both partial sums exchanged or S computed twice: S twice
+//        would add 53% to the block's MMA work (QK is 576 of the 1088 FLOP per row and key), and a k split
+//        needs a 2 x 16 KB f32 exchange that does not fit next to Q, K and a two-stage ring (227 KB). Split
+//        over keys, the exchange is the row maxima (2 x 64 f32) and P itself as f16 (8 KB), which the P V
+//        product needs in registers anyway.
+//     3. online softmax in registers: scores pre-scaled by softmax_scale * kv_scale * log2 e, masked by the
+//        row's position (causal for several query tokens) and by the tile's valid rows; row maxima over the
+//        32 own keys, exchanged through shared memory so both warpgroups hold the same running maximum;
+//        P = exp2(s - m) packed to f16 straight into the A fragment of the P V product; each warpgroup
+//        keeps its own partial row sums (summed across warpgroups once at the end).
+//     4. O[64, 256 w .. 256 w + 255] = corr * O + P V: 4 x wgmma m64n256k16 with P from registers (own
+//        32 keys from this warpgroup's registers, the other 32 read from the exchange) and V = the first 512
+//        columns of the same widened tile, read as an MN-major B operand (keys x dims, dims contiguous).
+//        O is 64 x 256 f32 per warpgroup = 128 registers a thread.
+//   Named barrier 1 (the 256 consumer threads) orders, per tile: the widening after the previous tile's
+//   MMAs, the MMAs after the widening, the P exchange after the maxima exchange.
+// The pipeline overlaps only the loads with the math (the widened tile is single-buffered: no room for a
+// second one), which the measured roofline fraction will tell.
+#include "kernels/cuda/mla_decode/mla_decode_wgmma.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/common/pdl.cuh"
+#include "kernels/cuda/common/pdl.h"
+#include "kernels/cuda/mla_decode/mla_wgmma.cuh"
+
+namespace ms::cuda {
+namespace {
+
+using namespace mla_wgmma;
+using namespace mla_wgmma_ptx;
+using bf16 = __nv_bfloat16;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr uint32_t kBlockBytes = 64 * 128;  // one swizzled block: 64 lines x 64 f16
+constexpr int kChunks16 = kDim / 16;        // 16-byte pieces of a raw fp8 row
+// Registers a thread: 2 x 128 x 232 + 128 x 40 = 64512 of the 65536. A consumer holds O (128), S (16), the P
+// fragments (16) and addressing.
+constexpr int kConsumerRegs = 232;
+constexpr int kProducerRegs = 40;
+
+__device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
+  return min(max(p.seq_lens[u], 0), p.block_table_stride * p.page_size);
+}
+
+// Tiles per split, the same in every block of both passes: the longest sequence's tiles over max_splits, at
+// least min_tiles. `red` holds one int per warp; contains a __syncthreads.
+__device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int min_tiles, int* red) {
+  int mk = 0;
+  for (int b = threadIdx.x; b < p.n_seqs; b += blockDim.x) mk = max(mk, unit_keys(p, b));
+  mk = __reduce_max_sync(0xffffffffu, mk);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mk;
+  __syncthreads();
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) mk = max(mk, red[w]);
+  const int tiles = (mk + kTileKeys - 1) / kTileKeys;
+  return max(min_tiles, (tiles + max_splits - 1) / max_splits);
+}
+
+__device__ __forceinline__ int unit_splits(int keys, int tps) {
+  return max(1, ((keys + kTileKeys - 1) / kTileKeys + tps - 1) / tps);
+}
+
+// Eight values (f32 or bf16) -> eight f16, saturated, as one 16-byte store's worth.
+__device__ __forceinline__ uint4 load_q8(const MlaDecodeSm90Params& p, int64_t off) {
+  if (p.q_bf16) {
+    const uint4 r = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.q) + off));
+    auto cv = [](uint32_t x) {
+      return tc::pack_f16_sat(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+    };
+    return make_uint4(cv(r.x), cv(r.y), cv(r.z), cv(r.w));
+  }
+  const float4* f = reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + off);
+  const float4 a = __ldg(f), b = __ldg(f + 1);
+  return make_uint4(tc::pack_f16_sat(a.x, a.y), tc::pack_f16_sat(a.z, a.w), tc::pack_f16_sat(b.x, b.y),
+                    tc::pack_f16_sat(b.z, b.w));
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_wgmma_split(MlaDecodeSm90Params p, int hb, int max_splits, int min_tiles, float* __restrict__ part,
+                    float* __restrict__ lse) {
+  dev::grid_dep_enter();
+#if MS_MLA_WGMMA_ENABLED
+  extern __shared__ uint4 smem_dyn[];
+  unsigned char* sm =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_dyn) + 1023) / 1024 * 1024);
+  unsigned char* q_s = sm;                                      // [9 blocks][64 rows][64] f16, swizzled
+  unsigned char* k_s = sm + kOffK;                              // [9 blocks][64 keys][64] f16, swizzled
+  unsigned char* raw = sm + kOffRaw;                            // [kStages][64][576] fp8
+  uint32_t* px = reinterpret_cast<uint32_t*>(sm + kOffPx);      // [2][128][8] f16x2
+  float* rowmax_s = reinterpret_cast<float*>(sm + kOffRowMax);  // [2][64]
+  int* rowpos_s = reinterpret_cast<int*>(sm + kOffRowPos);      // [64]
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm + kOffBars);  // [kStages]
+  uint64_t* empty = full + kStages;                             // [kStages]
+  int* red = reinterpret_cast<int*>(sm + kOffRed);              // [16]
+
+  const int split = blockIdx.x, hg = blockIdx.y, u = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
+  const int keys = unit_keys(p, u);
+  const int nsplit = unit_splits(keys, tps);
+  if (split >= nsplit) return;
+  const int total_tiles = (keys + kTileKeys - 1) / kTileKeys;
+  const int tile_begin = split * tps;
+  const int ntiles = max(0, min(total_tiles, tile_begin + tps) - tile_begin);
+  const int qu = p.q_per_seq;
+  const int32_t* table = p.block_table + static_cast<int64_t>(u) * p.block_table_stride;
+
+  auto row_token = [&](int r, int& token, int& head) {
+    head = hg * hb + r % hb;
+    token = u * qu + r / hb;
+    return r < hb * qu && head < p.heads;
+  };
+  if (tid < kRows) {
+    int token, head;
+    rowpos_s[tid] = row_token(tid, token, head) ? p.positions[token] : -1;
+  }
+  for (int i = tid; i < kRows * (kDim / 8); i += kThreads) {
+    const int r = i / (kDim / 8), c8 = i % (kDim / 8);
+    int token, head;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row_token(r, token, head))
+      v = load_q8(p, token * p.q_token_stride + static_cast<int64_t>(head) * kDim + c8 * 8);
+    *reinterpret_cast<uint4*>(q_s + (c8 / 8) * kBlockBytes + swizzle128_offset(r, (c8 % 8) * 8)) = v;
+  }
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 8);  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  fence_proxy_async();  // Q's stores, for the wgmma reads
+  __syncthreads();
+
+  const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
+  if (warp >= 8) {  // the producer warpgroup: warp 8 copies, warps 9-11 only give their registers up
+    setmaxnreg_dec<kProducerRegs>();
+    if (warp > 8) return;
+    const bool whole_tiles = p.page_size % kTileKeys == 0;
+    for (int T = 0; T < ntiles; ++T) {
+      const int s = T % kStages;
+      if (T >= kStages) mbar_wait(empty + s, ((T / kStages) - 1) & 1);
+      const int k0 = (tile_begin + T) * kTileKeys;
+      const int valid = min(kTileKeys, keys - k0);
+      unsigned char* dst = raw + s * kRawBytes;
+      if (lane == 0) mbar_arrive_expect_tx(full + s, static_cast<uint32_t>(valid * kDim));
+      __syncwarp();
+      if (whole_tiles) {
+        if (lane == 0) {
+          const int page = min(max(__ldg(table + k0 / p.page_size), 0), p.num_pages - 1);
+          const int64_t row = static_cast<int64_t>(page) * p.page_size + k0 % p.page_size;
+          bulk_copy_g2s(dst, kv + row * kDim, static_cast<uint32_t>(valid * kDim), full + s);
+        }
+      } else {
+        for (int r = lane; r < valid; r += 32) {
+          const int pos = k0 + r;
+          const int page = min(max(__ldg(table + pos / p.page_size), 0), p.num_pages - 1);
+          const int64_t row = static_cast<int64_t>(page) * p.page_size + pos % p.page_size;
+          bulk_copy_g2s(dst + r * kDim, kv + row * kDim, kDim, full + s);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  setmaxnreg_inc<kConsumerRegs>();
+  const int wg = tid >> 7, ltid = tid & 127, g = lane >> 2, t = lane & 3;
+  const int row0 = 16 * (warp & 3) + g, row1 = row0 + 8;
+  const int rp0 = rowpos_s[row0], rp1 = rowpos_s[row1];
+  const float score_scale = p.softmax_scale * p.kv_scale * kLog2e;
+  const uint64_t q_desc = desc_sw128(q_s, 16, 1024);
+  const uint64_t k_desc = desc_sw128(k_s + wg * 32 * 128, 16, 1024);  // keys 32 wg.. of every block
+  const uint64_t v_desc = desc_sw128(k_s + wg * 4 * kBlockBytes, kBlockBytes, 1024);  // dims 256 wg..
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m_run0 = -INFINITY, m_run1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+  for (int i = 0; i < ntiles; ++i) {
+    const int s = i % kStages;
+    const int k0 = (tile_begin + i) * kTileKeys;
+    const int valid = min(kTileKeys, keys - k0);
+    mbar_wait(full + s, (i / kStages) & 1);
+    named_barrier(1, 256);  // both warpgroups' MMAs of the previous tile are done with k_s
+
+    // 1. Widen: piece c = 16 fp8 of row c / 36 -> two swizzled 16-byte chunks.
+    const uint4* src = reinterpret_cast<const uint4*>(raw + s * kRawBytes);
+    for (int c = tid; c < kTileKeys * kChunks16; c += 256) {
+      const int r = c / kChunks16, pc = c % kChunks16;
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (r < valid) {
+        const uint4 v = src[c];
+        lo = make_uint4(tc::fp8x2_to_f16x2(v.x), tc::fp8x2_to_f16x2(v.x >> 16), tc::fp8x2_to_f16x2(v.y),
+                        tc::fp8x2_to_f16x2(v.y >> 16));
+        hi = make_uint4(tc::fp8x2_to_f16x2(v.z), tc::fp8x2_to_f16x2(v.z >> 16), tc::fp8x2_to_f16x2(v.w),
+                        tc::fp8x2_to_f16x2(v.w >> 16));
+      }
+      unsigned char* blk = k_s + (pc / 4) * kBlockBytes;
+      const int e0 = (pc % 4) * 16;
+      *reinterpret_cast<uint4*>(blk + swizzle128_offset(r, e0)) = lo;
+      *reinterpret_cast<uint4*>(blk + swizzle128_offset(r, e0 + 8)) = hi;
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + s);
+    fence_proxy_async();
+    named_barrier(1, 256);
+
+    // 2. S[64, 32 own keys] over k = 0..575.
+    float sacc[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) sacc[j] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      const uint64_t off = ((ks / 4) * kBlockBytes + (ks % 4) * 32) >> 4;
+      wgmma_ss_m64n32k16_f16<0>(sacc, q_desc + off, k_desc + off, ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 16; ++j) fence_operand(sacc[j]);
+
+    // 3. Softmax. sacc[4 j + e] = S[row0][32 wg + 8 j + 2 t + e], sacc[4 j + 2 + e] = S[row1][same key].
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = 32 * wg + 8 * j + 2 * t + e;
+        const bool in = key < valid;
+        const float a = in && k0 + key <= rp0 ? sacc[4 * j + e] * score_scale : -INFINITY;
+        const float b = in && k0 + key <= rp1 ? sacc[4 * j + 2 + e] * score_scale : -INFINITY;
+        sacc[4 * j + e] = a;
+        sacc[4 * j + 2 + e] = b;
+        mx0 = fmaxf(mx0, a);
+        mx1 = fmaxf(mx1, b);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    if (t == 0) {
+      rowmax_s[wg * kRows + row0] = mx0;
+      rowmax_s[wg * kRows + row1] = mx1;
+    }
+    named_barrier(1, 256);
+    mx0 = fmaxf(mx0, rowmax_s[(1 - wg) * kRows + row0]);
+    mx1 = fmaxf(mx1, rowmax_s[(1 - wg) * kRows + row1]);
+    const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
+    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;  // no key yet: p = 0
+    const float corr0 = exp2f(m_run0 - mu0), corr1 = exp2f(m_run1 - mu1);
+    m_run0 = mn0;
+    m_run1 = mn1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sacc[4 * j + e] = exp2f(sacc[4 * j + e] - mu0);
+        sacc[4 * j + 2 + e] = exp2f(sacc[4 * j + 2 + e] - mu1);
+        sum0 += sacc[4 * j + e];
+        sum1 += sacc[4 * j + 2 + e];
+      }
+    l0 = l0 * corr0 + sum0;
+    l1 = l1 * corr1 + sum1;
+    // A fragments of the two k steps over the own keys: step kl covers own key columns 16 kl..16 kl + 15.
+    uint32_t own[2][4], oth[2][4];
+#pragma unroll
+    for (int kl = 0; kl < 2; ++kl) {
+      const int j0 = 2 * kl, j1 = 2 * kl + 1;
+      own[kl][0] = tc::pack_f16_sat(sacc[4 * j0], sacc[4 * j0 + 1]);
+      own[kl][1] = tc::pack_f16_sat(sacc[4 * j0 + 2], sacc[4 * j0 + 3]);
+      own[kl][2] = tc::pack_f16_sat(sacc[4 * j1], sacc[4 * j1 + 1]);
+      own[kl][3] = tc::pack_f16_sat(sacc[4 * j1 + 2], sacc[4 * j1 + 3]);
+    }
+    uint4* mine = reinterpret_cast<uint4*>(px + (wg * 128 + ltid) * 8);
+    mine[0] = make_uint4(own[0][0], own[0][1], own[0][2], own[0][3]);
+    mine[1] = make_uint4(own[1][0], own[1][1], own[1][2], own[1][3]);
+    named_barrier(1, 256);
+    const uint4* theirs = reinterpret_cast<const uint4*>(px + ((1 - wg) * 128 + ltid) * 8);
+    const uint4 t0 = theirs[0], t1 = theirs[1];
+    oth[0][0] = t0.x;
+    oth[0][1] = t0.y;
+    oth[0][2] = t0.z;
+    oth[0][3] = t0.w;
+    oth[1][0] = t1.x;
+    oth[1][1] = t1.y;
+    oth[1][2] = t1.z;
+    oth[1][3] = t1.w;
+
+    // 4. O = corr * O + P V over the tile's 64 keys (k steps 0-1: WG 0's keys, 2-3: WG 1's).
+#pragma unroll
+    for (int j = 0; j < 128; ++j) o[j] *= (j & 2) ? corr1 : corr0;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const bool mine_step = (kk >> 1) == wg;
+      uint32_t a[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) a[x] = mine_step ? own[kk & 1][x] : oth[kk & 1][x];
+      wgmma_rs_m64n256k16_f16<1>(o, a, v_desc + ((kk * 2 * 1024) >> 4), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 128; ++j) fence_operand(o[j]);
+  }
+
+  // Row sums: over the quad, then over the two warpgroups.
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  named_barrier(1, 256);  // the last tile's maxima have been read
+  if (t == 0) {
+    rowmax_s[wg * kRows + row0] = l0;
+    rowmax_s[wg * kRows + row1] = l1;
+  }
+  named_barrier(1, 256);
+  l0 += rowmax_s[(1 - wg) * kRows + row0];
+  l1 += rowmax_s[(1 - wg) * kRows + row1];
+
+  const int rows_per_unit = qu * p.heads;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = hf ? row1 : row0;
+    const float l = hf ? l1 : l0, m = hf ? m_run1 : m_run0;
+    int token, head;
+    if (!row_token(r, token, head)) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (nsplit == 1) {
+      const int64_t base =
+          token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + 256 * wg + 2 * t;
+      const float f = inv * p.kv_scale;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const float x = o[4 * j + 2 * hf] * f, y = o[4 * j + 2 * hf + 1] * f;
+        if (p.out_bf16)
+          *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.out) + base + 8 * j) = tc::pack_bf16(x, y);
+        else
+          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + 8 * j) = make_float2(x, y);
+      }
+    } else {
+      const int row_id = (r / hb) * p.heads + head;
+      const size_t slot = (static_cast<size_t>(u) * max_splits + split) * rows_per_unit + row_id;
+      float* dst = part + slot * kLatent + 256 * wg + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+      if (wg == 0 && t == 0) lse[slot] = l > 0.f ? m + log2f(l) : -INFINITY;
+    }
+  }
+#else
+  (void)p;
+  (void)hb;
+  (void)max_splits;
+  (void)min_tiles;
+  (void)part;
+  (void)lse;
+#endif
+}
+
+// One block per (sequence, row of the sequence): weights 2^(lse_s - max) over its splits, in split order.
+__global__ void mla_wgmma_combine(MlaDecodeSm90Params p, int max_splits, int min_tiles,
+                                  const float* __restrict__ lse, const float* __restrict__ part) {
+  dev::grid_dep_enter();
+  __shared__ int red[32];
+  const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
+  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
+  const int nsplit = unit_splits(unit_keys(p, u), tps);
+  if (nsplit <= 1) return;  // the split pass wrote this sequence's output
+  const int token = u * p.q_per_seq + row_id / p.heads, head = row_id % p.heads;
+  const int rows_per_unit = p.q_per_seq * p.heads;
+  const size_t first = static_cast<size_t>(u) * max_splits * rows_per_unit + row_id;
+  float mx = -INFINITY;
+  for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, lse[first + static_cast<size_t>(s) * rows_per_unit]);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;
+  if (mx != -INFINITY)
+    for (int s = 0; s < nsplit; ++s) {
+      const size_t slot = first + static_cast<size_t>(s) * rows_per_unit;
+      const float w = exp2f(lse[slot] - mx);
+      const float4 v = *reinterpret_cast<const float4*>(part + slot * kLatent + d);
+      wsum += w;
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    }
+  const float f = wsum > 0.f ? p.kv_scale / wsum : 0.f;
+  const int64_t o = token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + d;
+  if (p.out_bf16)
+    *reinterpret_cast<uint2*>(static_cast<bf16*>(p.out) + o) =
+        make_uint2(tc::pack_bf16(acc.x * f, acc.y * f), tc::pack_bf16(acc.z * f, acc.w * f));
+  else
+    *reinterpret_cast<float4*>(static_cast<float*>(p.out) + o) =
+        make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
+}
+
+void check_params(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p) {
+  MS_CHECK(p.n_seqs > 0 && p.heads > 0, "mla_decode_wgmma: n_seqs = {} and heads = {} must be positive",
+           p.n_seqs, p.heads);
+  MS_CHECK(p.q_per_seq >= 1 && p.q_per_seq <= 4, "mla_decode_wgmma: q_per_seq = {} must be 1..4",
+           p.q_per_seq);
+  MS_CHECK(p.topk == nullptr && p.topk_width == 0, "mla_decode_wgmma: dense only, a DSA selection was given");
+  MS_CHECK(p.kv_fp8, "mla_decode_wgmma: fp8 e4m3 pages only (kv_fp8 = false)");
+  MS_CHECK(p.page_size > 0 && p.num_pages > 0 && p.block_table_stride > 0,
+           "mla_decode_wgmma: page_size {}, num_pages {} and block_table_stride {} must be positive",
+           p.page_size, p.num_pages, p.block_table_stride);
+  MS_CHECK(p.q && p.kv && p.block_table && p.positions && p.seq_lens && p.out,
+           "mla_decode_wgmma: q, kv, block_table, positions, seq_lens and out must all be set");
+  MS_CHECK(reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_token_stride % 8 == 0 &&
+               p.q_token_stride >= static_cast<int64_t>(p.heads) * kDim,
+           "mla_decode_wgmma: q must be 16-byte aligned with q_token_stride (= {}) a multiple of 8 and >= "
+           "heads * 576",
+           p.q_token_stride);
+  MS_CHECK(reinterpret_cast<uintptr_t>(p.kv) % 16 == 0, "mla_decode_wgmma: kv pool must be 16-byte aligned");
+  MS_CHECK(
+      reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_token_stride % 4 == 0 &&
+          p.out_token_stride >= static_cast<int64_t>(p.heads) * kLatent,
+      "mla_decode_wgmma: out must be 16-byte aligned with out_token_stride (= {}) a multiple of 4 and >= "
+      "heads * 512",
+      p.out_token_stride);
+  MS_CHECK(c.heads_per_block > 0 && c.heads_per_block * c.q_per_unit <= kRows && c.max_splits >= 1 &&
+               c.max_splits <= kMaxSplits && c.min_tiles_per_split >= 1,
+           "mla_decode_wgmma: no configuration (heads_per_block {}, max_splits {})", c.heads_per_block,
+           c.max_splits);
+  MS_CHECK(c.units == p.n_seqs && c.q_per_unit == p.q_per_seq && c.head_groups * c.heads_per_block >= p.heads,
+           "mla_decode_wgmma: config made for {} sequences of {} tokens, params have {} of {}", c.units,
+           c.q_per_unit, p.n_seqs, p.q_per_seq);
+  MS_CHECK(c.units <= 65535, "mla_decode_wgmma: {} sequences exceed the grid's z limit 65535", c.units);
+  MS_CHECK(c.max_splits == 1 || (p.workspace && reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0),
+           "mla_decode_wgmma: workspace of {} bytes must be set and 256-byte aligned", c.workspace);
+}
+
+}  // namespace
+
+mla_wgmma::Config mla_decode_wgmma_choose(const MlaDecodeSm90Params& p, const DeviceLimits& dev) {
+  if (p.topk != nullptr || !p.kv_fp8) return {};
+  return mla_wgmma::choose(p.n_seqs, p.q_per_seq, p.heads, dev);
+}
+
+void mla_decode_wgmma(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p, cudaStream_t stream) {
+  check_params(c, p);
+  check_fit(current_device_caps(), need());
+  CUDA_CHECK(cudaFuncSetAttribute(mla_wgmma_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kSmemBytes)));
+  const size_t n = static_cast<size_t>(c.units) * c.max_splits * c.q_per_unit * p.heads;
+  float* part = static_cast<float*>(p.workspace);
+  float* lse = part ? part + (n * kLatent * 4 + 255) / 256 * 64 : nullptr;
+  const dim3 grid(c.max_splits, c.head_groups, c.units);
+  launch_kernel("mla_decode_wgmma", mla_wgmma_split, grid, kThreads, kSmemBytes, stream, p, c.heads_per_block,
+                c.max_splits, c.min_tiles_per_split, part, lse);
+  if (c.max_splits > 1)
+    launch_kernel("mla_wgmma_combine", mla_wgmma_combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4,
+                  0, stream, p, c.max_splits, c.min_tiles_per_split, lse, part);
+}
+
+}  // namespace ms::cuda
