@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -21,6 +23,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90.h"
+#include "kernels/cuda/mla_decode/mla_decode_wgmma.h"
 #include "quant/float_formats.h"
 
 namespace {
@@ -53,13 +56,15 @@ struct Case {
   // The selection as the DSA indexer writes it (ascending distinct positions, -1 only at the tail) and
   // declared compact to the kernel, which then stops at each token's first positions + 1 entries.
   bool compact = false;
+  bool wgmma = false;  // run mla_decode_wgmma (sm_90a warpgroup MMA, dense fp8) instead of mla_decode_sm90
 };
 
 std::string describe(const Case& c) {
   std::string s = "heads " + std::to_string(c.heads) + " q/seq " + std::to_string(c.q_per_seq) + " page " +
                   std::to_string(c.page_size) + (c.fp8 ? " fp8" : " bf16") + " topk " +
                   std::to_string(c.topk) + (c.q_bf16 ? " q bf16" : " q f32") +
-                  (c.out_bf16 ? " out bf16" : " out f32") + (c.compact ? " compact" : "") + " lens";
+                  (c.out_bf16 ? " out bf16" : " out f32") + (c.compact ? " compact" : "") +
+                  (c.wgmma ? " wgmma" : "") + " lens";
   for (int l : c.lens) s += " " + std::to_string(l);
   return s;
 }
@@ -215,28 +220,44 @@ void run_case(const Case& c, uint32_t seed) {
   p.softmax_scale = softmax_scale;
 
   const auto caps = gpu::query_device(0);
-  const gpu::mla_sm90::Config chosen = gpu::mla_decode_sm90_choose(p, gpu::limits_of(caps));
-  ASSERT_GT(chosen.heads_per_block, 0);
-  std::vector<gpu::mla_sm90::Config> configs = {chosen};
-  if (chosen.max_splits > 1) {  // also the direct-write path
-    gpu::mla_sm90::Config one = chosen;
-    one.max_splits = 1;
-    one.workspace = 0;
-    configs.push_back(one);
-  } else {  // also the split and combine path
-    gpu::mla_sm90::Config many = chosen;
-    many.max_splits = 3;
-    many.workspace = gpu::mla_sm90::workspace_bytes(many.units, 3, many.q_per_unit * H);
-    configs.push_back(many);
+  // Runs the chosen kernel with max_splits = splits, NaN-poisoned workspace.
+  std::vector<int> split_counts;
+  std::function<void(int)> launch;
+  gpu::mla_wgmma::Config wcfg;
+  gpu::mla_sm90::Config scfg;
+  std::unique_ptr<Dev<uint8_t>> ws;
+  if (c.wgmma) {
+    wcfg = gpu::mla_decode_wgmma_choose(p, gpu::limits_of(caps));
+    ASSERT_GT(wcfg.heads_per_block, 0);
+    split_counts = {wcfg.max_splits, wcfg.max_splits > 1 ? 1 : 3};
+    launch = [&](int splits) {
+      gpu::mla_wgmma::Config cfg = wcfg;
+      cfg.max_splits = splits;
+      cfg.workspace = splits > 1 ? gpu::mla_sm90::workspace_bytes(cfg.units, splits, Q * H) : 0;
+      ws = std::make_unique<Dev<uint8_t>>(cfg.workspace);
+      p.workspace = cfg.workspace ? ws->ptr : nullptr;
+      if (cfg.workspace) CUDA_CHECK(cudaMemset(ws->ptr, 0xff, cfg.workspace));
+      gpu::mla_decode_wgmma(cfg, p, nullptr);
+    };
+  } else {
+    scfg = gpu::mla_decode_sm90_choose(p, gpu::limits_of(caps));
+    ASSERT_GT(scfg.heads_per_block, 0);
+    split_counts = {scfg.max_splits, scfg.max_splits > 1 ? 1 : 3};
+    launch = [&](int splits) {
+      gpu::mla_sm90::Config cfg = scfg;
+      cfg.max_splits = splits;
+      cfg.workspace = splits > 1 ? gpu::mla_sm90::workspace_bytes(cfg.units, splits, cfg.q_per_unit * H) : 0;
+      ws = std::make_unique<Dev<uint8_t>>(cfg.workspace);
+      p.workspace = cfg.workspace ? ws->ptr : nullptr;
+      if (cfg.workspace) CUDA_CHECK(cudaMemset(ws->ptr, 0xff, cfg.workspace));
+      gpu::mla_decode_sm90(cfg, p, nullptr);
+    };
   }
-  for (const auto& cfg : configs) {
-    SCOPED_TRACE("max_splits " + std::to_string(cfg.max_splits) + " stages " + std::to_string(cfg.stages) +
-                 " heads/block " + std::to_string(cfg.heads_per_block));
-    Dev<uint8_t> ws(cfg.workspace);
-    p.workspace = cfg.workspace ? ws.ptr : nullptr;
+  for (const int splits :
+       split_counts) {  // the chooser's plan, and the direct-write or split-and-combine path
+    SCOPED_TRACE("max_splits " + std::to_string(splits));
     CUDA_CHECK(cudaMemset(dout.ptr, 0xff, dout.n));  // NaN in f32 and in bf16
-    if (cfg.workspace) CUDA_CHECK(cudaMemset(ws.ptr, 0xff, cfg.workspace));
-    gpu::mla_decode_sm90(cfg, p, nullptr);
+    launch(splits);
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> got(out_elems);
     if (c.out_bf16) {
@@ -335,4 +356,54 @@ TEST(MlaDecodeSm90, RefusesBadParams) {
   gpu::MlaDecodeSm90Params p;
   gpu::mla_sm90::Config c;
   EXPECT_THROW(gpu::mla_decode_sm90(c, p, nullptr), ms::Error);
+}
+
+// The warpgroup-MMA kernel (sm_90a, dense fp8 pages): 64 and 128 heads, 1-4 query tokens, pages of 64 (one
+// bulk copy a tile) and 32 (one a row), ragged lengths with NaN page tails, its plan and forced splits.
+namespace {
+
+bool skip_wgmma() {
+  return gpu::device_count() == 0 || gpu::query_device(0).arch() != 90;
+}
+
+Case wgmma_case(int heads, std::vector<int> lens, int q, int page) {
+  Case c{heads, std::move(lens), q, page, true, 0};
+  c.wgmma = true;
+  return c;
+}
+
+}  // namespace
+
+TEST(MlaDecodeWgmma, DenseFp8Pages64And32) {
+  if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
+  uint32_t seed = 200;
+  for (int heads : {64, 128})
+    for (int page : {64, 32}) run_case(wgmma_case(heads, kRagged, 1, page), seed++);
+}
+
+TEST(MlaDecodeWgmma, SeveralQueryTokensPerSequence) {
+  if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
+  uint32_t seed = 220;
+  for (int q : {2, 3, 4})
+    for (int heads : {64, 128}) run_case(wgmma_case(heads, {2, 4, 33, 97, 700}, q, q == 3 ? 32 : 64), seed++);
+  run_case(wgmma_case(64, {1, 2, 50}, 3, 64), seed++);  // a sequence shorter than its query tokens
+}
+
+TEST(MlaDecodeWgmma, LongSequencesSplitAndMixedDtypes) {
+  if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
+  Case a = wgmma_case(64, {9000}, 1, 64);  // batch 1: many splits, bf16 q and out
+  a.q_bf16 = a.out_bf16 = true;
+  run_case(a, 240);
+  Case b = wgmma_case(128, {4100, 0, 4096}, 1, 64);  // an empty sequence: zeros
+  b.q_bf16 = true;
+  run_case(b, 241);
+  run_case(wgmma_case(64, {5000, 70, 3000, 64}, 2, 32), 242);
+}
+
+TEST(MlaDecodeWgmma, RefusesWhatItDoesNotRun) {
+  if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
+  gpu::MlaDecodeSm90Params p;
+  EXPECT_THROW(gpu::mla_decode_wgmma(gpu::mla_wgmma::Config{}, p, nullptr), ms::Error);
+  p.kv_fp8 = false;
+  EXPECT_EQ(gpu::mla_decode_wgmma_choose(p, gpu::limits_of(gpu::query_device(0))).heads_per_block, 0);
 }
