@@ -272,6 +272,7 @@ TEST(KernelFit, MlaDecodeFitsHopperAndB200NotSm120) {
 }  // namespace
 
 #if MOESERVE_HAVE_CUDA
+#include "core/error.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/mla_attention/mla_attention.h"
 
@@ -306,6 +307,12 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
               if (c.kernel == MlaAttentionKernel::Fp8Decode) {
                 EXPECT_FALSE(why_cannot_run(mla_decode_config::need(), dev).has_value()) << dev.name;
               }
+              if (c.kernel == MlaAttentionKernel::WgmmaDecode) {
+                EXPECT_TRUE(f == KvFormat::FP8E4M3 && decode && !topk && dev.arch == 90) << dev.name;
+                EXPECT_FALSE(why_cannot_run(mla_wgmma::need(), dev).has_value()) << dev.name;
+                EXPECT_EQ(c.wgmma.head_groups * c.wgmma.heads_per_block >= heads, true);
+                EXPECT_GE(c.wgmma.max_splits, 1);
+              }
               if (c.kernel == MlaAttentionKernel::Sm90Decode) {
                 EXPECT_TRUE(f != KvFormat::F32 && (decode || topk)) << dev.name;
                 EXPECT_GE(c.sm90.stages, 2);
@@ -316,11 +323,18 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
             }
   }
   EXPECT_EQ(checked, 3 * 5 * 3 * 2 * 2 * 2);
-  // A dense decode batch over fp8 pages of 64 with 64 heads: the older split-KV kernel (measured faster
-  // there); with 8 heads, or over a DSA selection, the sm90 kernel. On sm_120 neither tensor-core decode
-  // kernel fits, so the general kernel.
+  // A dense decode batch over fp8 pages of 64 with 64 heads: the warpgroup-MMA kernel on sm_90, elsewhere
+  // the older split-KV kernel (measured faster there than the sm90 one); with 8 heads, or over a DSA
+  // selection, the sm90 kernel. On sm_120 neither tensor-core decode kernel fits, so the general kernel.
   const MlaAttentionShape glm{8, 64, 512, 64, 64, KvFormat::FP8E4M3, false, true, 8};
-  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::Fp8Decode);
+  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::WgmmaDecode);
+  MlaAttentionShape glm_split = glm;
+  glm_split.prefer = MlaAttentionPrefer::Fp8Decode;
+  EXPECT_EQ(mla_attention_choose(glm_split, caps_of(limits_h200())).kernel, MlaAttentionKernel::Fp8Decode);
+  MlaAttentionShape glm_bf16 = glm;
+  glm_bf16.format = KvFormat::BF16;
+  glm_bf16.prefer = MlaAttentionPrefer::WgmmaDecode;  // does not apply to bf16 pages: falls back
+  EXPECT_NE(mla_attention_choose(glm_bf16, caps_of(limits_h200())).kernel, MlaAttentionKernel::WgmmaDecode);
   EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_b200())).kernel, MlaAttentionKernel::Fp8Decode);
   EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_rtx_pro_6000())).kernel, MlaAttentionKernel::General);
   MlaAttentionShape few = glm;
@@ -329,6 +343,10 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
   MlaAttentionShape sel = glm;
   sel.has_topk = true;
   EXPECT_EQ(mla_attention_choose(sel, caps_of(limits_h200())).kernel, MlaAttentionKernel::Sm90Decode);
+  EXPECT_EQ(mla_decode_kernel_from_env(nullptr), MlaAttentionPrefer::Auto);
+  EXPECT_EQ(mla_decode_kernel_from_env("wgmma"), MlaAttentionPrefer::WgmmaDecode);
+  EXPECT_EQ(mla_decode_kernel_from_env("split"), MlaAttentionPrefer::Fp8Decode);
+  EXPECT_THROW(mla_decode_kernel_from_env("fast"), ms::Error);
   EXPECT_EQ(mla_attention_choose(sel, caps_of(limits_b200())).kernel, MlaAttentionKernel::Sm90Decode);
   // Asked for, the older fp8 kernel is still chosen; the general kernel too.
   MlaAttentionShape old = glm;

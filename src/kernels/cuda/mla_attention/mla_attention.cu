@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/pdl.cuh"
@@ -112,6 +114,17 @@ void check_params(const MlaAttentionConfig& c, const MlaAttentionParams& p) {
         "mla_attention: the fp8 decode kernel needs seq_lens of one sequence per token (n_seqs {} vs m {})",
         p.meta.n_seqs, p.m);
   }
+  if (c.kernel == MlaAttentionKernel::WgmmaDecode) {
+    MS_CHECK(p.topk == nullptr && p.kv.format == KvFormat::FP8E4M3 && p.kv.width == kMlaHeadDim &&
+                 p.kv_lora_rank == kMlaLatentDim,
+             "mla_attention: the wgmma decode kernel needs fp8 pages of width {} with kv_lora_rank {} and no "
+             "selection, got {} width {} rank {}",
+             kMlaHeadDim, kMlaLatentDim, kv_format_name(p.kv.format), p.kv.width, p.kv_lora_rank);
+    MS_CHECK(
+        p.meta.seq_lens != nullptr && p.meta.n_seqs == p.m,
+        "mla_attention: the wgmma decode kernel needs seq_lens of one sequence per token (n_seqs {} vs m {})",
+        p.meta.n_seqs, p.m);
+  }
   if (c.kernel == MlaAttentionKernel::Sm90Decode) {
     MS_CHECK(
         p.kv.format != KvFormat::F32 && p.kv.width == kMlaHeadDim && p.kv_lora_rank == kMlaLatentDim,
@@ -131,16 +144,48 @@ void check_params(const MlaAttentionConfig& c, const MlaAttentionParams& p) {
 }  // namespace
 
 const char* mla_attention_kernel_name(MlaAttentionKernel k) {
-  return k == MlaAttentionKernel::Fp8Decode    ? "mla_decode_fp8"
-         : k == MlaAttentionKernel::Sm90Decode ? "mla_decode_sm90"
-                                               : "mla_attention_general";
+  return k == MlaAttentionKernel::Fp8Decode     ? "mla_decode_fp8"
+         : k == MlaAttentionKernel::Sm90Decode  ? "mla_decode_sm90"
+         : k == MlaAttentionKernel::WgmmaDecode ? "mla_decode_wgmma"
+                                                : "mla_attention_general";
 }
 
-MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& s, const DeviceCaps& caps) {
-  MS_CHECK(s.heads > 0 && s.kv_lora_rank > 0 && s.rope >= 0 && s.page_size > 0 && s.m >= 0,
-           "mla_attention_choose: heads {} kv_lora_rank {} rope {} page_size {} m {}", s.heads,
-           s.kv_lora_rank, s.rope, s.page_size, s.m);
+MlaAttentionPrefer mla_decode_kernel_from_env(const char* value) {
+  const std::string_view v = value ? value : "";
+  if (v.empty()) return MlaAttentionPrefer::Auto;
+  if (v == "split") return MlaAttentionPrefer::Fp8Decode;
+  if (v == "sm90") return MlaAttentionPrefer::Sm90Decode;
+  if (v == "wgmma") return MlaAttentionPrefer::WgmmaDecode;
+  MS_THROW("MOESERVE_MLA_DECODE_KERNEL = '{}' is not one of split, sm90, wgmma", v);
+}
+
+MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const DeviceCaps& caps) {
+  MS_CHECK(
+      shape.heads > 0 && shape.kv_lora_rank > 0 && shape.rope >= 0 && shape.page_size > 0 && shape.m >= 0,
+      "mla_attention_choose: heads {} kv_lora_rank {} rope {} page_size {} m {}", shape.heads,
+      shape.kv_lora_rank, shape.rope, shape.page_size, shape.m);
+  MlaAttentionShape s = shape;
+  if (s.prefer == MlaAttentionPrefer::Auto)
+    s.prefer = mla_decode_kernel_from_env(std::getenv("MOESERVE_MLA_DECODE_KERNEL"));
   MlaAttentionConfig c;
+  // Dense decode over fp8 pages on sm_90: the warpgroup-MMA kernel, built for 64 rows a block (64 and 128
+  // heads by default; any head count when asked for).
+  const bool wgmma_heads = s.heads == 64 || s.heads == 128 || s.prefer == MlaAttentionPrefer::WgmmaDecode;
+  if ((s.prefer == MlaAttentionPrefer::Auto || s.prefer == MlaAttentionPrefer::WgmmaDecode) && wgmma_heads &&
+      s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim && s.format == KvFormat::FP8E4M3 &&
+      !s.has_topk && s.decode_only && s.n_seqs == s.m && s.m > 0 && caps.arch() == 90 &&
+      caps.multiprocessors > 0) {
+    const mla_wgmma::Config k = mla_wgmma::choose(s.n_seqs, 1, s.heads, limits_of(caps));
+    if (k.heads_per_block > 0 && k.units <= 65535) {
+      c.kernel = MlaAttentionKernel::WgmmaDecode;
+      c.wgmma = k;
+      c.smem_bytes = k.smem;
+      c.workspace_bytes = k.workspace;
+      c.why = "decode-only batch over fp8 pages of width 512 + 64 on sm_90 (warpgroup MMA)";
+      return c;
+    }
+  }
+  if (s.prefer == MlaAttentionPrefer::WgmmaDecode) s.prefer = MlaAttentionPrefer::Auto;  // did not apply
   const bool sm90_shape = s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim &&
                           (s.format == KvFormat::FP8E4M3 || s.format == KvFormat::BF16);
   const bool sm90_batch = s.m > 0 && ((s.decode_only && s.n_seqs == s.m) || s.has_topk);
@@ -228,6 +273,10 @@ void mla_attention(const MlaAttentionConfig& c, const MlaAttentionParams& p, cud
   check_smem(caps, mla_attention_kernel_name(c.kernel), c.smem_bytes);
   if (c.kernel == MlaAttentionKernel::Sm90Decode) {
     mla_decode_sm90(c.sm90, sm90_params(p), stream);
+    return;
+  }
+  if (c.kernel == MlaAttentionKernel::WgmmaDecode) {
+    mla_decode_wgmma(c.wgmma, sm90_params(p), stream);
     return;
   }
   if (c.kernel == MlaAttentionKernel::General) {

@@ -16,6 +16,10 @@
 //              any size, and the batch is decode only (one token per sequence, token i of sequence i) or
 //              attends over a DSA selection (any batch: one unit per token). The default where it fits,
 //              except dense fp8 pages of 64 with 32+ heads, where Fp8Decode measured faster.
+//   WgmmaDecode: the sm_90a warpgroup-MMA kernel of kernels/cuda/mla_decode/mla_decode_wgmma.h (f16 q, keys
+//              and P, f32 accumulation, split plan on the device) for a decode-only batch over fp8 pages of
+//              width 512 + 64 (any page size) on sm_90: the default there for 64 and 128 heads (the head
+//              counts it is built for: 64 rows per block), and chosen for any head count when asked for.
 //   Fp8Decode: the older tensor-core kernel of kernels/cuda/mla_decode (decode only, fp8 pages of 64, no
 //              selection; q_cat cast to bf16 into the workspace first): the default for 32+ heads there,
 //              and chosen when asked for (prefer = Fp8Decode).
@@ -29,13 +33,18 @@
 
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90_config.h"
+#include "kernels/cuda/mla_decode/mla_decode_wgmma.h"
 #include "kernels/cuda/paged_kv/paged_kv.h"
 
 namespace ms::cuda {
 
-enum class MlaAttentionKernel : uint8_t { General, Fp8Decode, Sm90Decode };
-// What the caller asks for (--attention-backend): Auto takes the fastest kernel that fits.
-enum class MlaAttentionPrefer : uint8_t { Auto, General, Fp8Decode, Sm90Decode };
+enum class MlaAttentionKernel : uint8_t { General, Fp8Decode, Sm90Decode, WgmmaDecode };
+// What the caller asks for (--attention-backend): Auto takes the fastest kernel that fits. With Auto, the
+// environment variable MOESERVE_MLA_DECODE_KERNEL = split | sm90 | wgmma asks for Fp8Decode, Sm90Decode or
+// WgmmaDecode (for comparing them on one build); a kernel that does not apply falls back as Auto would.
+enum class MlaAttentionPrefer : uint8_t { Auto, General, Fp8Decode, Sm90Decode, WgmmaDecode };
+// The preference named by a MOESERVE_MLA_DECODE_KERNEL value (null or empty: Auto); throws on another value.
+MlaAttentionPrefer mla_decode_kernel_from_env(const char* value);
 const char* mla_attention_kernel_name(MlaAttentionKernel k);
 
 // What the host knows of a step's attention call.
@@ -58,6 +67,7 @@ struct MlaAttentionConfig {
   int split_target = 0;                         // Fp8Decode: blocks the split plan fills (multiprocessors)
   size_t workspace_bytes = 0;                   // device workspace mla_attention_plan / mla_attention need
   mla_sm90::Config sm90;                        // Sm90Decode: its tile, ring and split configuration
+  mla_wgmma::Config wgmma;                      // WgmmaDecode: its head groups and splits
   std::string why;                              // why this kernel (and not the other)
 };
 
