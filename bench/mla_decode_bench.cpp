@@ -5,7 +5,8 @@
 // (bf16)
 // + out (f32), FLOPs = 2 * tokens * heads * keys * (576 + 512), roofline = max(bytes / copy bandwidth,
 // FLOPs / matrix rate), and the time of the kernel decode used before (the older fp8 kernel for fp8 dense
-// pages of 64, else the general kernel). Pages are spread at random over a pool of at least 256 MB and
+// pages of 64, else the general kernel); dense fp8 shapes on sm_90 also time the warpgroup-MMA kernel
+// (`--wgmma`: only the shapes it is built for). Pages are spread at random over a pool of at least 256 MB and
 // several block tables rotate through it, so a short context is not served from L2 by the previous call.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -21,6 +22,7 @@
 #include "kernels/cuda/mla_attention/mla_attention.h"
 #include "kernels/cuda/mla_decode/mla_decode.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90.h"
+#include "kernels/cuda/mla_decode/mla_decode_wgmma.h"
 
 namespace {
 
@@ -258,6 +260,25 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
     }
   }
 
+  // The warpgroup-MMA kernel (sm_90a, dense fp8 pages), on the same inputs.
+  float t_wg = 0;
+  gpu::mla_wgmma::Config wcfg;
+  if (!s.topk && s.fp8) wcfg = gpu::mla_decode_wgmma_choose(p, gpu::limits_of(caps));
+  if (wcfg.heads_per_block > 0) {
+    void* wws = nullptr;
+    if (wcfg.workspace) CUDA_CHECK(cudaMalloc(&wws, wcfg.workspace));
+    gpu::MlaDecodeSm90Params pw = p;
+    pw.workspace = wws;
+    t_wg = time_graph_ms(
+        [&](cudaStream_t st) {
+          pw.block_table = tables[which];
+          gpu::mla_decode_wgmma(wcfg, pw, st);
+          which = (which + 1) % reps;
+        },
+        20);
+    cudaFree(wws);
+  }
+
   // The kernel used before: the older fp8 kernel (fp8, dense), else the general kernel.
   float t_old = 0;
   const bool old_fp8 = s.fp8 && !s.topk;
@@ -344,6 +365,12 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
       name, bytes / 1e6, flops / 1e9, mem_us, math_us, roof_us, t_us, bytes / (t * 1e-3) / 1e9,
       flops / (t * 1e-3) / 1e12, 100.0 * roof_us / t_us, t_old * 1e3, t_old / t, cfg.max_splits, cfg.stages,
       cfg.heads_per_block);
+  if (t_wg > 0)
+    std::printf(
+        "%-26s   wgmma: %.2f us (%.0f%% of roofline, %.2fx the sm90 kernel, %.2fx the old one), %d splits, "
+        "%d heads/block\n",
+        "", t_wg * 1e3, 100.0 * roof_us / (t_wg * 1e3), t / t_wg, t_old / t_wg, wcfg.max_splits,
+        wcfg.heads_per_block);
   if (t_alt > 0)
     std::printf("%-26s   one block per SM, %d-tile ring: %.2f us (%.0f%% of roofline)\n", "", alt_stages,
                 t_alt * 1e3, 100.0 * roof_us / (t_alt * 1e3));
@@ -369,6 +396,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";  // the four headline shapes only
+  // The warpgroup-MMA kernel's shapes (64 and 128 heads, dense fp8 pages).
+  const bool wgmma_shapes = argc > 1 && std::string(argv[1]) == "--wgmma";
   const auto caps = gpu::query_device(0);
   const double bw = measure_copy_gbs(), tflops = measure_bf16_tflops();
   std::printf("device: %s (sm_%d, %d SMs, %zu KiB smem/block opt-in)\n", caps.name.c_str(), caps.arch(),
@@ -383,7 +412,13 @@ int main(int argc, char** argv) {
   std::printf("%-26s %9s %8s %9s %9s %9s %9s %8s %8s %7s %10s %7s\n", "shape", "MB", "GFLOP", "mem us",
               "math us", "roof us", "time us", "GB/s", "TFLOP/s", "%roof", "old us", "speedup");
   std::vector<Shape> shapes;
-  if (quick) {
+  if (wgmma_shapes) {
+    shapes = {{64, 32, 4096, true, 0},
+              {64, 32, 32768, true, 0},
+              {64, 64, 32768, true, 0},
+              {64, 1, 32768, true, 0},
+              {128, 32, 32768, true, 0}};
+  } else if (quick) {
     shapes = {{64, 32, 4096, true, 0},
               {64, 1, 32768, true, 0},
               {8, 64, 4096, true, 0},
