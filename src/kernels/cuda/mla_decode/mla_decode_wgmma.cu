@@ -78,6 +78,7 @@ __device__ __forceinline__ int unit_splits(int keys, int tps) {
   return max(1, ((keys + kTileKeys - 1) / kTileKeys + tps - 1) / tps);
 }
 
+#if MS_MLA_WGMMA_ENABLED
 // Eight values (f32 or bf16) -> eight f16, saturated, as one 16-byte store's worth.
 __device__ __forceinline__ uint4 load_q8(const MlaDecodeSm90Params& p, int64_t off) {
   if (p.q_bf16) {
@@ -92,6 +93,7 @@ __device__ __forceinline__ uint4 load_q8(const MlaDecodeSm90Params& p, int64_t o
   return make_uint4(tc::pack_f16_sat(a.x, a.y), tc::pack_f16_sat(a.z, a.w), tc::pack_f16_sat(b.x, b.y),
                     tc::pack_f16_sat(b.z, b.w));
 }
+#endif
 
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_split(MlaDecodeSm90Params p, int hb, int max_splits, int min_tiles, float* __restrict__ part,
