@@ -49,13 +49,13 @@ namespace {
 using namespace mla_wgmma;
 using namespace mla_wgmma_ptx;
 using bf16 = __nv_bfloat16;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr uint32_t kBlockBytes = 64 * 128;  // one swizzled block: 64 lines x 64 f16
-constexpr int kChunks16 = kDim / 16;        // 16-byte pieces of a raw fp8 row
+[[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
+[[maybe_unused]] constexpr uint32_t kBlockBytes = 64 * 128;  // one swizzled block: 64 lines x 64 f16
+[[maybe_unused]] constexpr int kChunks16 = kDim / 16;        // 16-byte pieces of a raw fp8 row
 // Registers a thread: 2 x 128 x 232 + 128 x 40 = 64512 of the 65536. A consumer holds O (128), S (16), the P
 // fragments (16) and addressing.
-constexpr int kConsumerRegs = 232;
-constexpr int kProducerRegs = 40;
+[[maybe_unused]] constexpr int kConsumerRegs = 232;
+[[maybe_unused]] constexpr int kProducerRegs = 40;
 
 __device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
   return min(max(p.seq_lens[u], 0), p.block_table_stride * p.page_size);
