@@ -51,7 +51,8 @@ Workspace Workspace::make(const io::ModelConfig& c, const WorkspaceLimits& lim, 
     }
     w.plain_ids = alloc({T, K}, DType::I32);
     w.local_ids = alloc({T, K}, DType::I32);
-    // With the shared expert fused (ModelOptions::fuse_shared_expert) the op sees K + 1 slots of E + 1 experts.
+    // With the shared expert fused (ModelOptions::fuse_shared_expert) the op sees K + 1 slots of E + 1
+    // experts.
     const int fused = shared_inter > 0 ? 1 : 0;
     w.moe = ops::MoeScratch::make(alloc, T, K + fused, E + fused, H, c.moe_intermediate_size);
     w.route = moe::RouteScratch::make(alloc, T, E, K);
