@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -191,8 +192,27 @@ int main() {
   std::printf("\n%-6s %6s %-8s %-6s %15s %9s %9s %8s %11s %9s %8s %12s\n", "format", "tokens", "routing",
               "kernel", "config", "ours ms", "TFLOP/s", "% bf16", "cuBLAS ms", "TFLOP/s", "% bf16",
               "CUDA-core ms");
-  for (int m : {512, 2048, 8192}) {
+  // MOE_PREFILL_TOKENS=8192 (a comma list) and MOE_PREFILL_ONLY=wgmma (uniform routing, our two GEMM launches
+  // and their plan only, no peers) narrow the run for a profiler.
+  std::vector<int> token_counts{512, 2048, 8192};
+  if (const char* env = std::getenv("MOE_PREFILL_TOKENS"); env && *env) {
+    token_counts.clear();
+    for (const char* s = env; *s;) {
+      char* end = nullptr;
+      const long v = std::strtol(s, &end, 10);
+      if (end == s || v < 1 || v > max_m) {
+        std::fprintf(stderr, "MOE_PREFILL_TOKENS: '%s' is not a comma list of 1..%d\n", env, max_m);
+        return 2;
+      }
+      token_counts.push_back(static_cast<int>(v));
+      s = *end == ',' ? end + 1 : end;
+    }
+  }
+  const char* only_env = std::getenv("MOE_PREFILL_ONLY");
+  const bool only_wgmma = only_env && std::string(only_env) == "wgmma";
+  for (int m : token_counts) {
     for (bool skewed : {false, true}) {
+      if (only_wgmma && skewed) continue;
       const auto ids = make_ids(m, skewed, rng);
       std::vector<int> cnt(kE, 0);
       for (int32_t e : ids) ++cnt[e];
@@ -250,14 +270,16 @@ int main() {
         }
       };
       const int iters = m >= 8192 ? 5 : 10;
-      const float t_cublas = time_ms(cublas, iters);
+      const float t_cublas = only_wgmma ? 0.f : time_ms(cublas, iters);
       p.experts = d_t4;
       p.format = ms::cuda::MoeWeightFormat::NVFP4;
-      const float t_old = time_ms([&] { ms::cuda::moe_experts(p, nullptr); }, m >= 8192 ? 1 : 3);
+      const float t_old =
+          only_wgmma ? 0.f : time_ms([&] { ms::cuda::moe_experts(p, nullptr); }, m >= 8192 ? 1 : 3);
       for (auto f : {ms::cuda::MoeWeightFormat::NVFP4, ms::cuda::MoeWeightFormat::BF16}) {
         p.format = f;
         p.experts = f == ms::cuda::MoeWeightFormat::NVFP4 ? d_t4 : d_tb;
         for (auto kernel : {ms::cuda::MoePrefillKernel::Mma, ms::cuda::MoePrefillKernel::Wgmma}) {
+          if (only_wgmma && kernel != ms::cuda::MoePrefillKernel::Wgmma) continue;
           p.prefill_kernel = kernel;
           char cfgs[48];
           if (kernel == ms::cuda::MoePrefillKernel::Wgmma) {
