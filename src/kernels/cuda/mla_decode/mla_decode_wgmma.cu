@@ -29,6 +29,9 @@
 //        O is 64 x 256 f32 per warpgroup = 128 registers a thread.
 //   Named barrier 1 (the 256 consumer threads) orders, per tile: the widening after the previous tile's
 //   MMAs, the MMAs after the widening, the P exchange after the maxima exchange.
+// Every mbarrier wait is bounded (mla_wgmma.cuh mbar_wait): one that has not completed after about 4 s
+// records the block, thread, barrier (full[s] = s, empty[s] = kStages + s) and parity in mapped host memory
+// and traps; mla_decode_wgmma_hang_report() (and stderr at exit) names it.
 // The pipeline overlaps only the loads with the math (the widened tile is single-buffered: no room for a
 // second one), which the measured roofline fraction will tell.
 #include "kernels/cuda/mla_decode/mla_decode_wgmma.h"
@@ -36,6 +39,12 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/mma_sm80.cuh"
@@ -49,6 +58,8 @@ namespace {
 using namespace mla_wgmma;
 using namespace mla_wgmma_ptx;
 using bf16 = __nv_bfloat16;
+MbarHang* host_hang = nullptr;  // the host view of hang_record(), once allocated
+
 [[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
 [[maybe_unused]] constexpr uint32_t kBlockBytes = 64 * 128;  // one swizzled block: 64 lines x 64 f16
 [[maybe_unused]] constexpr int kChunks16 = kDim / 16;        // 16-byte pieces of a raw fp8 row
@@ -56,6 +67,12 @@ using bf16 = __nv_bfloat16;
 // fragments (16) and addressing.
 [[maybe_unused]] constexpr int kConsumerRegs = 232;
 [[maybe_unused]] constexpr int kProducerRegs = 40;
+// setmaxnreg moves registers between the warpgroups of the block: every warpgroup must be complete (a partial
+// one never finishes its setmaxnreg), and the budgets must fit in what the block is launched with (ptxas
+// gives the kernel 65536 / 384 = 168 a thread); an .inc that cannot be served waits for ever.
+static_assert(kThreads == 384, "two consumer warpgroups and one producer warpgroup");
+static_assert(2 * 128 * kConsumerRegs + 128 * kProducerRegs <= (65536 / kThreads) / 8 * 8 * kThreads,
+              "the register budgets exceed what a block of kThreads threads can be given");
 
 __device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
   return min(max(p.seq_lens[u], 0), p.block_table_stride * p.page_size);
@@ -97,7 +114,7 @@ __device__ __forceinline__ uint4 load_q8(const MlaDecodeSm90Params& p, int64_t o
 
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_split(MlaDecodeSm90Params p, int hb, int max_splits, int min_tiles, float* __restrict__ part,
-                    float* __restrict__ lse) {
+                    float* __restrict__ lse, MbarHang* __restrict__ hang) {
   dev::grid_dep_enter();
 #if MS_MLA_WGMMA_ENABLED
   extern __shared__ uint4 smem_dyn[];
@@ -159,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool whole_tiles = p.page_size % kTileKeys == 0;
     for (int T = 0; T < ntiles; ++T) {
       const int s = T % kStages;
-      if (T >= kStages) mbar_wait(empty + s, ((T / kStages) - 1) & 1);
+      if (T >= kStages) mbar_wait(empty + s, ((T / kStages) - 1) & 1, kStages + s, hang);
       const int k0 = (tile_begin + T) * kTileKeys;
       const int valid = min(kTileKeys, keys - k0);
       unsigned char* dst = raw + s * kRawBytes;
@@ -202,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = i % kStages;
     const int k0 = (tile_begin + i) * kTileKeys;
     const int valid = min(kTileKeys, keys - k0);
-    mbar_wait(full + s, (i / kStages) & 1);
+    mbar_wait(full + s, (i / kStages) & 1, s, hang);
     named_barrier(1, 256);  // both warpgroups' MMAs of the previous tile are done with k_s
 
     // 1. Widen: piece c = 16 fp8 of row c / 36 -> two swizzled 16-byte chunks.
@@ -380,6 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   (void)min_tiles;
   (void)part;
   (void)lse;
+  (void)hang;
 #endif
 }
 
@@ -420,6 +438,47 @@ __global__ void mla_wgmma_combine(MlaDecodeSm90Params p, int max_splits, int min
         make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
 }
 
+// The record of a timed-out mbarrier wait (mla_wgmma.cuh): host memory mapped into the device, allocated at
+// the first launch, printed to stderr at exit when a wait timed out (the launch itself only fails with an
+// unspecified launch failure). Null when it cannot be allocated: the wait still traps.
+MbarHang* hang_record() {
+  static MbarHang* const rec = [] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // allocating is not captured work
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    void* h = nullptr;
+    void* d = nullptr;
+    if (cudaHostAlloc(&h, sizeof(MbarHang), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
+        cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
+      cudaGetLastError();
+      d = nullptr;
+    } else {
+      std::memset(h, 0, sizeof(MbarHang));
+      host_hang = static_cast<MbarHang*>(h);
+      std::atexit([] {
+        const std::string msg = mla_decode_wgmma_hang_report();
+        if (!msg.empty()) std::fprintf(stderr, "%s\n", msg.c_str());
+      });
+    }
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return static_cast<MbarHang*>(d);
+  }();
+  return rec;
+}
+
+// Registers the split kernel is launched with, against the setmaxnreg budgets (read once).
+void check_registers() {
+  static const int regs = [] {
+    cudaFuncAttributes a{};
+    CUDA_CHECK(cudaFuncGetAttributes(&a, mla_wgmma_split));
+    return a.numRegs;
+  }();
+  MS_CHECK(
+      regs * kThreads >= 2 * 128 * kConsumerRegs + 128 * kProducerRegs,
+      "mla_decode_wgmma: the split kernel was built with {} registers a thread, {} x {} do not cover the "
+      "setmaxnreg budgets (2 x 128 x {} + 128 x {})",
+      regs, regs, kThreads, kConsumerRegs, kProducerRegs);
+}
+
 void check_params(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p) {
   MS_CHECK(p.n_seqs > 0 && p.heads > 0, "mla_decode_wgmma: n_seqs = {} and heads = {} must be positive",
            p.n_seqs, p.heads);
@@ -458,6 +517,19 @@ void check_params(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p) {
 
 }  // namespace
 
+std::string mla_decode_wgmma_hang_report() {
+  if (host_hang == nullptr) return {};
+  const volatile MbarHang* r = host_hang;
+  if (r->seen == 0) return {};
+  const uint32_t b = r->barrier;
+  const char* name = b < static_cast<uint32_t>(kStages) ? "full" : "empty";
+  return fmt::format(
+      "mla_decode_wgmma: block ({}, {}, {}) thread {} waited {:.1f} s for mbarrier {}[{}] to complete the "
+      "phase of parity {}, and trapped",
+      r->block[0], r->block[1], r->block[2], r->thread, static_cast<double>(kMbarHangNs) * 1e-9, name,
+      b % kStages, r->parity);
+}
+
 mla_wgmma::Config mla_decode_wgmma_choose(const MlaDecodeSm90Params& p, const DeviceLimits& dev) {
   if (p.topk != nullptr || !p.kv_fp8) return {};
   return mla_wgmma::choose(p.n_seqs, p.q_per_seq, p.heads, dev);
@@ -466,6 +538,11 @@ mla_wgmma::Config mla_decode_wgmma_choose(const MlaDecodeSm90Params& p, const De
 void mla_decode_wgmma(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p, cudaStream_t stream) {
   check_params(c, p);
   check_fit(current_device_caps(), need());
+  check_registers();
+  {
+    const std::string hung = mla_decode_wgmma_hang_report();
+    MS_CHECK(hung.empty(), "{} (an earlier launch)", hung);
+  }
   CUDA_CHECK(cudaFuncSetAttribute(mla_wgmma_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmemBytes)));
   const size_t n = static_cast<size_t>(c.units) * c.max_splits * c.q_per_unit * p.heads;
@@ -473,7 +550,7 @@ void mla_decode_wgmma(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p, 
   float* lse = part ? part + (n * kLatent * 4 + 255) / 256 * 64 : nullptr;
   const dim3 grid(c.max_splits, c.head_groups, c.units);
   launch_kernel("mla_decode_wgmma", mla_wgmma_split, grid, kThreads, kSmemBytes, stream, p, c.heads_per_block,
-                c.max_splits, c.min_tiles_per_split, part, lse);
+                c.max_splits, c.min_tiles_per_split, part, lse, hang_record());
   if (c.max_splits > 1)
     launch_kernel("mla_wgmma_combine", mla_wgmma_combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4,
                   0, stream, p, c.max_splits, c.min_tiles_per_split, lse, part);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
 
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/kernel_fit.h"
@@ -27,7 +28,7 @@ constexpr int kLatent = 512;   // the value part and the output width
 constexpr int kRows = 64;      // query rows of one block (the M of every wgmma)
 constexpr int kTileKeys = 64;  // keys per pipeline tile (the N of S, the K of P V)
 constexpr int kStages = 2;     // raw fp8 tiles in flight
-constexpr int kThreads = 288;  // two consumer warpgroups + one producer warp
+constexpr int kThreads = 384;  // two consumer warpgroups + the producer warpgroup (one warp of it copies)
 constexpr int kMaxSplits = 128;
 
 // Shared memory (bytes, from a 1024-aligned base): Q [64][576] f16 and the widened key tile [64][576] f16,
@@ -90,5 +91,10 @@ mla_wgmma::Config mla_decode_wgmma_choose(const MlaDecodeSm90Params& p, const De
 // Checks shapes (dense, fp8 pages), alignment, the architecture and the device's shared memory, then launches
 // the split pass and, when the config has more than one split, the combine pass. Graph-capturable.
 void mla_decode_wgmma(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p, cudaStream_t stream);
+
+// Empty, or the line naming the block, thread, mbarrier and parity of a split-pass wait that timed out (the
+// kernel traps after about 4 s instead of hanging; its launch then fails with an unspecified launch failure).
+// Also printed to stderr at exit.
+std::string mla_decode_wgmma_hang_report();
 
 }  // namespace ms::cuda
