@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu_bench.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/gemm/bf16_gemv.h"
@@ -19,84 +20,9 @@
 
 namespace {
 
-template <typename F>
-float time_ms(F&& f, int iters) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  CUDA_CHECK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) f();
-  CUDA_CHECK(cudaEventRecord(b));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / static_cast<float>(iters);
-}
-
-// Time per call of `f(stream)` replayed from a CUDA graph of `iters` captured calls (how decode runs: no host
-// launch cost between kernels). Falls back to plain launches when capture is refused; `graphed` says which.
-template <typename F>
-float time_graph_ms(F&& f, int iters, bool& graphed) {
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < 3; ++i) f(s);
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  graphed = false;
-  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
-    try {
-      for (int i = 0; i < iters; ++i) f(s);
-    } catch (const ms::Error&) {
-    }
-    if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph &&
-        cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess)
-      graphed = true;
-  }
-  cudaGetLastError();
-  float ms = 0;
-  if (graphed) {
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
-    CUDA_CHECK(cudaGraphLaunch(exec, s));
-    CUDA_CHECK(cudaEventRecord(a, s));
-    for (int r = 0; r < 3; ++r) CUDA_CHECK(cudaGraphLaunch(exec, s));
-    CUDA_CHECK(cudaEventRecord(b, s));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    ms /= 3.f * static_cast<float>(iters);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    cudaGraphExecDestroy(exec);
-  } else {
-    ms = time_ms([&] { f(nullptr); }, iters);  // the legacy stream, where time_ms records its events
-  }
-  if (graph) cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
-  return ms;
-}
-
-// Device-to-device copy of 2 GiB, read + write, best of 5 plain stream launches (as bench_moe_experts
-// measures it: a copy captured into a graph runs slower than one launched on a stream).
-double measure_copy_gbs() {
-  const size_t bytes = size_t{2} << 30;
-  void *src, *dst;
-  CUDA_CHECK(cudaMalloc(&src, bytes));
-  CUDA_CHECK(cudaMalloc(&dst, bytes));
-  CUDA_CHECK(cudaMemset(src, 1, bytes));
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  float ms = 1e30f;
-  for (int r = 0; r < 5; ++r)
-    ms = std::min(
-        ms, time_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 1));
-  cudaFree(src);
-  cudaFree(dst);
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;  // read + write
-}
+using ms::bench::measure_copy_gbs;
+using ms::bench::time_graph_ms;
+using ms::bench::time_ms;
 
 // The BF16 GEMV on GLM-5's BF16 linears (n = outputs, k = inputs) at decode row counts, against what the BF16
 // path ran before it on the same inputs: x cast to a bf16 scratch, then a cuBLASLt GEMM (which at these m
@@ -169,7 +95,7 @@ void bench_bf16_gemv(double bw, bool sweep) {
               mc::bf16_gemv(p, st);
             which = (which + 1) % reps;
           },
-          10, graphed);
+          10, 3, &graphed);
       return t * 1e3f;
     };
     for (int m : {1, 8}) {
@@ -338,7 +264,7 @@ void bench_mla_decode(const ms::cuda::DeviceCaps& caps, double bw) {
           ms::cuda::mla_decode(p, st);
           which = (which + 1) % reps;
         },
-        20, graphed);
+        20, 3, &graphed);
     if (!graphed) std::printf("(graph capture refused: plain launches)\n");
     const double bytes = static_cast<double>(s.batch) * s.len * kMlaHeadDim + q_elems * 2.0 + out_elems * 4.0;
     const double floor_us = bytes / (bw * 1e9) * 1e6;
@@ -431,7 +357,7 @@ void bench_mla_absorb(double bw) {
                 }
                 which = (which + 1) % reps;
               },
-              40, graphed);
+              40, 3, &graphed);
           if (!graphed) std::printf("(graph capture refused: plain launches)\n");
           const double weight = static_cast<double>(heads) * (op == 0 ? nope : v) * r * es;
           const double act = op == 0 ? static_cast<double>(m) * heads * (nope + rope + r + rope) * 4.0
@@ -522,7 +448,7 @@ void bench_fp8_gemv(double bw) {
               mc::linear(p, path, lt, st);
               which = (which + 1) % reps;
             },
-            20, graphed);
+            20, 3, &graphed);
         if (!graphed) std::printf("(graph capture refused: plain launches)\n");
         return t * 1e3f;
       };
@@ -625,7 +551,7 @@ int main(int argc, char** argv) {
             ms::cuda::nvfp4_gemv(p, st);
             which = (which + 1) % s.reps;
           },
-          50, graphed);
+          50, 3, &graphed);
       if (!graphed) std::printf("(graph capture refused: plain launches)\n");
       double bytes = static_cast<double>(wbytes + sbytes) + s.m * s.k * (f32x ? 4.0 : 2.0) + s.m * s.n * 4.0;
       double floor_us = bytes / (bw * 1e9) * 1e6;

@@ -8,7 +8,6 @@
 // pages of 64, else the general kernel); dense fp8 shapes on sm_90 also time the warpgroup-MMA kernel
 // (`--wgmma`: only the shapes it is built for). Pages are spread at random over a pool of at least 256 MB and
 // several block tables rotate through it, so a short context is not served from L2 by the previous call.
-#include <cublasLt.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu_bench.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/mla_attention/mla_attention.h"
@@ -29,112 +29,9 @@ namespace {
 namespace gpu = ms::cuda;
 constexpr int kDim = 576, kLat = 512, kPage = 64;
 
-template <typename F>
-float time_ms(F&& f, int iters, cudaStream_t s = nullptr) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) f();
-  CUDA_CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < iters; ++i) f();
-  CUDA_CHECK(cudaEventRecord(b, s));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / static_cast<float>(iters);
-}
-
-// Time per call of f(stream) replayed from a CUDA graph of `calls` captured calls (how decode runs).
-template <typename F>
-float time_graph_ms(F&& f, int calls, int replays = 3) {
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  f(s);
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < calls; ++i) f(s);
-  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  CUDA_CHECK(cudaGraphLaunch(exec, s));
-  const float ms = time_ms([&] { CUDA_CHECK(cudaGraphLaunch(exec, s)); }, replays, s);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
-  return ms / static_cast<float>(calls);
-}
-
-double measure_copy_gbs() {
-  const size_t bytes = size_t{2} << 30;
-  void *src, *dst;
-  CUDA_CHECK(cudaMalloc(&src, bytes));
-  CUDA_CHECK(cudaMalloc(&dst, bytes));
-  CUDA_CHECK(cudaMemset(src, 1, bytes));
-  const float ms =
-      time_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10);
-  cudaFree(src);
-  cudaFree(dst);
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
-}
-
-#define LT_CHECK(x)                                                                                \
-  do {                                                                                             \
-    const cublasStatus_t st_ = (x);                                                                \
-    MS_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt: {} failed ({})", #x, static_cast<int>(st_)); \
-  } while (0)
-
-// Dense BF16 tensor-core rate (TFLOP/s) of an n^3 GEMM through cuBLASLt, f32 accumulation.
-double measure_bf16_tflops() {
-  const int n = 8192;
-  const size_t elems = static_cast<size_t>(n) * n, ws_bytes = size_t{64} << 20;
-  void *a, *b, *c, *ws;
-  CUDA_CHECK(cudaMalloc(&a, elems * 2));
-  CUDA_CHECK(cudaMalloc(&b, elems * 2));
-  CUDA_CHECK(cudaMalloc(&c, elems * 2));
-  CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-  CUDA_CHECK(cudaMemset(a, 0x3c, elems * 2));
-  CUDA_CHECK(cudaMemset(b, 0x3c, elems * 2));
-  cublasLtHandle_t lt;
-  LT_CHECK(cublasLtCreate(&lt));
-  cublasLtMatmulDesc_t op;
-  LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
-  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr));
-  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt));
-  cublasLtMatrixLayout_t la, lb, lc;
-  LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, n, n));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, n, n));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n));
-  cublasLtMatmulPreference_t pref;
-  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                sizeof ws_bytes));
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
-  MS_CHECK(found > 0, "cuBLASLt found no bf16 GEMM algorithm");
-  const float alpha = 1.f, beta = 0.f;
-  const float ms = time_ms(
-      [&] {
-        LT_CHECK(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &heur.algo, ws, ws_bytes,
-                                nullptr));
-      },
-      10);
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
-  cublasLtDestroy(lt);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
-  cudaFree(ws);
-  return 2.0 * n * static_cast<double>(n) * n / (ms * 1e-3) / 1e12;
-}
+using ms::bench::measure_copy_gbs;
+using ms::bench::time_graph_ms;
+using ms::bench::time_ms;
 
 struct Shape {
   int heads, batch, ctx;
@@ -399,7 +296,8 @@ int main(int argc, char** argv) {
   // The warpgroup-MMA kernel's shapes (64 and 128 heads, dense fp8 pages).
   const bool wgmma_shapes = argc > 1 && std::string(argv[1]) == "--wgmma";
   const auto caps = gpu::query_device(0);
-  const double bw = measure_copy_gbs(), tflops = measure_bf16_tflops();
+  ms::cuda::BlasLtHandle lt;
+  const double bw = measure_copy_gbs(), tflops = ms::bench::measure_bf16_tflops(lt);
   std::printf("device: %s (sm_%d, %d SMs, %zu KiB smem/block opt-in)\n", caps.name.c_str(), caps.arch(),
               caps.multiprocessors, caps.smem_per_block_optin / 1024);
   std::printf(
