@@ -34,7 +34,7 @@ constexpr int kGuUnroll = 3;     // gate_up: 32-k steps whose weights a lane loa
 // own slots of a per-warp ring in shared memory, `depth` steps ahead of its math and across work items, and
 // reads back only what it copied. Per lane and step: gate_up 4 rows x (16 weight bytes + the 4-byte word that
 // holds the lane's 2 scale bytes), down 2 rows x (16 + 4).
-constexpr int kRingMinDepth = 2;
+constexpr int kRingMinDepth = 3;  // fewer steps in flight than the register kernels keep: not worth a ring
 constexpr int kRingMaxDepth = 8;  // the kernels' cp.async.wait_group switch covers 0 .. kRingMaxDepth - 1
 constexpr int kGuRingRows = 4, kDownRingRows = 2;
 constexpr size_t ring_step_bytes(int rows) {  // one step of the block: [8 warps] x rows x 32 lanes x (16 + 4)
