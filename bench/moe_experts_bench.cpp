@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -255,15 +256,42 @@ int main() {
       const char* path_name = decode ? "decode" : stream ? "stream" : "grouped";
       const int iters = m <= 128 ? 20 : 3;
       int which = 0;
-      auto run = [&](cudaStream_t s, bool disable, bool no_decode) {
+      auto run = [&](cudaStream_t s, bool disable, bool no_decode, int ring = 0) {
         p.experts = tables[which];
         p.disable_stream = disable;
         p.disable_decode = no_decode;
+        p.decode_ring = ring;
         ms::cuda::moe_experts(p, s);
         which = (which + 1) % kCopies;
       };
       const bool forced_stream = path_mode == "stream";
       const float t_new = time_graph_ms([&](cudaStream_t s) { run(s, false, forced_stream); }, iters);
+      // The decode path's cp.async ring variant (decode_ring = 1), timed in the same run, and the largest
+      // |difference| of one step's output against the register kernels (same expert copy, out zeroed first;
+      // they are meant to agree bit for bit).
+      p.decode_ring = 1;
+      const bool ring = decode && ms::cuda::moe_experts_decode_uses_ring(p);
+      float t_ring = 0.f, ring_diff = 0.f;
+      if (ring) {
+        t_ring = time_graph_ms([&](cudaStream_t s) { run(s, false, false, 1); }, iters);
+        std::vector<float> o[2];
+        for (int v = 0; v < 2; ++v) {
+          CUDA_CHECK(cudaMemset(out, 0, xh.size() * 4));
+          which = 0;
+          run(nullptr, false, false, v);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          o[v].resize(xh.size());
+          CUDA_CHECK(cudaMemcpy(o[v].data(), out, xh.size() * 4, cudaMemcpyDeviceToHost));
+        }
+        for (size_t i = 0; i < xh.size(); ++i) ring_diff = std::max(ring_diff, std::fabs(o[0][i] - o[1][i]));
+        const auto rc = ms::cuda::moe_decode_config::choose(
+            ms::cuda::moe_decode_shape(p), ms::cuda::limits_of(ms::cuda::current_device_caps()));
+        std::printf(
+            "%-8d %-8s decode ring (depth gate_up %d, down %d; registers on the next line): %.2f us, "
+            "%.0f%% of floor, max |ring - registers| %g\n",
+            m, skewed ? "skewed" : "uniform", rc.ring_depth_gate_up, rc.ring_depth_down, t_ring * 1e3,
+            100.0 * floor_us / (t_ring * 1e3), ring_diff);
+      }
       const float t_stream = decode && stream && path_mode == "both"
                                  ? time_graph_ms([&](cudaStream_t s) { run(s, false, true); }, iters)
                                  : 0.f;

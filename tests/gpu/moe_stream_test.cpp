@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -149,7 +150,8 @@ enum class Path { Old, Stream, Decode };
 // Runs plan + experts on the device through `path` (checked on the host to be the one moe_experts() takes).
 std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, const std::vector<float>& x,
                            const std::vector<int32_t>& ids, const std::vector<float>& wts,
-                           const std::vector<float>& out0, int m, int K, Path path) {
+                           const std::vector<float>& out0, int m, int K, Path path, int decode_ring = 0,
+                           std::vector<uint16_t>* act_out = nullptr) {
   const int E = xs.E, H = xs.H, I = xs.I;
   Dev<ms::cuda::MoeExpertWeights> d_table(dx.table);
   Dev<float> d_x(x), d_w(wts), d_out(out0);
@@ -182,20 +184,30 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
   p.experts_aligned16 = true;
   p.disable_stream = path == Path::Old;
   p.disable_decode = path != Path::Decode;
+  p.decode_ring = decode_ring;
   EXPECT_EQ(ms::cuda::moe_experts_decode_applies(p), path == Path::Decode);
+  // The ring variant is asked for only where the test expects it to fit (else the comparison would be void).
+  EXPECT_EQ(ms::cuda::moe_experts_decode_uses_ring(p), path == Path::Decode && decode_ring == 1);
   if (path == Path::Stream) EXPECT_TRUE(ms::cuda::moe_experts_stream_applies(p));
   ms::cuda::moe_experts(p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
+  if (act_out) {  // the decode path's bf16 act [m * top_k grouped positions, inter], first half of p.act
+    act_out->resize(static_cast<size_t>(m) * K * I);
+    CUDA_CHECK(
+        cudaMemcpy(act_out->data(), d_act.p, act_out->size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  }
   return d_out.get();
 }
 
 enum class Routing { Uniform, Skewed, OneHot, EmptySlots };
 
+// decode_ring (Path::Decode): 1 runs the cp.async ring variant, checks it against the CPU reference and
+// requires the register variant's output bit for bit (same decode, k order and summation order).
 void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, bool poison_untouched,
-              Path path = Path::Stream, Routing routing = Routing::Uniform) {
+              Path path = Path::Stream, Routing routing = Routing::Uniform, int decode_ring = 0) {
   if (skewed && routing == Routing::Uniform) routing = Routing::Skewed;
-  SCOPED_TRACE(std::string(path == Path::Decode ? "decode" : "stream") + " routing " +
-               std::to_string(static_cast<int>(routing)) + " E=" + std::to_string(xs.E) +
+  SCOPED_TRACE(std::string(path == Path::Decode ? (decode_ring == 1 ? "decode ring" : "decode") : "stream") +
+               " routing " + std::to_string(static_cast<int>(routing)) + " E=" + std::to_string(xs.E) +
                " H=" + std::to_string(xs.H) + " I=" + std::to_string(xs.I) + " m=" + std::to_string(m) +
                " K=" + std::to_string(K) + (skewed ? " skewed" : " uniform"));
   const int H = xs.H;
@@ -228,7 +240,35 @@ void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, 
                          ms::Tensor::borrow(w_c.data(), {m, K}, ms::DType::F32), xs.cpu,
                          ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
   }
-  const auto got = run_gpu(xs, dx, x, ids, wts, out0, m, K, path);
+  std::vector<uint16_t> act_ring, act_regs;
+  const auto got = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, decode_ring, &act_ring);
+  if (path == Path::Decode && decode_ring == 1) {
+    const auto regs = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, 0, &act_regs);
+    // gate_up first: act rows are grouped positions (expert-sorted slots), columns intermediate indices.
+    int act_differ = 0;
+    for (size_t i = 0; i < act_ring.size(); ++i) {
+      if (act_ring[i] == act_regs[i]) continue;
+      if (act_differ++ < 5)
+        ADD_FAILURE() << "gate_up: ring != registers at act index " << i << ": position " << i / xs.I
+                      << " intermediate " << i % xs.I << " (tile " << (i % xs.I) / 16 << "): ring bf16 0x"
+                      << std::hex << act_ring[i] << " registers 0x" << act_regs[i] << std::dec;
+    }
+    EXPECT_EQ(act_differ, 0) << "act values differing between the ring and register gate_up kernels";
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(&got[i], &regs[i], sizeof(float)) == 0) continue;
+      if (differ++ < 5) {
+        // Row r of a 16-row down tile; the token's experts say which gate_up items fed it.
+        const size_t tok = i / H, col = i % H;
+        std::string experts;
+        for (int k = 0; k < K; ++k) experts += " " + std::to_string(ids[tok * K + k]);
+        ADD_FAILURE() << "ring != registers at index " << i << ": token " << tok << " col " << col
+                      << " (down block " << col / 16 << " row " << col % 16 << ", experts" << experts
+                      << "): ring " << got[i] << " registers " << regs[i] << " cpu " << ref[i];
+      }
+    }
+    EXPECT_EQ(differ, 0) << "outputs differing between the ring and register variants";
+  }
   const double tol_rel = path == Path::Decode ? 2.5e-2 : 2e-3, rms_rel = path == Path::Decode ? 8e-3 : 5e-4;
   double ss = 0, se = 0;
   for (size_t i = 0; i < ref.size(); ++i) ss += (ref[i] - out0[i]) * (ref[i] - out0[i]);
@@ -247,7 +287,7 @@ void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, 
   EXPECT_EQ(bad, 0);
   EXPECT_LE(std::sqrt(se / ref.size()), rms_rel * rms) << "relative RMS error";
   // Deterministic: the same bits again.
-  EXPECT_EQ(run_gpu(xs, dx, x, ids, wts, out0, m, K, path), got);
+  EXPECT_EQ(run_gpu(xs, dx, x, ids, wts, out0, m, K, path, decode_ring), got);
 }
 
 TEST(CudaMoeStream, ScaledDownGlm5MatchesCpu) {
@@ -398,3 +438,50 @@ TEST(CudaMoeDecode, TakenOnlyWhereItApplies) {
 }
 
 }  // namespace
+
+// ---- the cp.async ring variant of the decode path (decode_ring = 1) ---------------------------------------
+// Every case also runs the register variant and requires the same bits (run_case): a mismatch prints the
+// first indices with their token, column (down block and row) and the token's experts.
+
+TEST(CudaMoeDecodeRing, ScaledDownGlm5MatchesRegistersBitForBit) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts xs(32, 1024, 512, 400);  // one step per item: the ring runs ahead across items
+  for (int m : {1, 3, 8, 32, 64}) {
+    run_case(xs, m, 8, false, 501u + m, false, Path::Decode, Routing::Uniform, 1);
+    run_case(xs, m, 8, true, 502u + m, false, Path::Decode, Routing::Skewed, 1);
+    run_case(xs, m, 8, false, 503u + m, false, Path::Decode, Routing::OneHot, 1);
+    run_case(xs, m, 8, false, 504u + m, false, Path::Decode, Routing::EmptySlots, 1);
+  }
+  const Nvfp4Experts odd(16, 7168, 1024, 405);  // hidden 7168: 7 steps, not a multiple of the depth
+  run_case(odd, 5, 4, true, 506, false, Path::Decode, Routing::Skewed, 1);
+  run_case(odd, 17, 6, false, 507, false, Path::Decode, Routing::OneHot, 1);
+}
+
+TEST(CudaMoeDecodeRing, FullWidthGlm5MatchesRegistersBitForBit) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts xs(256, 6144, 2048, 410);
+  for (int m : {1, 3, 8, 32, 64}) {
+    run_case(xs, m, 8, false, 511u + m, false, Path::Decode, Routing::Uniform, 1);
+    run_case(xs, m, 8, true, 512u + m, false, Path::Decode, Routing::Skewed, 1);
+  }
+  run_case(xs, 64, 8, false, 513, false, Path::Decode, Routing::OneHot, 1);
+  run_case(xs, 8, 8, false, 514, false, Path::Decode, Routing::EmptySlots, 1);
+}
+
+TEST(CudaMoeDecodeRing, UntouchedExpertsAreNotRead) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts xs(64, 2048, 1024, 420);
+  for (int m : {1, 4}) {
+    run_case(xs, m, 4, false, 521u + m, true, Path::Decode, Routing::Uniform, 1);
+    run_case(xs, m, 4, true, 522u + m, true, Path::Decode, Routing::Skewed, 1);
+  }
+  run_case(xs, 16, 4, false, 523, true, Path::Decode, Routing::OneHot, 1);
+}
+
+TEST(CudaMoeDecodeRing, KernelFromEnvironment) {
+  EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env(nullptr), -1);
+  EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env(""), -1);
+  EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env("registers"), 0);
+  EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env("ring"), 1);
+  EXPECT_THROW(ms::cuda::moe_decode_kernel_from_env("tma"), ms::Error);
+}

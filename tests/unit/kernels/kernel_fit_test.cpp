@@ -260,6 +260,63 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
   EXPECT_NE(t.why.find("moe_decode"), std::string::npos) << t.why;
 }
 
+// The cp.async ring variant: where it is offered, its layout (ring after the register kernels' layout, the
+// same x_rows) fits the device with a depth in range; where it is not, the register kernels still run and
+// ring_why names the ring.
+TEST(KernelFit, MoeDecodeRingChoosesOnlyWhatFits) {
+  namespace c = moe_decode_config;
+  int rings = 0;
+  for_each_taken(
+      {1, 2, 3, 5, 8, 9, 32, 64}, {{6144, 2048}, {7168, 2048}, {1024, 512}, {2048, 1024}}, c::choose,
+      [&](const DeviceLimits& dev, int m, const std::array<int, 2>& hi, const c::Config& cfg) {
+        if (!cfg.ring) {
+          EXPECT_NE(cfg.ring_why.find("ring"), std::string::npos) << cfg.ring_why;
+          return;
+        }
+        ++rings;
+        EXPECT_GE(cfg.ring_depth_gate_up, c::kRingMinDepth);
+        EXPECT_LE(cfg.ring_depth_gate_up, c::kRingMaxDepth);
+        EXPECT_GE(cfg.ring_depth_down, c::kRingMinDepth);
+        EXPECT_LE(cfg.ring_depth_down, c::kRingMaxDepth);
+        EXPECT_EQ(cfg.smem_gate_up_ring, c::gate_up_ring_smem(hi[0], cfg.x_rows, cfg.ring_depth_gate_up));
+        EXPECT_EQ(cfg.smem_down_ring, c::down_ring_smem(m, cfg.ring_depth_down));
+        EXPECT_FALSE(why_cannot_run(c::need_gate_up_ring(hi[0], cfg.x_rows, cfg.ring_depth_gate_up), dev))
+            << dev.name << " m" << m;
+        EXPECT_FALSE(why_cannot_run(c::need_down_ring(m, cfg.ring_depth_down), dev)) << dev.name << " m" << m;
+        // The persistent grid's blocks per multiprocessor really fit beside each other.
+        const int bps = cfg.grid_gate_up_ring / dev.multiprocessors;
+        EXPECT_GE(bps, 1);
+        EXPECT_LE(bps, 2);
+        EXPECT_EQ(cfg.grid_gate_up_ring, bps * dev.multiprocessors);
+        EXPECT_GE(c::blocks_per_sm(cfg.smem_gate_up_ring + c::kStaticSmem, dev), bps) << dev.name;
+      });
+  EXPECT_GT(rings, 0);
+  // GLM-5 decode, 1 to 64 tokens, on the H200 and B200: the ring fits with at least three steps in flight.
+  for (const DeviceLimits& dev : {limits_h200(), limits_b200()})
+    for (int m : {1, 8, 32, 64}) {
+      const c::Config cfg = c::choose({true, 6144, 2048, m, 8, 256}, dev);
+      ASSERT_TRUE(cfg.use) << dev.name;
+      EXPECT_TRUE(cfg.ring) << dev.name << " m" << m << ": " << cfg.ring_why;
+      EXPECT_GE(cfg.ring_depth_gate_up, 3) << dev.name << " m" << m;
+      EXPECT_GE(cfg.ring_depth_down, 3) << dev.name << " m" << m;
+    }
+  // sm_120 (99 KB per block): a gate_up ring of three steps beside the table and a staged x row of 6144 does
+  // not fit; the register kernels run.
+  const c::Config rtx = c::choose({true, 6144, 2048, 8, 8, 256}, limits_rtx_pro_6000());
+  EXPECT_TRUE(rtx.use);
+  EXPECT_FALSE(rtx.ring);
+  EXPECT_NE(rtx.ring_why.find("moe_decode_"), std::string::npos) << rtx.ring_why;
+  // The depth choice itself: the most steps in flight per multiprocessor, two blocks on a tie, nothing when
+  // kRingMinDepth steps do not fit.
+  const DeviceLimits dev{"d", 90, 100 * 1024, 10};
+  const size_t step = 10 * 1024;
+  const c::RingFit two = c::ring_fit(10 * 1024, step, dev);  // 2 blocks: ~38 KB each -> 3; 1 block: 8
+  EXPECT_EQ(two.blocks, 1);
+  EXPECT_EQ(two.depth, c::kRingMaxDepth);
+  const c::RingFit none = c::ring_fit(90 * 1024, step, dev);
+  EXPECT_EQ(none.depth, 0);
+}
+
 TEST(KernelFit, MlaDecodeFitsHopperAndB200NotSm120) {
   EXPECT_FALSE(why_cannot_run(mla_decode_config::need(), limits_h200()).has_value());
   EXPECT_FALSE(why_cannot_run(mla_decode_config::need(), limits_b200()).has_value());

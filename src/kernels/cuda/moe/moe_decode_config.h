@@ -30,6 +30,17 @@ constexpr int kDownRows = 16;    // down: output rows per block
 constexpr int kDownKr = 512;     // down: k of one (expert, k-range) piece; a lane streams 128 of it
 constexpr int kGuUnroll = 3;     // gate_up: 32-k steps whose weights a lane loads before using them
 
+// The cp.async ring variant (decode_ring): each lane copies its own weight and scale bytes of a step into its
+// own slots of a per-warp ring in shared memory, `depth` steps ahead of its math and across work items, and
+// reads back only what it copied. Per lane and step: gate_up 4 rows x (16 weight bytes + the 4-byte word that
+// holds the lane's 2 scale bytes), down 2 rows x (16 + 4).
+constexpr int kRingMinDepth = 3;  // fewer steps in flight than the register kernels keep: not worth a ring
+constexpr int kRingMaxDepth = 8;  // the kernels' cp.async.wait_group switch covers 0 .. kRingMaxDepth - 1
+constexpr int kGuRingRows = 4, kDownRingRows = 2;
+constexpr size_t ring_step_bytes(int rows) {  // one step of the block: [8 warps] x rows x 32 lanes x (16 + 4)
+  return static_cast<size_t>(kWarps) * rows * 32 * (16 + 4);
+}
+
 // gate_up stages the chunk's x rows as bf16 in shared memory, in k order, rows hidden + 16 elements apart (32
 // bytes past a multiple of 128), with the four 16-byte pieces of every 64-byte group g stored in the order
 // q ^ ((g >> 1) & 1): the 16-byte B reads of one quarter-warp (rows r, r + 1; lane quarters t = 0..3 reading
@@ -53,12 +64,29 @@ constexpr size_t down_smem(int m) {
          static_cast<size_t>(kWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
 }
 
+// Ring layouts: the register kernels' layout, then the ring [8 warps][depth][rows][32 lanes] 16-byte weight
+// slots followed by [8 warps][depth][rows][32 lanes] 4-byte scale slots (a warp's 16-byte copies and reads of
+// one row fill 512 contiguous bytes: four conflict-free wavefronts; its scale words 128 bytes: one).
+constexpr size_t gate_up_ring_smem(int hidden, int x_rows, int depth) {
+  return gate_up_smem(hidden, x_rows) + static_cast<size_t>(depth) * ring_step_bytes(kGuRingRows);
+}
+constexpr size_t down_ring_smem(int m, int depth) {
+  return down_smem(m) + static_cast<size_t>(depth) * ring_step_bytes(kDownRingRows);
+}
+
 struct Config {
   bool use = false;
   std::string why;  // when !use: why the other kernels run instead
   int x_rows = 1;   // gate_up: positions of one expert per pass (x rows staged), 1..8
   size_t smem_gate_up = 0, smem_down = 0;
   int grid_gate_up = 0, grid_down = 0;
+  // The cp.async ring variant (same x_rows and grid_down): fits when ring is set; else ring_why says why and
+  // the register kernels run where it is asked for.
+  bool ring = false;
+  std::string ring_why;
+  int ring_depth_gate_up = 0, ring_depth_down = 0;  // steps in flight per lane, kRingMinDepth..kRingMaxDepth
+  size_t smem_gate_up_ring = 0, smem_down_ring = 0;
+  int grid_gate_up_ring = 0;  // persistent: blocks per multiprocessor x multiprocessors
 };
 
 constexpr size_t kStaticSmem = 16;  // the kernels' own __shared__ variables
@@ -67,6 +95,33 @@ inline KernelNeed need_gate_up(int hidden, int x_rows) {
 }
 inline KernelNeed need_down(int m) {
   return {"moe_decode_down", down_smem(m) + kStaticSmem, 80, false};
+}
+
+inline KernelNeed need_gate_up_ring(int hidden, int x_rows, int depth) {
+  return {"moe_decode_gate_up_ring", gate_up_ring_smem(hidden, x_rows, depth) + kStaticSmem, 80, false};
+}
+inline KernelNeed need_down_ring(int m, int depth) {
+  return {"moe_decode_down_ring", down_ring_smem(m, depth) + kStaticSmem, 80, false};
+}
+
+// The ring depth for a kernel whose ring-less layout takes `base` bytes and whose ring takes `step` bytes a
+// step: of one or two blocks per multiprocessor, the choice with the most steps in flight per multiprocessor,
+// blocks x (depth - 1) (two blocks on a tie: more warps to hide the math); {0, 0} when no depth fits.
+struct RingFit {
+  int depth = 0, blocks = 0;
+};
+inline RingFit ring_fit(size_t base, size_t step, const DeviceLimits& dev) {
+  RingFit best;
+  for (int bps = 2; bps >= 1; --bps) {
+    const int64_t budget =
+        std::min<int64_t>(static_cast<int64_t>(dev.smem_per_block_optin + 1024) / bps - 1024,
+                          static_cast<int64_t>(dev.smem_per_block_optin)) -
+        static_cast<int64_t>(kStaticSmem) - static_cast<int64_t>(base);
+    if (budget < static_cast<int64_t>(step) * kRingMinDepth) continue;
+    const int d = static_cast<int>(std::min<int64_t>(kRingMaxDepth, budget / static_cast<int64_t>(step)));
+    if (best.depth == 0 || bps * (d - 1) > best.blocks * (best.depth - 1)) best = {d, bps};
+  }
+  return best;
 }
 
 inline Config choose(const Shape& s, const DeviceLimits& dev) {
@@ -97,6 +152,23 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
   c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
   c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
+  const RingFit gu = ring_fit(c.smem_gate_up, ring_step_bytes(kGuRingRows), dev);
+  const RingFit dn = ring_fit(c.smem_down, ring_step_bytes(kDownRingRows), dev);
+  if (gu.depth == 0 || dn.depth == 0) {
+    c.ring_why =
+        fmt::format("the cp.async ring of {} needs {} bytes of shared memory per block but {} allows {}",
+                    gu.depth == 0 ? "moe_decode_gate_up_ring" : "moe_decode_down_ring",
+                    gu.depth == 0 ? c.smem_gate_up + kRingMinDepth * ring_step_bytes(kGuRingRows)
+                                  : c.smem_down + kRingMinDepth * ring_step_bytes(kDownRingRows),
+                    dev.name, dev.smem_per_block_optin);
+    return c;
+  }
+  c.ring = true;
+  c.ring_depth_gate_up = gu.depth;
+  c.ring_depth_down = dn.depth;
+  c.smem_gate_up_ring = gate_up_ring_smem(s.hidden, rows, gu.depth);
+  c.smem_down_ring = down_ring_smem(s.m, dn.depth);
+  c.grid_gate_up_ring = gu.blocks * std::max(dev.multiprocessors, 1);
   return c;
 }
 

@@ -76,6 +76,10 @@ struct MoeExpertsParams {
   // Skip the decode path (moe_experts_decode.h: bf16 activations) even where it applies; the streamed path
   // (f32-exact to ~1e-5) or the old kernels run instead. Exact-mode callers and benchmarks set it.
   bool disable_decode = false;
+  // The decode path's weight streaming (moe_experts_decode.h): -1 the environment's
+  // MOESERVE_MOE_DECODE_KERNEL (registers | ring), else registers; 0 registers; 1 the cp.async ring where it
+  // fits (bit-identical).
+  int decode_ring = -1;
   // Prefill path's GEMM kernel (benchmarks compare both; tests pin one).
   MoePrefillKernel prefill_kernel = MoePrefillKernel::Auto;
 };

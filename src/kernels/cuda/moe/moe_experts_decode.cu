@@ -34,6 +34,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
@@ -336,11 +338,370 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
   }
 }
 
+// ---- the cp.async ring variant ---------------------------------------------------------------------------
+//
+// The same work split, math and summation orders as the kernels above (bit-identical outputs); only the way
+// a lane's weight and scale bytes reach its registers differs. Lane l of warp w copies its bytes of step q
+// (16 weight bytes per row, and the aligned 4-byte word that holds its 2 scale bytes: the quad's lanes 2 j,
+// 2 j + 1 copy the same word, each keeping its half) with cp.async (L2 only for the 16-byte pieces) into its
+// slots of the warp's ring, slot q % depth, one commit group per step, depth - 1 steps ahead of its math and
+// across work items (the issue cursor runs ahead through the warp's item or piece list). Before using step q
+// it waits until at most depth - 1 groups are pending and reads back exactly the bytes it copied: the copies
+// are visible to the thread that waited, and no other thread reads them, so the ring needs neither a block
+// nor a warp barrier. Step q + depth - 1 reuses the slot of step q - 1, whose values this lane has already
+// consumed (the math of step q - 1 has used the registers loaded from it) before issuing the copy.
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Until at most n (0 .. kRingMaxDepth - 1, uniform over the block) of this thread's groups are pending.
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+  static_assert(kRingMaxDepth == 8, "one case per pending count");
+  switch (n) {
+    case 0:
+      cp_async_wait<0>();
+      break;
+    case 1:
+      cp_async_wait<1>();
+      break;
+    case 2:
+      cp_async_wait<2>();
+      break;
+    case 3:
+      cp_async_wait<3>();
+      break;
+    case 4:
+      cp_async_wait<4>();
+      break;
+    case 5:
+      cp_async_wait<5>();
+      break;
+    case 6:
+      cp_async_wait<6>();
+      break;
+    default:
+      cp_async_wait<7>();
+      break;
+  }
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_decode_gate_up_ring_kernel(const MoeExpertsParams p, int x_rows, int depth) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int H = p.hidden;
+  const int64_t xld = xs_ld(H);
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + kLutBytes);
+  float* red = reinterpret_cast<float*>(smem + kLutBytes + static_cast<size_t>(x_rows) * xld * 2);
+  int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+  uint8_t* ring = reinterpret_cast<uint8_t*>(ec + kMaxEc);  // moe_decode_config.h: gate_up_ring_smem
+  __shared__ int s_nec;
+
+  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
+  moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tiles = p.inter / kGuIdx;
+  const int items = s_nec * tiles;
+  const int steps = H / 1024;
+  const int k_lane = warp * (H / 8) + 32 * t;
+  const int64_t row_bytes = H / 2, srow_bytes = H / 16;
+  const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
+  const __nv_bfloat16* xs_lane = xs + g * xld + k_lane;
+  const int sw = (t >> 1) & 1;
+  __nv_bfloat16* actb = reinterpret_cast<__nv_bfloat16*>(p.act);
+  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
+  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
+
+  // The lane's slots: weights of (slot d, row r) at ring_w + (d * 4 + r) * 512, scale words at ring_s + (d *
+  // 4 + r) * 128 (layout: [8 warps][depth][4 rows][32 lanes] x 16 bytes, then the same x 4 bytes).
+  const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t ring_w = ring0 + static_cast<uint32_t>((warp * depth * kGuRingRows * 32 + lane) * 16);
+  const uint32_t ring_s = ring0 + static_cast<uint32_t>(kWarps * depth * kGuRingRows * 32 * 16) +
+                          static_cast<uint32_t>((warp * depth * kGuRingRows * 32 + lane) * 4);
+  const int half = 16 * (t & 1);  // the lane's 2 scale bytes in the copied word
+
+  // Issue cursor: step i_s of item i_item, ring slot i_slot; i_q steps issued of the block's total.
+  const int total = (it1 - it0) * steps;
+  int i_q = 0, i_item = it0, i_s = 0, i_slot = 0;
+  const uint8_t* iw[4];
+  const uint8_t* is[4];
+  auto issue_next = [&]() {
+    if (i_q < total) {
+      if (i_s == 0) {
+        const int code = ec[i_item / tiles];
+        const MoeExpertWeights& ew = p.experts[code & 1023];
+        const int64_t idx = (i_item % tiles) * kGuIdx + g;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int64_t row = idx + (r & 1) * 8;
+          iw[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
+          is[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate_scale : ew.up_scale) + row * srow_bytes +
+                  ((k_lane / 16) & ~3);
+        }
+      }
+      const uint32_t sl = static_cast<uint32_t>(i_slot * kGuRingRows);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        cp_async16(ring_w + (sl + r) * 512u, iw[r] + i_s * 64);
+        cp_async4(ring_s + (sl + r) * 128u, is[r] + i_s * 8);
+      }
+      if (++i_s == steps) {
+        i_s = 0;
+        ++i_item;
+      }
+      i_slot = i_slot + 1 == depth ? 0 : i_slot + 1;
+    }
+    ++i_q;
+    cp_async_commit();  // empty past the end: every step owns one group
+  };
+  for (int i = 0; i + 1 < depth; ++i) issue_next();
+
+  int c_slot = 0;
+  int staged = -1;
+  for (int item = it0; item < it1; ++item) {
+    const int eci = item / tiles;
+    const int code = ec[eci];
+    const int e = code & 1023, chunk = code >> 10, tile = item % tiles;
+    const int count = p.expert_counts[e], off = p.expert_offsets[e];
+    const int rows = min(x_rows, count - chunk * x_rows);
+    const int pos0 = off + chunk * x_rows;
+    const MoeExpertWeights& ew = p.experts[e];
+    if (eci != staged) {
+      const int row_quads = H / 4;
+      for (int i = tid; i < rows * row_quads; i += kThreads) {
+        const int r = i / row_quads, k = (i - r * row_quads) * 4;
+        const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
+        const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
+        const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
+        __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+        *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) =
+            *reinterpret_cast<const uint2*>(pr);
+      }
+      staged = eci;
+    }
+    __syncthreads();
+    float acc[2][4] = {};
+    for (int s = 0; s < steps; ++s) {
+      issue_next();
+      cp_async_wait_pending(depth - 1);  // this step's group has landed
+      const uint32_t sl = static_cast<uint32_t>(c_slot * kGuRingRows);
+      uint4 w[4];
+      uint32_t sc[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        w[r] = lds128(ring_w + (sl + r) * 512u);
+        sc[r] = lds32(ring_s + (sl + r) * 128u) >> half;
+      }
+      c_slot = c_slot + 1 == depth ? 0 : c_slot + 1;
+      uint4 b[4];
+#pragma unroll
+      for (int j2 = 0; j2 < 4; ++j2)
+        b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                         : make_uint4(0u, 0u, 0u, 0u);
+      tile_step(acc[0], w[0], w[1], sc[0], sc[1], b, lut_lane);
+      tile_step(acc[1], w[2], w[3], sc[2], sc[3], b, lut_lane);
+    }
+    float* rw = red + warp * 2 * kChunk * 16;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      rw[(q * kChunk + 2 * t) * 16 + g] = acc[q][0];
+      rw[(q * kChunk + 2 * t + 1) * 16 + g] = acc[q][1];
+      rw[(q * kChunk + 2 * t) * 16 + g + 8] = acc[q][2];
+      rw[(q * kChunk + 2 * t + 1) * 16 + g + 8] = acc[q][3];
+    }
+    __syncthreads();
+    if (tid < rows * 16) {
+      const int r = tid >> 4, i = tid & 15;
+      float gs = 0.f, us = 0.f;
+#pragma unroll
+      for (int w2 = 0; w2 < kWarps; ++w2) {
+        gs += red[(w2 * 2 * kChunk + r) * 16 + i];
+        us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
+      }
+      const float gv = gs * ew.gate_scale2, uv = us * ew.up_scale2;
+      const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
+      const float v = gv / (1.0f + expf(-gv)) * uv * wt;
+      actb[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + i] = __float2bfloat16_rn(v);
+    }
+  }
+  cp_async_wait<0>();  // nothing real is pending (every issued step was read); leave no copy behind
+}
+
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_decode_down_ring_kernel(const MoeExpertsParams p, int depth) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int m = p.m;
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
+  float* out_w = reinterpret_cast<float*>(smem + kLutBytes);
+  float* scr = out_w + kWarps * m * kDownRows;
+  int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
+  uint8_t* ring = reinterpret_cast<uint8_t*>(ec + kMaxEc);  // moe_decode_config.h: down_ring_smem
+  __shared__ int s_nec;
+
+  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
+  moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
+  for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kThreads) out_w[i] = 0.f;
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kDownRows;
+  const int ks_per = p.inter / kDownKr;
+  const int pieces = s_nec * ks_per;
+  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kWarps);
+  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kWarps);
+  const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
+  const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
+  const __nv_bfloat16* actb = reinterpret_cast<const __nv_bfloat16*>(p.act);
+  float* scr_w = scr + warp * kChunk * kDownRows;
+  float* out_ww = out_w + warp * m * kDownRows;
+  constexpr int kSteps = kDownKr / 128;
+
+  const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t ring_w = ring0 + static_cast<uint32_t>((warp * depth * kDownRingRows * 32 + lane) * 16);
+  const uint32_t ring_s = ring0 + static_cast<uint32_t>(kWarps * depth * kDownRingRows * 32 * 16) +
+                          static_cast<uint32_t>((warp * depth * kDownRingRows * 32 + lane) * 4);
+  const int half = 16 * (t & 1);
+
+  const int total = (p_end - p_begin) * kSteps;
+  int i_q = 0, i_pc = p_begin, i_st = 0, i_slot = 0;
+  const uint8_t* iw = nullptr;
+  const uint8_t* is = nullptr;
+  auto issue_next = [&]() {
+    if (i_q < total) {
+      if (i_st == 0) {
+        const int ei = i_pc / ks_per, ks = i_pc - ei * ks_per;
+        const MoeExpertWeights& ew = p.experts[ec[ei] & 1023];
+        const int64_t k0 = static_cast<int64_t>(ks) * kDownKr + 32 * t;
+        iw = static_cast<const uint8_t*>(ew.down) + static_cast<int64_t>(row0 + g) * row_bytes + k0 / 2;
+        is = static_cast<const uint8_t*>(ew.down_scale) + static_cast<int64_t>(row0 + g) * srow_bytes +
+             ((k0 / 16) & ~int64_t{3});
+      }
+      const uint32_t sl = static_cast<uint32_t>(i_slot * kDownRingRows);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        cp_async16(ring_w + (sl + r) * 512u, iw + r * 8 * row_bytes + 64 * i_st);
+        cp_async4(ring_s + (sl + r) * 128u, is + r * 8 * srow_bytes + 8 * i_st);
+      }
+      if (++i_st == kSteps) {
+        i_st = 0;
+        ++i_pc;
+      }
+      i_slot = i_slot + 1 == depth ? 0 : i_slot + 1;
+    }
+    ++i_q;
+    cp_async_commit();
+  };
+  for (int i = 0; i + 1 < depth; ++i) issue_next();
+
+  int cur = -1, rows = 0, pos0 = 0, c_slot = 0;
+  float s2 = 0.f;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  auto flush = [&]() {
+    scr_w[(2 * t) * 16 + g] = acc[0];
+    scr_w[(2 * t + 1) * 16 + g] = acc[1];
+    scr_w[(2 * t) * 16 + g + 8] = acc[2];
+    scr_w[(2 * t + 1) * 16 + g + 8] = acc[3];
+    __syncwarp();
+    if (lane < kDownRows) {
+      for (int q = 0; q < rows; ++q) {
+        const int tok = p.sorted_slots[pos0 + q] / p.top_k;
+        out_ww[tok * kDownRows + lane] += scr_w[q * 16 + lane] * s2;
+      }
+    }
+    __syncwarp();
+  };
+  for (int pc = p_begin; pc < p_end; ++pc) {
+    const int ei = pc / ks_per, ks = pc - ei * ks_per;
+    if (ei != cur) {
+      if (cur >= 0) flush();
+      cur = ei;
+      const int code = ec[ei];
+      const int e = code & 1023, chunk = code >> 10;
+      const int count = p.expert_counts[e];
+      rows = min(kChunk, count - chunk * kChunk);
+      pos0 = p.expert_offsets[e] + chunk * kChunk;
+      s2 = p.experts[e].down_scale2;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+    }
+    const __nv_bfloat16* arow = actb + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      issue_next();
+      cp_async_wait_pending(depth - 1);
+      const uint32_t sl = static_cast<uint32_t>(c_slot * kDownRingRows);
+      const uint4 w0 = lds128(ring_w + sl * 512u), w1 = lds128(ring_w + (sl + 1) * 512u);
+      const uint32_t sc0 = lds32(ring_s + sl * 128u) >> half, sc1 = lds32(ring_s + (sl + 1) * 128u) >> half;
+      c_slot = c_slot + 1 == depth ? 0 : c_slot + 1;
+      uint4 b[4];
+#pragma unroll
+      for (int j2 = 0; j2 < 4; ++j2)
+        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
+                         : make_uint4(0u, 0u, 0u, 0u);
+      tile_step(acc, w0, w1, sc0, sc1, b, lut_lane);
+    }
+  }
+  if (cur >= 0) flush();
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int i = tid; i < m * kDownRows; i += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
+    float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
+    *o += sum;
+  }
+}
+
 bool aligned(const void* ptr, size_t a) {
   return reinterpret_cast<uintptr_t>(ptr) % a == 0;
 }
 
 }  // namespace
+
+int moe_decode_kernel_from_env(const char* value) {
+  const std::string_view v = value ? value : "";
+  if (v.empty()) return -1;
+  if (v == "registers") return 0;
+  if (v == "ring") return 1;
+  MS_THROW("MOESERVE_MOE_DECODE_KERNEL = '{}' is not one of registers, ring", v);
+}
+
+namespace {
+// p.decode_ring, else MOESERVE_MOE_DECODE_KERNEL (read once), else the register kernels.
+bool wants_ring(const MoeExpertsParams& p) {
+  if (p.decode_ring >= 0) return p.decode_ring == 1;
+  static const int from_env = moe_decode_kernel_from_env(std::getenv("MOESERVE_MOE_DECODE_KERNEL"));
+  return from_env == 1;
+}
+}  // namespace
+
+bool moe_experts_decode_uses_ring(const MoeExpertsParams& p) {
+  return moe_experts_decode_applies(p) && wants_ring(p) &&
+         choose(moe_decode_shape(p), limits_of(current_device_caps())).ring;
+}
 
 moe_decode_config::Shape moe_decode_shape(const MoeExpertsParams& p) {
   return {p.format == MoeWeightFormat::NVFP4, p.hidden, p.inter, p.m, p.top_k, p.n_experts};
@@ -364,6 +725,21 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   const DeviceCaps caps = current_device_caps();
   const Config c = choose(moe_decode_shape(p), limits_of(caps));
   MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
+  if (wants_ring(p) && c.ring) {
+    check_smem(caps, "moe_decode_gate_up_ring", c.smem_gate_up_ring);
+    check_smem(caps, "moe_decode_down_ring", c.smem_down_ring);
+    CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_ring_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(c.smem_gate_up_ring)));
+    CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(c.smem_down_ring)));
+    moe_decode_gate_up_ring_kernel<<<c.grid_gate_up_ring, kThreads, c.smem_gate_up_ring, stream>>>(
+        p, c.x_rows, c.ring_depth_gate_up);
+    CUDA_CHECK(cudaGetLastError());
+    moe_decode_down_ring_kernel<<<c.grid_down, kThreads, c.smem_down_ring, stream>>>(p, c.ring_depth_down);
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   check_smem(caps, "moe_decode_gate_up", c.smem_gate_up);
   check_smem(caps, "moe_decode_down", c.smem_down);
   CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

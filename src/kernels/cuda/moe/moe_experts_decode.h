@@ -1,5 +1,6 @@
 // The decode regime of the routed NVFP4 experts (1 to 64 tokens a step), weights streamed from global memory
-// straight into registers, in two launches over the grouping plan (moe_plan.h):
+// straight into registers (or, in the opt-in ring variant, per lane through a cp.async ring in shared memory:
+// the same math, bit-identical outputs), in two launches over the grouping plan (moe_plan.h):
 //   gate_up: act[pos] = bf16(w[slot(pos)] * SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T))  (act as bf16
 //            [m * top_k, inter] in the first half of p.act)
 //   down:    out[t] += sum over the touched experts e of token t of (act @ down_e^T): one block owns 16
@@ -31,6 +32,15 @@ moe_decode_config::Shape moe_decode_shape(const MoeExpertsParams& p);
 
 // Whether moe_experts() runs the decode path for p on the current device (flags, shape, limits, alignment).
 bool moe_experts_decode_applies(const MoeExpertsParams& p);
+
+// Whether moe_experts_decode(p) runs the cp.async ring variant (p.decode_ring, else the environment's
+// MOESERVE_MOE_DECODE_KERNEL, asks for it and moe_decode_config::choose(...).ring says it fits); where it is
+// asked for but does not fit, the register kernels run.
+bool moe_experts_decode_uses_ring(const MoeExpertsParams& p);
+
+// MOESERVE_MOE_DECODE_KERNEL's value: unset or empty -1 (the default, the register kernels), "registers" 0,
+// "ring" 1; anything else throws ms::Error naming the variable.
+int moe_decode_kernel_from_env(const char* value);
 
 // Both launches; throws ms::Error naming the reason when the path does not apply.
 void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream);
