@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_bench.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/moe/moe_experts.h"
@@ -31,64 +32,8 @@ constexpr int kE = 256, kK = 8, kH = 6144, kI = 2048;
 
 #define CUBLAS_OK(x) MS_CHECK((x) == CUBLAS_STATUS_SUCCESS, "cuBLAS call failed: {}", #x)
 
-template <typename F>
-float time_graph_ms(F&& f, int iters) {
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < 2; ++i) f(s);
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < iters; ++i) f(s);
-  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  CUDA_CHECK(cudaGraphLaunch(exec, s));
-  CUDA_CHECK(cudaEventRecord(a, s));
-  for (int r = 0; r < 3; ++r) CUDA_CHECK(cudaGraphLaunch(exec, s));
-  CUDA_CHECK(cudaEventRecord(b, s));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
-  return ms / (3.f * static_cast<float>(iters));
-}
-
-double measure_copy_gbs() {
-  const size_t bytes = size_t{2} << 30;
-  void *src, *dst;
-  CUDA_CHECK(cudaMalloc(&src, bytes));
-  CUDA_CHECK(cudaMalloc(&dst, bytes));
-  CUDA_CHECK(cudaMemset(src, 1, bytes));
-  // Plain stream launches, best of 5: a copy captured into a graph becomes a memcpy node that ran at 2776
-  // GB/s on an H200 where cudaMemcpyAsync on a stream reaches 4270 (the ceiling the other benchmarks use).
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
-  float ms = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    CUDA_CHECK(cudaEventRecord(a, nullptr));
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
-    CUDA_CHECK(cudaEventRecord(b, nullptr));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms = std::min(ms, t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaFree(src);
-  cudaFree(dst);
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
-}
+using ms::bench::measure_copy_gbs;
+using ms::bench::time_graph_ms;
 
 std::vector<int32_t> route(int m, bool skewed, std::mt19937& rng) {
   std::vector<int32_t> ids(static_cast<size_t>(m) * kK);
