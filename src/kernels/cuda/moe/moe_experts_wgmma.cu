@@ -31,7 +31,8 @@
 // Producer (128 threads, stage counter q over all of the block's (item, k step) pairs, slot q % S):
 //   wait empty[slot] (phase q / S - 1) unless q < S; issue cp.async for A (row (tid / 8) + 16 i, chunk
 //   tid % 8, zero-filled past the item's rows), W (BF16: rows (tid / 8) + 16 i, chunk tid % 8; NVFP4: raw
-//   rows tid + 128 j, 32 data bytes and 4 scale bytes); commit. Once S - 1 groups are in flight it finishes
+//   rows tid + 128 j, 32 data bytes and 4 scale bytes; with consumer expansion the data bytes as 16-byte
+//   halves tid % 2 of rows tid / 2 + 64 j); commit. Once S - 1 groups are in flight it finishes
 //   the oldest: cp.async.wait_group S - 2 (its own copies landed), NVFP4 with producer expansion: expand the
 //   raw rows it copied itself into the W tile, fence.proxy.async (generic writes -> wgmma's async proxy),
 //   arrive on full[slot] (128 arrivals complete the phase).
@@ -299,17 +300,41 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
       } else {
         const uint32_t raw_base = sbase + L.raw + (kCx ? slot : q % inflight) * L.raw_stage;
         const int64_t row_bytes = p.k / 2, srow_bytes = p.k / 16;
+        if constexpr (kCx) {
+          // The consumers wait for all 128 threads' copies, so any mapping works: two neighbouring threads
+          // copy the two halves of one row's 32 bytes, so each warp-wide copy reads 16 whole 32-byte sectors
+          // (not 32 half sectors): half the requests to L2 for the packed data.
 #pragma unroll
-        for (int j = 0; j < BN / 128; ++j) {
-          const int r = tid + 128 * j;
-          const int half = r < BN / 2 ? 0 : 1;
-          const int lr = r - half * (BN / 2);
-          // Selects, not a run-time index into the arrays (which would put them in local memory).
-          const uint8_t* d = (half ? part_data[1] : part_data[0]) + lr * row_bytes + kc * kRawRow;
-          const uint8_t* sc = half ? part_scale[1] : part_scale[0];
-          cp_async16(raw_base + r * kRawRow, d, true);
-          cp_async16(raw_base + r * kRawRow + 16, d + 16, true);
-          cp_async4(raw_base + BN * kRawRow + r * kRawScale, sc + lr * srow_bytes + kc * kRawScale);
+          for (int j = 0; j < BN / 64; ++j) {
+            const int r = (tid >> 1) + 64 * j, h16 = (tid & 1) * 16;
+            const int half = r < BN / 2 ? 0 : 1;
+            const int lr = r - half * (BN / 2);
+            const uint8_t* d = (half ? part_data[1] : part_data[0]) + lr * row_bytes + kc * kRawRow + h16;
+            cp_async16(raw_base + r * kRawRow + h16, d, true);
+          }
+#pragma unroll
+          for (int j = 0; j < BN / 128; ++j) {
+            const int r = tid + 128 * j;
+            const int half = r < BN / 2 ? 0 : 1;
+            const int lr = r - half * (BN / 2);
+            const uint8_t* sc = half ? part_scale[1] : part_scale[0];
+            cp_async4(raw_base + BN * kRawRow + r * kRawScale, sc + lr * srow_bytes + kc * kRawScale);
+          }
+        } else {
+          // Producer expansion: thread tid expands rows tid + 128 j, so it copies exactly those (its own
+          // cp.async.wait_group is all that orders the copies before its expansion).
+#pragma unroll
+          for (int j = 0; j < BN / 128; ++j) {
+            const int r = tid + 128 * j;
+            const int half = r < BN / 2 ? 0 : 1;
+            const int lr = r - half * (BN / 2);
+            // Selects, not a run-time index into the arrays (which would put them in local memory).
+            const uint8_t* d = (half ? part_data[1] : part_data[0]) + lr * row_bytes + kc * kRawRow;
+            const uint8_t* sc = half ? part_scale[1] : part_scale[0];
+            cp_async16(raw_base + r * kRawRow, d, true);
+            cp_async16(raw_base + r * kRawRow + 16, d + 16, true);
+            cp_async4(raw_base + BN * kRawRow + r * kRawScale, sc + lr * srow_bytes + kc * kRawScale);
+          }
         }
       }
       cp_async_commit();
