@@ -290,8 +290,13 @@ int main() {
               continue;
             }
             const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
-            std::snprintf(cfgs, sizeof cfgs, "bn%d/%d s%d/%d", cfg.gate_up.bn, cfg.down.bn,
-                          cfg.gate_up.stages, cfg.down.stages);
+            // NVFP4: "cx" expanded by the consumers, "px" by the producer
+            // (MOESERVE_MOE_WGMMA_EXPAND=producer).
+            const char* ex = f != ms::cuda::MoeWeightFormat::NVFP4                   ? ""
+                             : cfg.gate_up.expand == ms::cuda::MoeWgExpand::Consumer ? " cx"
+                                                                                     : " px";
+            std::snprintf(cfgs, sizeof cfgs, "bn%d/%d s%d/%d%s", cfg.gate_up.bn, cfg.down.bn,
+                          cfg.gate_up.stages, cfg.down.stages, ex);
           } else {
             const auto cfg = ms::cuda::moe_experts_mma_config(p);
             std::snprintf(cfgs, sizeof cfgs, "bm%d s%d", cfg.bm, cfg.stages);

@@ -510,6 +510,50 @@ TEST(KernelFit, MoeMmaConfigFitsEveryTarget) {
 // The warpgroup-MMA MoE GEMMs: sm_90a code, so only the H200 preset gets a configuration (GLM-5: 256-row
 // weight tiles for both projections, the deepest ring that fits 227 KiB); the others are refused with the
 // kernel's name and the architecture, and a shape the tiles do not divide is refused with the field.
+// NVFP4 expanded by the consumers (the default): A + raw ring, 3 bf16 W buffers; the producer layout (bf16
+// ring + raw ring of stages - 1) stays selectable; BF16 weights ignore the choice.
+TEST(KernelFit, MoeWgmmaExpandLayouts) {
+  const MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
+  const auto cx = choose_moe_wgmma_config(s, limits_h200());
+  const auto px = choose_moe_wgmma_config(s, limits_h200(), nullptr, MoeWgExpand::Producer);
+  ASSERT_TRUE(cx.has_value());
+  ASSERT_TRUE(px.has_value());
+  for (const MoeWgmmaGemmConfig& g : {cx->gate_up, cx->down}) {
+    EXPECT_EQ(g.expand, MoeWgExpand::Consumer);
+    EXPECT_EQ(g.bn, 256);
+    EXPECT_EQ(g.stages, 5);  // one deeper than the bf16 ring of the producer layout
+    // 1024 slack + A ring + 3 W buffers + raw ring + barriers (128) + table ((256 + 1 + 12) x 4 -> 1152).
+    EXPECT_EQ(g.smem, size_t{1024 + 5 * 16384 + 3 * 32768 + 5 * 9216 + 128 + 1152});
+    EXPECT_LE(g.smem, limits_h200().smem_per_block_optin);
+    EXPECT_GT(moe_wgmma_smem_bytes(MoeMmaFormat::NVFP4, 256, 6, 256, MoeWgExpand::Consumer),
+              limits_h200().smem_per_block_optin);
+  }
+  for (const MoeWgmmaGemmConfig& g : {px->gate_up, px->down}) {
+    EXPECT_EQ(g.expand, MoeWgExpand::Producer);
+    EXPECT_EQ(g.stages, 4);
+    EXPECT_EQ(g.smem, size_t{1024 + 4 * (16384 + 32768) + 3 * 9216 + 128 + 1152});
+    EXPECT_LE(g.smem, limits_h200().smem_per_block_optin);
+  }
+  MoeMmaShape b = s;
+  b.format = MoeMmaFormat::BF16;
+  const auto bc = choose_moe_wgmma_config(b, limits_h200());
+  const auto bp = choose_moe_wgmma_config(b, limits_h200(), nullptr, MoeWgExpand::Producer);
+  ASSERT_TRUE(bc.has_value() && bp.has_value());
+  EXPECT_EQ(bc->gate_up.stages, bp->gate_up.stages);
+  EXPECT_EQ(bc->gate_up.smem, bp->gate_up.smem);
+  EXPECT_EQ(bc->gate_up.smem, moe_wgmma_smem_bytes(MoeMmaFormat::BF16, 256, bc->gate_up.stages, 256));
+  // 128-row tiles: the consumer layout's 3 W buffers still leave the deepest ring.
+  const MoeMmaShape narrow{MoeMmaFormat::NVFP4, 1000, 4, 16, 384, 192};
+  const auto n = choose_moe_wgmma_config(narrow, limits_h200());
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(n->gate_up.stages, kMoeWgMaxStages);
+  EXPECT_EQ(n->gate_up.expand, MoeWgExpand::Consumer);
+  for (const DeviceLimits& dev : {limits_b200(), limits_rtx_pro_6000()}) {
+    EXPECT_FALSE(choose_moe_wgmma_config(s, dev).has_value()) << dev.name;
+    EXPECT_FALSE(choose_moe_wgmma_config(s, dev, nullptr, MoeWgExpand::Producer).has_value()) << dev.name;
+  }
+}
+
 TEST(KernelFit, MoeWgmmaConfigFitsSm90Only) {
   for (MoeMmaFormat f : {MoeMmaFormat::NVFP4, MoeMmaFormat::BF16}) {
     const MoeMmaShape s{f, 8192, 8, 256, 6144, 2048};

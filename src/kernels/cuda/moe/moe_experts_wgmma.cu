@@ -1,25 +1,41 @@
 // Grouped expert GEMMs on warpgroup MMA (sm_90a), one launch per projection, warp-specialised.
 //
-// Block: 384 threads = 3 warpgroups. Warpgroup 0 produces, warpgroups 1 and 2 consume; block tile 128 grouped
-// rows x BN weight rows (128 or 256), 64 k per stage. Consumer c (0, 1) owns rows 64 c .. 64 c + 63 and all
-// BN columns: wgmma m64nBNk16, BN / 2 f32 accumulators a thread (wgmma_sm90.cuh gives the layout: warp w of
-// the warpgroup holds rows 16 w + g, 16 w + g + 8, n8 block j columns 8 j + 2 t, 8 j + 2 t + 1).
+// Block: 384 threads = 3 warpgroups. Warpgroup 0 produces (copies), warpgroups 1 and 2 consume; block tile
+// 128 grouped rows x BN weight rows (128 or 256), 64 k per stage. Consumer c (0, 1) owns rows 64 c .. 64 c +
+// 63 and all BN columns: wgmma m64nBNk16, BN / 2 f32 accumulators a thread (wgmma_sm90.cuh gives the layout:
+// warp w of the warpgroup holds rows 16 w + g, 16 w + g + 8, n8 block j columns 8 j + 2 t, 8 j + 2 t + 1).
 //   gate_up: tile rows 0 .. BN/2 - 1 are gate rows nt * BN/2 + r, rows BN/2 .. BN - 1 the matching up rows,
 //            so n8 block j (gate) and j + BN/16 (up) of one thread hold gate and up of the same act columns
 //            nt * BN/2 + 8 j + 2 t (+1): SiLU-and-mul in registers.
 //   down:    tile row r is down row nt * BN + r = output column.
 //
-// Shared ring (stages S): stage s holds A [128][64] bf16 and W [BN][64] bf16, both in the K-major 128-byte
-// swizzle (wgmma_sm90.cuh), each 1024-aligned. NVFP4 weights land first in a raw ring of S - 1 stages
-// ([BN][32] packed bytes, then [BN][4] e4m3 scales) and the producer expands them into the W tile.
+// Shared ring (stages S): stage s holds A [128][64] bf16 and the stage's weights; bf16 tiles (A, W [BN][64])
+// are in the K-major 128-byte swizzle (wgmma_sm90.cuh), each 1024-aligned.
+//
+// NVFP4, consumer expansion (MoeWgExpand::Consumer, the default): the ring stage holds A and the raw W tile
+// ([BN][32] packed bytes, then [BN][4] e4m3 scales); the bf16 W tiles live in 3 separate buffers. Why: with
+// the producer warpgroup both waiting on its own copies and expanding 32 KB of bf16 a stage, the ring ran
+// dry (an H200 at 8192 GLM-5 tokens: tensor pipe 29% busy, consumers mostly waiting on `full`). Now the
+// producer only copies (A 16 KB + raw 9 KB a stage, so S = 5 fits where the bf16 ring allowed 4 and the
+// raw ring 3), and the 256 consumer threads expand stage q (one W row each) while the tensor cores still
+// run stage q - 1: work the idle consumers did not have, in the shadow of the asynchronous MMA. Stage q:
+// wait full[slot]; expand raw[slot] into W buffer q % 3; fence.proxy.async; named barrier 1 (256 consumer
+// threads: every row written before either warpgroup's wgmma reads the tile); wgmma; wait until one group
+// is pending. Buffer q % 3 was last read by the MMAs of stage q - 3, which both warpgroups waited for
+// before they arrived at the barrier of stage q - 1. MoeWgExpand::Producer keeps the earlier layout below
+// (MOESERVE_MOE_WGMMA_EXPAND=producer) for A/B timing.
+//
+// NVFP4, producer expansion / BF16: weights in the bf16 ring; NVFP4 lands first in a raw ring of S - 1
+// stages and the producer expands it into the W tile.
 //
 // Producer (128 threads, stage counter q over all of the block's (item, k step) pairs, slot q % S):
 //   wait empty[slot] (phase q / S - 1) unless q < S; issue cp.async for A (row (tid / 8) + 16 i, chunk
 //   tid % 8, zero-filled past the item's rows), W (BF16: rows (tid / 8) + 16 i, chunk tid % 8; NVFP4: raw
-//   rows tid + 128 j, 32 data bytes and 4 scale bytes); commit. Once S - 1 groups are in flight it finishes
-//   the oldest: cp.async.wait_group S - 2 (its own copies landed), NVFP4: expand the raw rows it copied
-//   itself into the W tile, fence.proxy.async (generic writes -> wgmma's async proxy), arrive on full[slot]
-//   (128 arrivals complete the phase).
+//   rows tid + 128 j, 32 data bytes and 4 scale bytes; with consumer expansion the data bytes as 16-byte
+//   halves tid % 2 of rows tid / 2 + 64 j); commit. Once S - 1 groups are in flight it finishes
+//   the oldest: cp.async.wait_group S - 2 (its own copies landed), NVFP4 with producer expansion: expand the
+//   raw rows it copied itself into the W tile, fence.proxy.async (generic writes -> wgmma's async proxy),
+//   arrive on full[slot] (128 arrivals complete the phase).
 // Consumers (stage counter q in the same order): wait full[slot] (phase q / S), 4 wgmma k16 steps, commit,
 // wait until one group is pending (the previous stage's MMAs are done), then one lane per warp arrives on
 // empty[previous slot] (8 arrivals). S - 1 stages in flight on the producer side and one held by the MMA in
@@ -34,6 +50,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -81,15 +99,17 @@ struct WgLayout {
   uint32_t a_stage, w_stage, raw_stage;
 };
 
-__device__ __forceinline__ WgLayout wg_layout(int bn, int stages, bool nvfp4) {
+// cx: NVFP4 expanded by the consumers (3 W buffers, a raw ring of `stages`); else the bf16 ring of `stages`
+// and, for NVFP4, a raw ring of stages - 1.
+__device__ __forceinline__ WgLayout wg_layout(int bn, int stages, bool nvfp4, bool cx) {
   WgLayout L;
   L.a_stage = kBM * kRowBytes;
   L.w_stage = static_cast<uint32_t>(bn) * kRowBytes;
   L.raw_stage = static_cast<uint32_t>(bn) * (kRawRow + kRawScale);
   L.a = 0;
   L.w = L.a + stages * L.a_stage;
-  L.raw = L.w + stages * L.w_stage;
-  const uint32_t raw_bytes = nvfp4 ? (stages - 1) * L.raw_stage : 0;
+  L.raw = L.w + (cx ? kMoeWgConsumerWBufs : stages) * L.w_stage;
+  const uint32_t raw_bytes = nvfp4 ? (cx ? stages : stages - 1) * L.raw_stage : 0;
   L.bars = L.raw + (raw_bytes + 127) / 128 * 128;
   L.table = L.bars + (2 * stages * 8 + 127) / 128 * 128;
   return L;
@@ -129,6 +149,36 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
   }
 }
 
+// Expands row r of a raw NVFP4 stage (bn rows of 32 packed bytes, then bn rows of 4 e4m3 scales) into row r
+// of the swizzled bf16 W tile.
+template <int BN>
+__device__ __forceinline__ void expand_row(const unsigned char* raw, unsigned char* wt, int r) {
+  const uint4 q0 = *reinterpret_cast<const uint4*>(raw + r * kRawRow);
+  const uint4 q1 = *reinterpret_cast<const uint4*>(raw + r * kRawRow + 16);
+  const uint32_t sc = *reinterpret_cast<const uint32_t*>(raw + BN * kRawRow + r * kRawScale);
+  // e4m3 -> bf16 is exact; code x scale has at most 6 significant bits: exact in bf16 too.
+  __nv_bfloat162 s[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s[i] = __float2bfloat162_rn(moe_dev::fp8_e4m3_value((sc >> (8 * i)) & 0xffu));
+  // Chunk c (k 8c .. 8c + 7) is packed word c of the row; scale group c / 2.
+  unsigned char* row = wt + r * kRowBytes;
+  const int x = r & 7;
+  *reinterpret_cast<uint4*>(row + ((0 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q0.x, s[0]);
+  *reinterpret_cast<uint4*>(row + ((1 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q0.y, s[0]);
+  *reinterpret_cast<uint4*>(row + ((2 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q0.z, s[1]);
+  *reinterpret_cast<uint4*>(row + ((3 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q0.w, s[1]);
+  *reinterpret_cast<uint4*>(row + ((4 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.x, s[2]);
+  *reinterpret_cast<uint4*>(row + ((5 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.y, s[2]);
+  *reinterpret_cast<uint4*>(row + ((6 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.z, s[3]);
+  *reinterpret_cast<uint4*>(row + ((7 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.w, s[3]);
+}
+
+// Named barrier 1 over the two consumer warpgroups (barrier 0 is __syncthreads, used only before the roles
+// split).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+
 struct Item {
   int e, nt, rows, pos0;
 };
@@ -156,7 +206,7 @@ __device__ __forceinline__ Item decode_item(int item, const int* s_mt, const WgP
   return it;
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp>
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
 __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, uint32_t sbase,
                                          unsigned char* smem, uint64_t* full, uint64_t* empty,
                                          const int* s_mt, int total_items) {
@@ -170,32 +220,11 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
   auto finish = [&](int pending) {
     cp_async_wait_pending(pending);
     const uint32_t slot = qf % S;
-    if constexpr (F == MoeMmaFormat::NVFP4) {
+    if constexpr (F == MoeMmaFormat::NVFP4 && !kCx) {
       const unsigned char* raw = smem + L.raw + (qf % inflight) * L.raw_stage;
       unsigned char* wt = smem + L.w + slot * L.w_stage;
 #pragma unroll
-      for (int j = 0; j < BN / 128; ++j) {
-        const int r = tid + 128 * j;
-        const uint4 q0 = *reinterpret_cast<const uint4*>(raw + r * kRawRow);
-        const uint4 q1 = *reinterpret_cast<const uint4*>(raw + r * kRawRow + 16);
-        const uint32_t sc = *reinterpret_cast<const uint32_t*>(raw + BN * kRawRow + r * kRawScale);
-        // e4m3 -> bf16 is exact; code x scale has at most 6 significant bits: exact in bf16 too.
-        __nv_bfloat162 s[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          s[i] = __float2bfloat162_rn(moe_dev::fp8_e4m3_value((sc >> (8 * i)) & 0xffu));
-        // Chunk c (k 8c .. 8c + 7) is packed word c of the row; scale group c / 2.
-        unsigned char* row = wt + r * kRowBytes;
-        const int x = r & 7;
-        *reinterpret_cast<uint4*>(row + ((0 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q0.x, s[0]);
-        *reinterpret_cast<uint4*>(row + ((1 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q0.y, s[0]);
-        *reinterpret_cast<uint4*>(row + ((2 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q0.z, s[1]);
-        *reinterpret_cast<uint4*>(row + ((3 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q0.w, s[1]);
-        *reinterpret_cast<uint4*>(row + ((4 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.x, s[2]);
-        *reinterpret_cast<uint4*>(row + ((5 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.y, s[2]);
-        *reinterpret_cast<uint4*>(row + ((6 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.z, s[3]);
-        *reinterpret_cast<uint4*>(row + ((7 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.w, s[3]);
-      }
+      for (int j = 0; j < BN / 128; ++j) expand_row<BN>(raw, wt, tid + 128 * j);
     }
     wg::fence_proxy_async();
     wg::mbar_arrive(&full[slot]);
@@ -269,19 +298,43 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
                      part_data[half] + lr * row_bytes + kc * kRowBytes + chunk * 16, true);
         }
       } else {
-        const uint32_t raw_base = sbase + L.raw + (q % inflight) * L.raw_stage;
+        const uint32_t raw_base = sbase + L.raw + (kCx ? slot : q % inflight) * L.raw_stage;
         const int64_t row_bytes = p.k / 2, srow_bytes = p.k / 16;
+        if constexpr (kCx) {
+          // The consumers wait for all 128 threads' copies, so any mapping works: two neighbouring threads
+          // copy the two halves of one row's 32 bytes, so each warp-wide copy reads 16 whole 32-byte sectors
+          // (not 32 half sectors): half the requests to L2 for the packed data.
 #pragma unroll
-        for (int j = 0; j < BN / 128; ++j) {
-          const int r = tid + 128 * j;
-          const int half = r < BN / 2 ? 0 : 1;
-          const int lr = r - half * (BN / 2);
-          // Selects, not a run-time index into the arrays (which would put them in local memory).
-          const uint8_t* d = (half ? part_data[1] : part_data[0]) + lr * row_bytes + kc * kRawRow;
-          const uint8_t* sc = half ? part_scale[1] : part_scale[0];
-          cp_async16(raw_base + r * kRawRow, d, true);
-          cp_async16(raw_base + r * kRawRow + 16, d + 16, true);
-          cp_async4(raw_base + BN * kRawRow + r * kRawScale, sc + lr * srow_bytes + kc * kRawScale);
+          for (int j = 0; j < BN / 64; ++j) {
+            const int r = (tid >> 1) + 64 * j, h16 = (tid & 1) * 16;
+            const int half = r < BN / 2 ? 0 : 1;
+            const int lr = r - half * (BN / 2);
+            const uint8_t* d = (half ? part_data[1] : part_data[0]) + lr * row_bytes + kc * kRawRow + h16;
+            cp_async16(raw_base + r * kRawRow + h16, d, true);
+          }
+#pragma unroll
+          for (int j = 0; j < BN / 128; ++j) {
+            const int r = tid + 128 * j;
+            const int half = r < BN / 2 ? 0 : 1;
+            const int lr = r - half * (BN / 2);
+            const uint8_t* sc = half ? part_scale[1] : part_scale[0];
+            cp_async4(raw_base + BN * kRawRow + r * kRawScale, sc + lr * srow_bytes + kc * kRawScale);
+          }
+        } else {
+          // Producer expansion: thread tid expands rows tid + 128 j, so it copies exactly those (its own
+          // cp.async.wait_group is all that orders the copies before its expansion).
+#pragma unroll
+          for (int j = 0; j < BN / 128; ++j) {
+            const int r = tid + 128 * j;
+            const int half = r < BN / 2 ? 0 : 1;
+            const int lr = r - half * (BN / 2);
+            // Selects, not a run-time index into the arrays (which would put them in local memory).
+            const uint8_t* d = (half ? part_data[1] : part_data[0]) + lr * row_bytes + kc * kRawRow;
+            const uint8_t* sc = half ? part_scale[1] : part_scale[0];
+            cp_async16(raw_base + r * kRawRow, d, true);
+            cp_async16(raw_base + r * kRawRow + 16, d + 16, true);
+            cp_async4(raw_base + BN * kRawRow + r * kRawScale, sc + lr * srow_bytes + kc * kRawScale);
+          }
         }
       }
       cp_async_commit();
@@ -292,9 +345,11 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
   while (qf < q) finish(0);
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp>
-__device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, uint32_t sbase, uint64_t* full,
-                                         uint64_t* empty, const int* s_mt, int total_items, int cw) {
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
+__device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, uint32_t sbase,
+                                         unsigned char* smem, uint64_t* full, uint64_t* empty,
+                                         const int* s_mt, int total_items, int cw) {
+  static_assert(!kCx || F == MoeMmaFormat::NVFP4, "consumer expansion is an NVFP4 layout");
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, t4 = lane & 3;
   const int S = p.stages;
@@ -310,9 +365,18 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
     for (int kc = 0; kc < nk; ++kc) {
       const uint32_t slot = q % S;
       wg::mbar_wait(&full[slot], (q / S) & 1u);
+      // The W tile of this stage: the ring slot, or (consumer expansion) buffer q % 3, free since both
+      // warpgroups passed the barrier of stage q - 1 after waiting for their MMAs of stage q - 3.
+      const uint32_t wbuf = kCx ? q % kMoeWgConsumerWBufs : slot;
+      if constexpr (kCx) {
+        const int ct = threadIdx.x - 128;  // 0 .. 255: row ct of the tile (bn 128: the first warpgroup)
+        if (ct < BN) expand_row<BN>(smem + L.raw + slot * L.raw_stage, smem + L.w + wbuf * L.w_stage, ct);
+        wg::fence_proxy_async();
+        consumers_sync();
+      }
       if (active) {
         const uint64_t da = wg::smem_desc_sw128(sbase + L.a + slot * L.a_stage + cw * 64 * kRowBytes);
-        const uint64_t db = wg::smem_desc_sw128(sbase + L.w + slot * L.w_stage);
+        const uint64_t db = wg::smem_desc_sw128(sbase + L.w + wbuf * L.w_stage);
         wg::fence_operands(acc);
         wg::wgmma_fence();
 #pragma unroll
@@ -362,7 +426,7 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
   }
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp>
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
 __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p) {
 #if MS_WGMMA_SM90A
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
@@ -370,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
   const uint32_t pad = ((dyn + 1023u) & ~1023u) - dyn;  // the 128-byte swizzle wants 1024-aligned tiles
   unsigned char* smem = smem_dyn + pad;
   const uint32_t sbase = dyn + pad;
-  const WgLayout L = wg_layout(BN, p.stages, F == MoeMmaFormat::NVFP4);
+  const WgLayout L = wg_layout(BN, p.stages, F == MoeMmaFormat::NVFP4, kCx);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* empty = full + p.stages;
   int* s_mt = reinterpret_cast<int*>(smem + L.table);  // [n_experts + 1]
@@ -414,9 +478,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
 
   const int wgi = wg::warp_uniform(tid / 128);
   if (wgi == 0) {
-    producer<BN, F, kGateUp>(p, L, sbase, smem, full, empty, s_mt, total_items);
+    producer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items);
   } else {
-    consumer<BN, F, kGateUp>(p, L, sbase, full, empty, s_mt, total_items, wgi - 1);
+    consumer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items, wgi - 1);
   }
 #else
   wg::trap_not_sm90a();
@@ -429,6 +493,16 @@ MoeMmaFormat wg_format(MoeWeightFormat f) {
 
 MoeMmaShape wg_shape(const MoeExpertsParams& p) {
   return {wg_format(p.format), p.m, p.top_k, p.n_experts, p.hidden, p.inter};
+}
+
+// Who expands NVFP4 tiles, read once: MOESERVE_MOE_WGMMA_EXPAND=producer selects the earlier layout (A/B
+// timing without a rebuild); anything else the consumer expansion.
+MoeWgExpand wg_expand() {
+  static const MoeWgExpand x = [] {
+    const char* v = std::getenv("MOESERVE_MOE_WGMMA_EXPAND");
+    return v != nullptr && std::strcmp(v, "producer") == 0 ? MoeWgExpand::Producer : MoeWgExpand::Consumer;
+  }();
+  return x;
 }
 
 // Blocks of one kernel resident per SM, asked once per (kernel, smem) and device.
@@ -449,30 +523,38 @@ int resident_blocks(const void* kernel, size_t smem, int device) {
   return blocks;
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp>
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
 void launch_one(const WgParams& wp, const MoeExpertsParams& p, const DeviceCaps& caps, size_t smem,
                 cudaStream_t stream) {
-  const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp>);
+  const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx>);
   const int per_sm = resident_blocks(fn, smem, caps.device);
   // Upper bound of the work items: every expert may add one partial M tile.
   const int64_t slots = static_cast<int64_t>(p.m) * p.top_k;
   const int64_t items = (slots / kBM + std::min<int64_t>(slots, p.n_experts)) * wp.n_tiles;
   const int64_t grid =
       std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(per_sm) * caps.multiprocessors));
-  launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp>, static_cast<unsigned>(grid), kThreads, smem,
-                stream, wp);
+  launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp, kCx>, static_cast<unsigned>(grid), kThreads,
+                smem, stream, wp);
 }
 
 template <bool kGateUp>
 void launch_gemm(const WgParams& wp, const MoeExpertsParams& p, const MoeWgmmaGemmConfig& cfg,
                  const DeviceCaps& caps, cudaStream_t stream) {
-  const bool nv = p.format == MoeWeightFormat::NVFP4;
+  const bool nv = p.format == MoeWeightFormat::NVFP4, cx = cfg.expand == MoeWgExpand::Consumer;
   if (cfg.bn == 256) {
-    nv ? launch_one<256, MoeMmaFormat::NVFP4, kGateUp>(wp, p, caps, cfg.smem, stream)
-       : launch_one<256, MoeMmaFormat::BF16, kGateUp>(wp, p, caps, cfg.smem, stream);
+    if (!nv)
+      launch_one<256, MoeMmaFormat::BF16, kGateUp, false>(wp, p, caps, cfg.smem, stream);
+    else if (cx)
+      launch_one<256, MoeMmaFormat::NVFP4, kGateUp, true>(wp, p, caps, cfg.smem, stream);
+    else
+      launch_one<256, MoeMmaFormat::NVFP4, kGateUp, false>(wp, p, caps, cfg.smem, stream);
   } else {
-    nv ? launch_one<128, MoeMmaFormat::NVFP4, kGateUp>(wp, p, caps, cfg.smem, stream)
-       : launch_one<128, MoeMmaFormat::BF16, kGateUp>(wp, p, caps, cfg.smem, stream);
+    if (!nv)
+      launch_one<128, MoeMmaFormat::BF16, kGateUp, false>(wp, p, caps, cfg.smem, stream);
+    else if (cx)
+      launch_one<128, MoeMmaFormat::NVFP4, kGateUp, true>(wp, p, caps, cfg.smem, stream);
+    else
+      launch_one<128, MoeMmaFormat::NVFP4, kGateUp, false>(wp, p, caps, cfg.smem, stream);
   }
 }
 
@@ -484,7 +566,7 @@ std::optional<std::string> moe_experts_wgmma_unavailable(const MoeExpertsParams&
                        static_cast<int>(p.format));
   const DeviceCaps caps = current_device_caps();
   std::string why;
-  if (!choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why)) return why;
+  if (!choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand())) return why;
   return std::nullopt;
 }
 
@@ -493,7 +575,7 @@ MoeWgmmaConfig moe_experts_wgmma_config(const MoeExpertsParams& p) {
            "moe_experts_wgmma: weight format {} is not NVFP4 or BF16", static_cast<int>(p.format));
   const DeviceCaps caps = current_device_caps();
   std::string why;
-  const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why);
+  const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand());
   MS_CHECK(cfg.has_value(), "{}", why);
   check_smem(caps, "moe_experts_wgmma gate_up", cfg->gate_up.smem);
   check_smem(caps, "moe_experts_wgmma down", cfg->down.smem);

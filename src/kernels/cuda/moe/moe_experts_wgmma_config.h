@@ -22,27 +22,45 @@ constexpr int kMoeWgBK = 64;
 constexpr int kMoeWgMaxStages = 6;
 constexpr int kMoeWgMinStages = 3;
 
+// Who expands NVFP4 tiles to bf16 (BF16 weights ignore it). Consumer (the default): the producer only copies
+// (A rows and raw NVFP4 into one ring of `stages`), the 256 consumer threads expand stage q into one of 3
+// bf16 W buffers while the tensor cores run stage q - 1. Producer: the earlier layout, the producer warpgroup
+// copies and expands (bf16 ring of `stages`, raw ring of stages - 1); kept selectable for A/B timing
+// (MOESERVE_MOE_WGMMA_EXPAND=producer).
+enum class MoeWgExpand { Consumer, Producer };
+
+// Bf16 W buffers of the consumer-expansion layout: the consumers write buffer q % 3 after the barrier of
+// stage q - 1, which both warpgroups pass only after their MMAs of stage q - 3 completed.
+constexpr int kMoeWgConsumerWBufs = 3;
+
 struct MoeWgmmaGemmConfig {
   int bn = 256;     // weight rows per block tile: 128 or 256 (gate_up: half gate, half up rows)
   int stages = 4;   // shared-memory ring depth (the producer keeps stages - 1 copies in flight)
   size_t smem = 0;  // dynamic shared memory per block, bytes
+  MoeWgExpand expand = MoeWgExpand::Consumer;  // NVFP4 only
 };
 
 struct MoeWgmmaConfig {
   MoeWgmmaGemmConfig gate_up, down;
 };
 
-// Shared memory of one block: the bf16 ring [stages] x (A [128][64] + W [bn][64]), each tile 1024-aligned
-// (the 128-byte swizzle); NVFP4 adds the raw ring [stages - 1] x bn x (32 packed bytes + 4 e4m3 scales); then
-// 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums; 1024 bytes of
-// slack to align the dynamic window.
-inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts) {
-  const size_t ring = static_cast<size_t>(stages) * (size_t{kMoeWgBM} + bn) * kMoeWgBK * 2;
-  const size_t raw =
-      f == MoeMmaFormat::NVFP4 ? static_cast<size_t>(stages - 1) * bn * (kMoeWgBK / 2 + kMoeWgBK / 16) : 0;
+// Shared memory of one block, 1024 bytes of slack to align the dynamic window first.
+//   BF16, and NVFP4 with MoeWgExpand::Producer: the bf16 ring [stages] x (A [128][64] + W [bn][64]), each
+//     tile 1024-aligned (the 128-byte swizzle); NVFP4 adds the raw ring [stages - 1] x bn x (32 packed bytes
+//     + 4 e4m3 scales).
+//   NVFP4 with MoeWgExpand::Consumer: A ring [stages] x [128][64] bf16, 3 bf16 W buffers [bn][64], raw ring
+//     [stages] x bn x 36 bytes.
+// Then 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums.
+inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts,
+                                   MoeWgExpand x = MoeWgExpand::Consumer) {
+  const size_t a_tile = size_t{kMoeWgBM} * kMoeWgBK * 2, w_tile = static_cast<size_t>(bn) * kMoeWgBK * 2;
+  const size_t raw_stage = static_cast<size_t>(bn) * (kMoeWgBK / 2 + kMoeWgBK / 16);
+  const bool nv = f == MoeMmaFormat::NVFP4, cx = nv && x == MoeWgExpand::Consumer;
+  const size_t ring = static_cast<size_t>(stages) * a_tile + (cx ? kMoeWgConsumerWBufs : stages) * w_tile;
+  const size_t raw = nv ? static_cast<size_t>(cx ? stages : stages - 1) * raw_stage : 0;
   const size_t bars = static_cast<size_t>(2) * stages * 8;
   const size_t table = (static_cast<size_t>(n_experts) + 1 + 12) * 4;
-  return 1024 + ring + (raw + 127) / 128 * 128 + bars + (table + 127) / 128 * 128;
+  return 1024 + ring + (raw + 127) / 128 * 128 + (bars + 127) / 128 * 128 + (table + 127) / 128 * 128;
 }
 
 // Weight rows per block tile of one projection: 256 where the output width allows (gate_up: 128 act columns
@@ -64,17 +82,19 @@ inline std::optional<std::string> moe_wgmma_shape_unsupported(const MoeMmaShape&
   return std::nullopt;
 }
 
-// One projection's configuration: the deepest ring (from kMoeWgMaxStages for bn 128, 4 for bn 256, down to
-// kMoeWgMinStages) whose shared memory fits `dev`; nullopt with *why when none does or `dev` is not sm_90
-// (the kernel is sm_90a code).
+// One projection's configuration: the deepest ring (from kMoeWgMaxStages for bn 128 or NVFP4 with consumer
+// expansion, 4 for bn 256 otherwise, down to kMoeWgMinStages) whose shared memory fits `dev`; nullopt with
+// *why when none does or `dev` is not sm_90 (the kernel is sm_90a code).
 inline std::optional<MoeWgmmaGemmConfig> choose_moe_wgmma_gemm(MoeMmaFormat f, int bn, int n_experts,
-                                                               const DeviceLimits& dev, std::string* why) {
+                                                               const DeviceLimits& dev, std::string* why,
+                                                               MoeWgExpand x = MoeWgExpand::Consumer) {
   std::string last;
-  for (int stages = bn == 256 ? 4 : kMoeWgMaxStages; stages >= kMoeWgMinStages; --stages) {
+  const bool cx = f == MoeMmaFormat::NVFP4 && x == MoeWgExpand::Consumer;
+  for (int stages = bn == 256 && !cx ? 4 : kMoeWgMaxStages; stages >= kMoeWgMinStages; --stages) {
     const KernelNeed need{fmt::format("moe_experts_wgmma bn{} stages{}", bn, stages),
-                          moe_wgmma_smem_bytes(f, bn, stages, n_experts), 90, true};
+                          moe_wgmma_smem_bytes(f, bn, stages, n_experts, x), 90, true};
     const auto no = why_cannot_run(need, dev);
-    if (!no) return MoeWgmmaGemmConfig{bn, stages, need.smem_bytes};
+    if (!no) return MoeWgmmaGemmConfig{bn, stages, need.smem_bytes, x};
     last = *no;
   }
   if (why != nullptr) *why = last;
@@ -82,16 +102,17 @@ inline std::optional<MoeWgmmaGemmConfig> choose_moe_wgmma_gemm(MoeMmaFormat f, i
 }
 
 inline std::optional<MoeWgmmaConfig> choose_moe_wgmma_config(const MoeMmaShape& s, const DeviceLimits& dev,
-                                                             std::string* why = nullptr) {
+                                                             std::string* why = nullptr,
+                                                             MoeWgExpand x = MoeWgExpand::Consumer) {
   if (auto bad = moe_wgmma_shape_unsupported(s)) {
     if (why != nullptr) *why = *bad;
     return std::nullopt;
   }
   const auto gu =
-      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why);
+      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why, x);
   if (!gu) return std::nullopt;
   const auto dn =
-      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why);
+      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why, x);
   if (!dn) return std::nullopt;
   return MoeWgmmaConfig{*gu, *dn};
 }
