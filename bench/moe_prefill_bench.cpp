@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_bench.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/gemm/blaslt.h"
@@ -27,23 +28,8 @@ namespace {
 
 constexpr int kE = 256, kK = 8, kH = 6144, kI = 2048;
 
-template <typename F>
-float time_ms(F&& f, int iters) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  f();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  CUDA_CHECK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) f();
-  CUDA_CHECK(cudaEventRecord(b));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / static_cast<float>(iters);
-}
+// One untimed call before each timing: the CUDA-core reference takes a third of a second at 8192 tokens.
+constexpr int kWarmup = 1;
 
 void* dev_alloc(size_t bytes) {
   void* p = nullptr;
@@ -112,30 +98,8 @@ int main() {
   std::mt19937 rng(7);
 
   // ---- the BF16 matrix rate of this run: cuBLASLt 8192^3, bf16 in, f32 out ----
-  double bf16_tflops = 0;
-  {
-    const int64_t n = 8192;
-    auto* a = static_cast<__nv_bfloat16*>(dev_alloc(n * n * 2));
-    auto* w = static_cast<__nv_bfloat16*>(dev_alloc(n * n * 2));
-    auto* y = static_cast<float*>(dev_alloc(n * n * 4));
-    CUDA_CHECK(cudaMemset(a, 0x3c, n * n * 2));
-    CUDA_CHECK(cudaMemset(w, 0x3c, n * n * 2));
-    ms::cuda::GemmBf16Params g;
-    g.x_bf16 = a;
-    g.x_bf16_stride = n;
-    g.w = w;
-    g.w_stride = n;
-    g.y = y;
-    g.y_stride = n;
-    g.m = g.n = g.k = n;
-    const float t = time_ms([&] { ms::cuda::gemm_bf16(g, lt, nullptr); }, 10);
-    bf16_tflops = 2.0 * n * n * n / (t * 1e-3) / 1e12;
-    std::printf("BF16 matrix rate (cuBLASLt 8192x8192x8192, f32 out): %.3f ms, %.1f TFLOP/s\n", t,
-                bf16_tflops);
-    cudaFree(a);
-    cudaFree(w);
-    cudaFree(y);
-  }
+  const double bf16_tflops = ms::bench::measure_bf16_tflops(lt);
+  std::printf("BF16 matrix rate (cuBLASLt 8192x8192x8192, f32 out): %.1f TFLOP/s\n", bf16_tflops);
 
   // ---- weights: NVFP4 and BF16 experts (tables), BF16 fused gate_up / down copies for cuBLAS ----
   std::printf("building 256 experts (NVFP4, BF16)...\n");
@@ -270,11 +234,12 @@ int main() {
         }
       };
       const int iters = m >= 8192 ? 5 : 10;
-      const float t_cublas = only_wgmma ? 0.f : time_ms(cublas, iters);
+      const float t_cublas = only_wgmma ? 0.f : ms::bench::time_ms(cublas, iters, nullptr, kWarmup);
       p.experts = d_t4;
       p.format = ms::cuda::MoeWeightFormat::NVFP4;
-      const float t_old =
-          only_wgmma ? 0.f : time_ms([&] { ms::cuda::moe_experts(p, nullptr); }, m >= 8192 ? 1 : 3);
+      const float t_old = only_wgmma ? 0.f
+                                     : ms::bench::time_ms([&] { ms::cuda::moe_experts(p, nullptr); },
+                                                          m >= 8192 ? 1 : 3, nullptr, kWarmup);
       for (auto f : {ms::cuda::MoeWeightFormat::NVFP4, ms::cuda::MoeWeightFormat::BF16}) {
         p.format = f;
         p.experts = f == ms::cuda::MoeWeightFormat::NVFP4 ? d_t4 : d_tb;
@@ -301,12 +266,12 @@ int main() {
             const auto cfg = ms::cuda::moe_experts_mma_config(p);
             std::snprintf(cfgs, sizeof cfgs, "bm%d s%d", cfg.bm, cfg.stages);
           }
-          const float t = time_ms(
+          const float t = ms::bench::time_ms(
               [&] {
                 ms::cuda::moe_plan(pp, nullptr);
                 ms::cuda::moe_experts_mma(p, ws, nullptr);
               },
-              iters);
+              iters, nullptr, kWarmup);
           const double tf = flops / (t * 1e-3) / 1e12, tc = flops / (t_cublas * 1e-3) / 1e12;
           std::printf("%-6s %6d %-8s %-6s %15s %9.3f %9.1f %7.1f%% %11.3f %9.1f %7.1f%% %12s\n",
                       f == ms::cuda::MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m,
