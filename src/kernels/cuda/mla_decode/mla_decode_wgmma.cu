@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
   if (warp >= 8) {  // the producer warpgroup: warp 8 copies, warps 9-11 only give their registers up
-    setmaxnreg_dec<kProducerRegs>();
+    regs_dealloc<kProducerRegs>();
     if (warp > 8) return;
     const bool whole_tiles = p.page_size % kTileKeys == 0;
     for (int T = 0; T < ntiles; ++T) {
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers.
-  setmaxnreg_inc<kConsumerRegs>();
+  regs_alloc<kConsumerRegs>();
   const int wg = tid >> 7, ltid = tid & 127, g = lane >> 2, t = lane & 3;
   const int row0 = 16 * (warp & 3) + g, row1 = row0 + 8;
   const int rp0 = rowpos_s[row0], rp1 = rowpos_s[row1];

@@ -28,6 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/common/wgmma_sm90.cuh"
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MS_MLA_WGMMA_ENABLED 1
 #else
@@ -36,18 +38,28 @@
 
 namespace ms::cuda::mla_wgmma_ptx {
 
+// The pieces every warpgroup-MMA kernel shares (kernels/cuda/common/wgmma_sm90.cuh).
+using wg::bulk_copy_g2s;
+using wg::fence_proxy_async;
+using wg::mbar_arrive;
+using wg::mbar_arrive_expect_tx;
+using wg::mbar_init;
+using wg::mbar_init_fence;
+using wg::regs_alloc;
+using wg::regs_dealloc;
+using wg::smem_u32;
+using wg::wgmma_commit;
+using wg::wgmma_fence;
+using wg::wgmma_wait;
+
 __host__ __device__ constexpr uint32_t swizzle128_offset(uint32_t line, uint32_t col_elem) {
   return line * 128u + ((((col_elem >> 3) ^ (line & 7u)) & 7u) << 4) + (col_elem & 7u) * 2u;
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // Matrix descriptor: start address, leading and stride byte offsets (>> 4, 14 bits each), 128-byte swizzle
 // (layout type 1 in bits 62-63); base offset 0 (operand blocks are 1024-byte aligned).
 __device__ __forceinline__ uint64_t desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  const uint32_t a = smem_addr(smem);
+  const uint32_t a = smem_u32(smem);
   uint64_t d = static_cast<uint64_t>((a & 0x3ffffu) >> 4);
   d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3fffu) << 16;
   d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3fffu) << 32;
@@ -55,24 +67,6 @@ __device__ __forceinline__ uint64_t desc_sw128(const void* smem, uint32_t lbo_by
   return d;
 }
 
-// Before the first wgmma that reads registers (accumulators, A) written by ordinary instructions.
-__device__ __forceinline__ void wgmma_fence() {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-// Waits until at most N committed groups of this warpgroup are pending.
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
 // Keeps the compiler from moving reads of a wgmma accumulator above the wait that completes it.
 __device__ __forceinline__ void fence_operand(float& r) {
   asm volatile("" : "+f"(r)::"memory");
@@ -80,57 +74,11 @@ __device__ __forceinline__ void fence_operand(float& r) {
 __device__ __forceinline__ void fence_operand(uint32_t& r) {
   asm volatile("" : "+r"(r)::"memory");
 }
-// Makes this thread's ordinary shared-memory stores visible to the async proxy (wgmma operand reads, bulk
-// copies); each writer runs it before the barrier that precedes the wgmma.
-__device__ __forceinline__ void fence_proxy_async() {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-// Register budget of the calling warpgroup (all its warps execute it): a producer warpgroup gives registers
-// up so that the consumer warpgroups can hold their accumulators. N is a multiple of 8 in 24..256.
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-
 // Named barrier over `count` threads (a multiple of 32); id 0 is __syncthreads.
 __device__ __forceinline__ void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-#endif
-}
-// After the initialisations, before the barrier that publishes them to the async proxy.
-__device__ __forceinline__ void mbar_init_fence() {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-#endif
-}
-// One arrival that also expects `bytes` of transactions (the bulk copies of this phase).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-#endif
-}
 // A wait that has not seen its phase complete after this long is a hang (a phase of this kernel completes
 // within microseconds): the waiter records it and traps, so the launch fails instead of never returning.
 constexpr uint64_t kMbarHangNs = uint64_t{4} << 30;  // about 4.3 s
@@ -182,7 +130,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint32
       "membar.sys;\n"
       "MS_MBAR_TRAP_%=:\n"
       "trap;\n"
-      "MS_MBAR_DONE_%=:\n}\n" ::"r"(smem_addr(bar)),
+      "MS_MBAR_DONE_%=:\n}\n" ::"r"(smem_u32(bar)),
       "r"(parity), "r"(barrier), "l"(kMbarHangNs), "l"(rec)
       : "memory");
 #else
@@ -197,23 +145,6 @@ static_assert(offsetof(MbarHang, seen) == 0 && offsetof(MbarHang, barrier) == 4 
                   offsetof(MbarHang, parity) == 8 && offsetof(MbarHang, block) == 12 &&
                   offsetof(MbarHang, thread) == 24,
               "the offsets mbar_wait stores to");
-
-// Bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to this block's shared
-// memory, completing `bytes` transactions on `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-#else
-  (void)dst;
-  (void)src;
-  (void)bytes;
-  (void)bar;
-#endif
-}
 
 // D[64, 32] (+)= A[64, 16] B[16, 32], A and B from shared memory (descriptors), f16 in, f32 out.
 // TransB: 0 = B stored K-major ([n][k]), 1 = MN-major ([k][n]). scale_d 0: D = A B.
