@@ -105,9 +105,15 @@ TEST(Workspace, SizedFromTheConfigAndLimits) {
   EXPECT_EQ(ws.topk_ids.dtype(), DType::I32);
   ASSERT_TRUE(c.has_indexer);
   EXPECT_EQ(ws.topk.shape(), (Shape{24, c.index_topk}));
-  // MoE groups: one expert serves each of the 24 tokens at most once.
+  // MoE groups: one expert serves each of the 24 tokens at most once; with a shared expert the grouped op
+  // may run it as one more slot per token (ModelOptions::fuse_shared_expert).
   EXPECT_EQ(ws.moe.x.numel(), 24 * c.hidden_size);
-  EXPECT_EQ(ws.moe.order.numel(), 24 * c.num_experts_per_tok);
+  const int fused = c.n_shared_experts > 0 ? 1 : 0;
+  EXPECT_EQ(ws.moe.order.numel(), 24 * (c.num_experts_per_tok + fused));
+  EXPECT_EQ(ws.moe.offsets.numel(), c.n_routed_experts + fused + 1);
+  if (fused) {
+    EXPECT_EQ(ws.topk_ids_ext.shape(), (Shape{24, c.num_experts_per_tok + 1}));
+  }
   EXPECT_EQ(ws.pool_cast.raw(), nullptr);  // only with the planted pool cast
   EXPECT_GT(ws.bytes(), static_cast<size_t>(24 * c.hidden_size * 4 * 2));
   EXPECT_THROW(model::Workspace::make(c, {.max_tokens = 0, .max_seqs = 1, .max_context = 8}, Device::CPU,
