@@ -773,13 +773,13 @@ TEST(CudaMlaAttention, ChooserFitsEveryDeviceOrRefuses) {
           s.has_topk = sel;
           const auto c = gpu::mla_attention_choose(s, *caps);
           EXPECT_LE(c.smem_bytes, caps->smem_per_block_optin) << c.why;
-          // Tensor cores where they fit: the older split-KV kernel for a dense decode batch with 64 heads
-          // (measured faster there), the sm90 kernel over a selection.
+          // Tensor cores where they fit: the warpgroup-MMA kernel for a dense decode batch with 64 heads on
+          // sm_90, the sm90 kernel over a selection.
           const bool tensor = (decode || sel) && r == 512 && caps == &big;
           EXPECT_EQ(c.kernel != gpu::MlaAttentionKernel::General, tensor) << c.why;
           if (tensor) {
             EXPECT_EQ(c.kernel,
-                      sel ? gpu::MlaAttentionKernel::Sm90Decode : gpu::MlaAttentionKernel::Fp8Decode)
+                      sel ? gpu::MlaAttentionKernel::Sm90Decode : gpu::MlaAttentionKernel::WgmmaDecode)
                 << c.why;
           }
         }
