@@ -380,12 +380,11 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
             }
   }
   EXPECT_EQ(checked, 3 * 5 * 3 * 2 * 2 * 2);
-  // A dense decode batch over fp8 pages of 64 with 64 heads: the older split-KV kernel (measured faster
-  // there than the sm90 one; the warpgroup-MMA kernel only when asked for until it has run on an H200); with
-  // 8 heads, or over a DSA selection, the sm90 kernel. On sm_120 neither tensor-core decode kernel fits, so
-  // the general kernel.
+  // A dense decode batch over fp8 pages of 64 with 64 heads: the warpgroup-MMA kernel on sm_90, elsewhere
+  // the older split-KV kernel (measured faster there than the sm90 one); with 8 heads, or over a DSA
+  // selection, the sm90 kernel. On sm_120 neither tensor-core decode kernel fits, so the general kernel.
   const MlaAttentionShape glm{8, 64, 512, 64, 64, KvFormat::FP8E4M3, false, true, 8};
-  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::Fp8Decode);
+  EXPECT_EQ(mla_attention_choose(glm, caps_of(limits_h200())).kernel, MlaAttentionKernel::WgmmaDecode);
   MlaAttentionShape glm_wgmma = glm;
   glm_wgmma.prefer = MlaAttentionPrefer::WgmmaDecode;
   EXPECT_EQ(mla_attention_choose(glm_wgmma, caps_of(limits_h200())).kernel, MlaAttentionKernel::WgmmaDecode);

@@ -690,11 +690,12 @@ int moe_decode_kernel_from_env(const char* value) {
 }
 
 namespace {
-// p.decode_ring, else MOESERVE_MOE_DECODE_KERNEL (read once), else the register kernels.
+// p.decode_ring, else MOESERVE_MOE_DECODE_KERNEL (read once), else the ring from kRingMinTokens tokens.
 bool wants_ring(const MoeExpertsParams& p) {
   if (p.decode_ring >= 0) return p.decode_ring == 1;
   static const int from_env = moe_decode_kernel_from_env(std::getenv("MOESERVE_MOE_DECODE_KERNEL"));
-  return from_env == 1;
+  if (from_env >= 0) return from_env == 1;
+  return p.m >= kRingMinTokens;
 }
 }  // namespace
 
