@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/common/cp_async.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/mma_sm80.cuh"
 #include "kernels/cuda/common/pdl.cuh"
@@ -47,32 +48,11 @@ constexpr int kNoKey = 0x7fffffff;  // key position of a row that is not loaded:
 constexpr int kSStride = kTileKeys + 4;  // floats per row of the partial score tile
 constexpr int kPStride = kTileKeys + 8;  // bf16 per row of P: 80 bytes, ldmatrix conflict-free
 
+using dev::cp_async_commit;
+using dev::cp_async_wait_pending;
+// Copies of rows a token may not see read nothing (src_bytes 0) and leave zeros.
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-// Waits until at most n groups are pending (n < kMaxStages).
-__device__ __forceinline__ void cp_async_wait(int n) {
-  switch (n) {
-    case 0:
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-      break;
-    case 1:
-      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-      break;
-    case 2:
-      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-      break;
-    case 3:
-      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
-      break;
-    default:
-      asm volatile("cp.async.wait_group 4;\n" ::: "memory");
-      break;
-  }
+  dev::cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, src_bytes);
 }
 using tc::fp8x2_to_f16x2;
 using tc::ldsm_x4;
@@ -275,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
   const int srow = tid >> 2, sq = tid & 3;
 
   for (int i = 0; i < ntiles; ++i) {
-    cp_async_wait(stages - 2);
+    cp_async_wait_pending(stages - 2);
     __syncthreads();  // tile i landed; every warp is done with tile i - 1 (its stage, S, P, meta)
     issue(i + stages - 1);
     const bf16* tile;
@@ -402,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
       }
     }
   }
-  cp_async_wait(0);  // no copy may still target shared memory when the block exits
+  cp_async_wait_pending(0);  // no copy may still target shared memory when the block exits
 
   if (srow < M && sq == 0) {
     l_s[srow] = l_run;

@@ -116,4 +116,48 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, __nv_bfloat162 s) {
   return r;
 }
 
+// The grouped GEMMs' work list (moe_experts_mma.cu, moe_experts_wgmma.cu): expert e has ceil(counts[e] / BM)
+// M tiles; s_mt[e] = the M tiles of experts before e, s_mt[n_experts] = all of them. Block-wide (kThreads
+// threads, each summing a contiguous run of experts); s_warp: kThreads / 32 ints of scratch. Ends with a
+// barrier, after which s_mt is visible to the whole block.
+template <int kThreads, int BM>
+__device__ __forceinline__ void m_tile_prefix(const int32_t* counts, int n_experts, int32_t* s_mt,
+                                              int32_t* s_warp) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (n_experts + kThreads - 1) / kThreads;
+  const int e0 = min(tid * per, n_experts), e1 = min(e0 + per, n_experts);
+  int run = 0;
+  for (int e = e0; e < e1; ++e) run += (counts[e] + BM - 1) / BM;
+  int incl = run;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  int before = 0;
+  for (int w = 0; w < warp; ++w) before += s_warp[w];
+  int off = before + incl - run;
+  for (int e = e0; e < e1; ++e) {
+    s_mt[e] = off;
+    off += (counts[e] + BM - 1) / BM;
+  }
+  if (tid == kThreads - 1) s_mt[n_experts] = off;
+  __syncthreads();
+}
+
+// The expert of M-tile index q (the largest e with s_mt[e] <= q), by binary search over m_tile_prefix's list.
+__device__ __forceinline__ int expert_of_m_tile(int q, const int32_t* s_mt, int n_experts) {
+  int lo = 0, hi = n_experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (s_mt[mid] <= q)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 }  // namespace ms::cuda::moe_dev

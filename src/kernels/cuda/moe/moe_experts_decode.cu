@@ -37,6 +37,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "kernels/cuda/common/cp_async.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/ldg.cuh"
@@ -351,49 +352,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
 // nor a warp barrier. Step q + depth - 1 reuses the slot of step q - 1, whose values this lane has already
 // consumed (the math of step q - 1 has used the registers loaded from it) before issuing the copy.
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Until at most n (0 .. kRingMaxDepth - 1, uniform over the block) of this thread's groups are pending.
-__device__ __forceinline__ void cp_async_wait_pending(int n) {
-  static_assert(kRingMaxDepth == 8, "one case per pending count");
-  switch (n) {
-    case 0:
-      cp_async_wait<0>();
-      break;
-    case 1:
-      cp_async_wait<1>();
-      break;
-    case 2:
-      cp_async_wait<2>();
-      break;
-    case 3:
-      cp_async_wait<3>();
-      break;
-    case 4:
-      cp_async_wait<4>();
-      break;
-    case 5:
-      cp_async_wait<5>();
-      break;
-    case 6:
-      cp_async_wait<6>();
-      break;
-    default:
-      cp_async_wait<7>();
-      break;
-  }
-}
+using dev::cp_async16;
+using dev::cp_async4;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
+using dev::cp_async_wait_pending;
+static_assert(kRingMaxDepth <= 8, "cp_async_wait_pending counts up to 7 pending groups");
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"

@@ -135,7 +135,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(const MmaParams p)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  // Prefix of M tiles over experts: thread tid owns experts [tid * per, tid * per + per).
+  // Prefix of M tiles over experts: thread tid owns experts [tid * per, tid * per + per). The same as
+  // moe_dev::m_tile_prefix, written out here: as a call it costs one of this kernel's instantiations a
+  // register spill (ptxas).
   {
     const int per = (p.n_experts + kThreads - 1) / kThreads;
     const int e0 = min(tid * per, p.n_experts), e1 = min(e0 + per, p.n_experts);

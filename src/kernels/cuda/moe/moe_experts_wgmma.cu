@@ -56,6 +56,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/common/cp_async.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/pdl.cuh"
@@ -115,39 +116,10 @@ __device__ __forceinline__ WgLayout wg_layout(int bn, int stages, bool nvfp4, bo
   return L;
 }
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, src is not read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// cp.async.wait_group with a run-time count (the ring depth is a launch parameter): 0 .. 4 groups pending.
-__device__ __forceinline__ void cp_async_wait_pending(int n) {
-  switch (n) {
-    case 0:
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-      break;
-    case 1:
-      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-      break;
-    case 2:
-      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-      break;
-    case 3:
-      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
-      break;
-    default:
-      asm volatile("cp.async.wait_group 4;\n" ::: "memory");
-      break;
-  }
-}
+using dev::cp_async16;
+using dev::cp_async4;
+using dev::cp_async_commit;
+using dev::cp_async_wait_pending;
 
 // Expands row r of a raw NVFP4 stage (bn rows of 32 packed bytes, then bn rows of 4 e4m3 scales) into row r
 // of the swizzled bf16 W tile.
@@ -186,15 +158,7 @@ struct Item {
 // item -> expert (largest e with s_mt[e] <= item / n_tiles), N tile, M tile, rows of the tile, first
 // position.
 __device__ __forceinline__ Item decode_item(int item, const int* s_mt, const WgParams& p) {
-  const int q = item / p.n_tiles;
-  int lo = 0, hi = p.n_experts - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (s_mt[mid] <= q)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
+  const int lo = moe_dev::expert_of_m_tile(item / p.n_tiles, s_mt, p.n_experts);
   Item it;
   it.e = lo;
   const int mt_e = s_mt[lo + 1] - s_mt[lo];
@@ -284,7 +248,7 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
         const int r = (tid >> 3) + 16 * i;
         const __nv_bfloat16* src =
             a_row[i] >= 0 ? p.a + static_cast<int64_t>(a_row[i]) * p.lda + kc * kBK + chunk * 8 : p.a;
-        cp_async16(a_base + wg::sw128_offset(r, chunk), src, a_row[i] >= 0);
+        cp_async16(a_base + wg::sw128_offset(r, chunk), src, a_row[i] >= 0 ? 16 : 0);
       }
       if constexpr (F == MoeMmaFormat::BF16) {
         const uint32_t w_base = sbase + L.w + slot * L.w_stage;
@@ -295,7 +259,7 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
           const int half = i < BN / 32 ? 0 : 1;
           const int lr = r - half * (BN / 2);
           cp_async16(w_base + wg::sw128_offset(r, chunk),
-                     part_data[half] + lr * row_bytes + kc * kRowBytes + chunk * 16, true);
+                     part_data[half] + lr * row_bytes + kc * kRowBytes + chunk * 16);
         }
       } else {
         const uint32_t raw_base = sbase + L.raw + (kCx ? slot : q % inflight) * L.raw_stage;
@@ -310,7 +274,7 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
             const int half = r < BN / 2 ? 0 : 1;
             const int lr = r - half * (BN / 2);
             const uint8_t* d = (half ? part_data[1] : part_data[0]) + lr * row_bytes + kc * kRawRow + h16;
-            cp_async16(raw_base + r * kRawRow + h16, d, true);
+            cp_async16(raw_base + r * kRawRow + h16, d);
           }
 #pragma unroll
           for (int j = 0; j < BN / 128; ++j) {
@@ -331,8 +295,8 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
             // Selects, not a run-time index into the arrays (which would put them in local memory).
             const uint8_t* d = (half ? part_data[1] : part_data[0]) + lr * row_bytes + kc * kRawRow;
             const uint8_t* sc = half ? part_scale[1] : part_scale[0];
-            cp_async16(raw_base + r * kRawRow, d, true);
-            cp_async16(raw_base + r * kRawRow + 16, d + 16, true);
+            cp_async16(raw_base + r * kRawRow, d);
+            cp_async16(raw_base + r * kRawRow + 16, d + 16);
             cp_async4(raw_base + BN * kRawRow + r * kRawScale, sc + lr * srow_bytes + kc * kRawScale);
           }
         }
@@ -439,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
   uint64_t* empty = full + p.stages;
   int* s_mt = reinterpret_cast<int*>(smem + L.table);  // [n_experts + 1]
   int* s_warp = s_mt + p.n_experts + 1;                // [12]
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
 
   if (tid == 0) {
     for (int s = 0; s < p.stages; ++s) {
@@ -450,30 +414,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
   }
   dev::grid_dep_enter();
 
-  // Prefix of M tiles over experts: thread tid owns experts [tid * per, tid * per + per).
-  {
-    const int per = (p.n_experts + kThreads - 1) / kThreads;
-    const int e0 = min(tid * per, p.n_experts), e1 = min(e0 + per, p.n_experts);
-    int run = 0;
-    for (int e = e0; e < e1; ++e) run += (p.counts[e] + kBM - 1) / kBM;
-    int incl = run;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    if (lane == 31) s_warp[warp] = incl;
-    __syncthreads();
-    int before = 0;
-    for (int w = 0; w < warp; ++w) before += s_warp[w];
-    int off = before + incl - run;
-    for (int e = e0; e < e1; ++e) {
-      s_mt[e] = off;
-      off += (p.counts[e] + kBM - 1) / kBM;
-    }
-    if (tid == kThreads - 1) s_mt[p.n_experts] = off;
-    __syncthreads();  // also publishes the initialised barriers
-  }
+  // Prefix of M tiles over experts (its barriers also publish the initialised mbarriers).
+  moe_dev::m_tile_prefix<kThreads, kBM>(p.counts, p.n_experts, s_mt, s_warp);
   const int total_items = s_mt[p.n_experts] * p.n_tiles;
 
   const int wgi = wg::warp_uniform(tid / 128);
