@@ -38,7 +38,7 @@ void add_device_options(CLI::App& sub, DeviceOptions& o) {
       ->capture_default_str();
   sub.add_option("--attention-backend", o.attention_backend,
                  "auto, or one of `moeserve backends` (attention): mla_general, mla_fp8_decode, "
-                 "mla_decode_sm90")
+                 "mla_decode_sm90, mla_decode_wgmma")
       ->capture_default_str();
   sub.add_option("--moe-runner-backend", o.moe_runner_backend,
                  "auto, or one of `moeserve backends` (moe): grouped")
@@ -65,14 +65,14 @@ namespace {
 
 // The resolved device, once the backends asked for are known to exist and to run there.
 std::string checked_device(const DeviceOptions& o) {
-  MS_CHECK(
-      o.attention_backend == "auto" || o.attention_backend == "mla_general" ||
-          o.attention_backend == "mla_fp8_decode" || o.attention_backend == "mla_decode_sm90" ||
-          o.attention_backend == "cpu",
-      "--attention-backend '{}' is not one of auto, mla_general, mla_fp8_decode, mla_decode_sm90, cpu (see "
-      "`moeserve "
-      "backends`)",
-      o.attention_backend);
+  MS_CHECK(o.attention_backend == "auto" || o.attention_backend == "mla_general" ||
+               o.attention_backend == "mla_fp8_decode" || o.attention_backend == "mla_decode_sm90" ||
+               o.attention_backend == "mla_decode_wgmma" || o.attention_backend == "cpu",
+           "--attention-backend '{}' is not one of auto, mla_general, mla_fp8_decode, mla_decode_sm90, "
+           "mla_decode_wgmma, cpu (see "
+           "`moeserve "
+           "backends`)",
+           o.attention_backend);
   MS_CHECK(
       o.moe_runner_backend == "auto" || o.moe_runner_backend == "grouped" || o.moe_runner_backend == "cpu",
       "--moe-runner-backend '{}' is not one of auto, grouped, cpu (see `moeserve backends`)",

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90_config.h"
+#include "kernels/cuda/mla_decode/mla_decode_wgmma_config.h"
 #include "kernels/cuda/moe/moe_decode_config.h"
 #include "kernels/cuda/moe/moe_experts_mma_config.h"
 #include "kernels/cuda/moe/moe_stream_config.h"
@@ -127,6 +128,22 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
     fit(b, dev, why_none, cuda::mla_sm90::need());
     out.push_back(b);
   }
+  {
+    BackendInfo b{
+        "attention",
+        "mla_decode_wgmma",
+        "cuda",
+        "fp8_e4m3 pages",
+        "decode steps (1-4 query tokens per sequence), dense keys (no DSA selection), 512 + 64 wide rows, "
+        "any page size; 64 query rows a block on warpgroup MMA (64 and 128 heads by default under auto); "
+        "split-KV planned on the device",
+        "sm_90 (Hopper) only",
+        0,
+        false,
+        ""};
+    fit(b, dev, why_none, cuda::mla_wgmma::need());
+    out.push_back(b);
+  }
   out.push_back({"moe", "cpu", "cpu", "f32, bf16, fp8 128x128 blocks, nvfp4", "any", "x86-64", 0, true, ""});
   {
     BackendInfo b{
@@ -174,9 +191,10 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         "cuda",
         "nvfp4",
         "decode steps of 1 to 64 tokens (m * top_k <= 1024, up to 1024 experts); hidden a multiple of "
-        "1024 and intermediate of 512; weights streamed straight into registers, tensor cores with "
-        "bf16 activations, down summed in a fixed order; used by `grouped` first where it applies "
-        "(not in exact mode)",
+        "1024 and intermediate of 512; weights streamed straight into registers (from 8 tokens through "
+        "a per-warp cp.async ring; MOESERVE_MOE_DECODE_KERNEL=registers|ring), tensor cores with bf16 "
+        "activations, down summed in a fixed order; used by `grouped` first where it applies (not in "
+        "exact mode)",
         "sm_80 or newer",
         0,
         false,

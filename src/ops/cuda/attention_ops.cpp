@@ -222,10 +222,11 @@ void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& c
   // The batch builder puts one token per sequence in sequence order when every sequence decodes.
   s.decode_only = meta.m == meta.n_seqs && be.attention_kernel != "mla_general";
   s.n_seqs = static_cast<int>(meta.n_seqs);
-  s.prefer = be.attention_kernel == "mla_general"       ? cuda::MlaAttentionPrefer::General
-             : be.attention_kernel == "mla_fp8_decode"  ? cuda::MlaAttentionPrefer::Fp8Decode
-             : be.attention_kernel == "mla_decode_sm90" ? cuda::MlaAttentionPrefer::Sm90Decode
-                                                        : cuda::MlaAttentionPrefer::Auto;
+  s.prefer = be.attention_kernel == "mla_general"        ? cuda::MlaAttentionPrefer::General
+             : be.attention_kernel == "mla_fp8_decode"   ? cuda::MlaAttentionPrefer::Fp8Decode
+             : be.attention_kernel == "mla_decode_sm90"  ? cuda::MlaAttentionPrefer::Sm90Decode
+             : be.attention_kernel == "mla_decode_wgmma" ? cuda::MlaAttentionPrefer::WgmmaDecode
+                                                         : cuda::MlaAttentionPrefer::Auto;
   // Parity runs (exact linear math) keep the f32 general kernel wherever it was used before the sm90 decode
   // kernel (bf16 pages, DSA selections): Fp8Decode preference is exactly that earlier choice.
   if (be.exact_linear && s.prefer == cuda::MlaAttentionPrefer::Auto)

@@ -9,6 +9,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90_config.h"
+#include "kernels/cuda/mla_decode/mla_decode_wgmma_config.h"
 #endif
 
 namespace ms::ops {
@@ -99,10 +100,14 @@ std::string CudaBackend::device_name() const {
 }
 
 void CudaBackend::set_attention_kernel(const std::string& k) {
-  MS_CHECK(k == "auto" || k == "mla_general" || k == "mla_fp8_decode" || k == "mla_decode_sm90",
-           "attention backend '{}' is not one of auto, mla_general, mla_fp8_decode, mla_decode_sm90", k);
+  MS_CHECK(k == "auto" || k == "mla_general" || k == "mla_fp8_decode" || k == "mla_decode_sm90" ||
+               k == "mla_decode_wgmma",
+           "attention backend '{}' is not one of auto, mla_general, mla_fp8_decode, mla_decode_sm90, "
+           "mla_decode_wgmma",
+           k);
   if (k == "mla_fp8_decode") cuda::check_fit(impl_->caps, cuda::mla_decode_config::need());
   if (k == "mla_decode_sm90") cuda::check_fit(impl_->caps, cuda::mla_sm90::need());
+  if (k == "mla_decode_wgmma") cuda::check_fit(impl_->caps, cuda::mla_wgmma::need());
   impl_->attention_kernel = k;
 }
 

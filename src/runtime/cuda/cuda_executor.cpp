@@ -112,6 +112,14 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
         "--attention-backend auto",
         kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), cfg_.page_size, c.kv_lora_rank, c.qk_rope_head_dim);
   }
+  if (opt_.attention_kernel == "mla_decode_wgmma") {
+    const io::ModelConfig& c = mc;
+    MS_CHECK(
+        cfg_.kv_cache_dtype == kv::KvCacheDType::FP8E4M3 && c.kv_lora_rank == 512 && c.qk_rope_head_dim == 64,
+        "--attention-backend mla_decode_wgmma reads fp8_e4m3 pages of (512 + 64) values; this run has {} "
+        "pages of ({} + {}): use --kv-cache-dtype fp8_e4m3, or --attention-backend auto",
+        kv::kv_cache_dtype_name(cfg_.kv_cache_dtype), c.kv_lora_rank, c.qk_rope_head_dim);
+  }
   if (opt_.attention_kernel == "mla_decode_sm90") {
     const io::ModelConfig& c = mc;
     MS_CHECK(

@@ -35,8 +35,9 @@ struct CudaExecutorOptions {
   // With ExecutorConfig::num_pages 0: the share of the GPU's memory for weights, workspace and KV pages
   // together (--mem-fraction-static); the KV pages take what the weights and the workspace leave.
   double mem_fraction_static = 0.85;
-  int64_t max_pages = 0;                  // with num_pages 0: at most this many pages (0: no cap)
-  std::string attention_kernel = "auto";  // auto, mla_general or mla_fp8_decode (--attention-backend)
+  int64_t max_pages = 0;  // with num_pages 0: at most this many pages (0: no cap)
+  // --attention-backend: auto, mla_general, mla_fp8_decode, mla_decode_sm90 or mla_decode_wgmma.
+  std::string attention_kernel = "auto";
   // f32 math in every linear layer (prefill GEMMs otherwise take bf16 activations): parity tests.
   bool exact_linear = false;
   // The group of a model split over ranks (dist::connect_nccl's NcclComm; not owned, must outlive the

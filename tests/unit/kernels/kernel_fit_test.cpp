@@ -460,6 +460,13 @@ TEST(Backends, JudgedAgainstEachTargetPart) {
   EXPECT_NE(refused.why.find("101376"), std::string::npos) << refused.why;
   EXPECT_TRUE(find(on_h200, "mla_decode_sm90").usable);
   EXPECT_FALSE(find(on_rtx, "mla_decode_sm90").usable);  // its smallest tile needs ~104 KiB
+  EXPECT_TRUE(find(on_h200, "mla_decode_wgmma").usable) << find(on_h200, "mla_decode_wgmma").why;
+  const auto b200 = ms::cuda::limits_b200();
+  const auto on_b200 = ms::ops::list_backends(&b200);
+  const auto& not_hopper = find(on_b200, "mla_decode_wgmma");  // sm_90a instructions
+  EXPECT_FALSE(not_hopper.usable);
+  EXPECT_NE(not_hopper.why.find("mla_decode_wgmma"), std::string::npos) << not_hopper.why;
+  EXPECT_FALSE(find(on_rtx, "mla_decode_wgmma").usable);
   EXPECT_TRUE(find(on_rtx, "cpu").usable);
   for (const char* moe : {"grouped_stream", "grouped_decode", "grouped_mma"})  // every MoE kernel is listed
     EXPECT_TRUE(find(on_h200, moe).usable) << moe << ": " << find(on_h200, moe).why;

@@ -18,72 +18,9 @@
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/kernel_fit.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90.h"
+#include "kernels/cuda/mla_decode/mla_decode_wgmma_config.h"
 
 namespace ms::cuda {
-
-namespace mla_wgmma {
-
-constexpr int kDim = 576;      // latent 512 + rope 64
-constexpr int kLatent = 512;   // the value part and the output width
-constexpr int kRows = 64;      // query rows of one block (the M of every wgmma)
-constexpr int kTileKeys = 64;  // keys per pipeline tile (the N of S, the K of P V)
-constexpr int kStages = 2;     // raw fp8 tiles in flight
-constexpr int kThreads = 384;  // two consumer warpgroups + the producer warpgroup (one warp of it copies)
-constexpr int kMaxSplits = 128;
-
-// Shared memory (bytes, from a 1024-aligned base): Q [64][576] f16 and the widened key tile [64][576] f16,
-// both as nine 128-byte-swizzled blocks of 64 columns; the ring of raw tiles [kStages][64][576] fp8; the P
-// exchange [2 warpgroups][128 threads][8] f16x2; row maxima [2][64] f32; row positions [64]; mbarriers.
-constexpr size_t kQBytes = size_t{2} * kRows * kDim;
-constexpr size_t kKBytes = size_t{2} * kTileKeys * kDim;
-constexpr size_t kRawBytes = size_t{kTileKeys} * kDim;
-constexpr size_t kPxBytes = size_t{4} * 2 * 128 * 8;
-constexpr size_t kOffK = kQBytes;
-constexpr size_t kOffRaw = kOffK + kKBytes;
-constexpr size_t kOffPx = kOffRaw + kStages * kRawBytes;
-constexpr size_t kOffRowMax = kOffPx + kPxBytes;
-constexpr size_t kOffRowPos = kOffRowMax + size_t{4} * 2 * kRows;
-constexpr size_t kOffBars = kOffRowPos + size_t{4} * kRows;
-constexpr size_t kOffRed = kOffBars + size_t{8} * 2 * kStages;
-constexpr size_t kSmemBytes = kOffRed + 64 + 1024;  // + the alignment of the dynamic base to 1024
-
-struct Config {
-  int q_per_unit = 1;       // query tokens per sequence
-  int heads_per_block = 0;  // 0: the kernel does not apply; rows = heads_per_block * q_per_unit <= 64
-  int head_groups = 0;
-  int units = 0;       // sequences
-  int max_splits = 0;  // grid = (max_splits, head_groups, units)
-  // Fewest 64-key tiles in a split: a split of 64 rows writes 128 KB of f32 partial output, a tile reads
-  // 36 KB of fp8 keys.
-  int min_tiles_per_split = 4;
-  size_t smem = kSmemBytes;
-  size_t workspace = 0;  // partial outputs and log-sum-exps (mla_sm90::workspace_bytes layout), bytes
-};
-
-// sm_90a only (wgmma, bulk copies), about 226 KB of shared memory.
-inline KernelNeed need() {
-  return {"mla_decode_wgmma (sm_90a warpgroup MMA, fp8 pages)", kSmemBytes, 90, true};
-}
-
-// heads_per_block = 0 when the kernel does not apply (not sm_90, q_per_seq outside 1..4, no room).
-inline Config choose(int n_seqs, int q_per_seq, int heads, const DeviceLimits& dev) {
-  Config c;
-  c.q_per_unit = q_per_seq;
-  c.units = n_seqs;
-  if (n_seqs <= 0 || q_per_seq < 1 || q_per_seq > 4 || heads <= 0 || dev.arch != 90 ||
-      kSmemBytes > dev.smem_per_block_optin)
-    return c;
-  int hb = 64;
-  while (hb > 1 && (hb * q_per_seq > kRows || hb >= 2 * heads)) hb /= 2;
-  c.heads_per_block = hb;
-  c.head_groups = (heads + hb - 1) / hb;
-  const int base = n_seqs * c.head_groups;
-  c.max_splits = std::clamp(std::max(1, dev.multiprocessors) / base, 1, kMaxSplits);
-  c.workspace = c.max_splits > 1 ? mla_sm90::workspace_bytes(n_seqs, c.max_splits, q_per_seq * heads) : 0;
-  return c;
-}
-
-}  // namespace mla_wgmma
 
 // The configuration for these params on `dev` (heads_per_block == 0: use another kernel).
 mla_wgmma::Config mla_decode_wgmma_choose(const MlaDecodeSm90Params& p, const DeviceLimits& dev);
