@@ -72,9 +72,10 @@ void bench_bf16_gemv(double bw, bool sweep) {
       CUDA_CHECK(cudaMalloc(&counters, scratch.counter_bytes));
       CUDA_CHECK(cudaMemset(counters, 0, scratch.counter_bytes));
     }
-    auto time_config = [&](int m, const mc::bf16_gemv_config::Config* c) {
+    // Microseconds per call of bf16_gemv at m rows (with `c`, that configuration instead of the chooser's),
+    // `calls` captured in a graph; `graphed` says whether capture worked.
+    auto time_config = [&](int m, const mc::bf16_gemv_config::Config* c, int calls, bool& graphed) {
       int which = 0;
-      bool graphed = false;
       const float t = time_graph_ms(
           [&](cudaStream_t st) {
             mc::Bf16GemvParams p;
@@ -95,14 +96,15 @@ void bench_bf16_gemv(double bw, bool sweep) {
               mc::bf16_gemv(p, st);
             which = (which + 1) % reps;
           },
-          10, 3, &graphed);
+          calls, 3, &graphed);
       return t * 1e3f;
     };
     for (int m : {1, 8}) {
       if (!sweep) break;
       namespace bc = mc::bf16_gemv_config;
       const bc::Config chosen = bc::choose(m, s.n, s.k, limits);
-      const float t_chosen = time_config(m, &chosen);
+      bool graphed = false;
+      const float t_chosen = time_config(m, &chosen, 10, graphed);
       bc::Config best = chosen;
       float t_best = t_chosen;
       const int tiles = bc::ceil_div(s.n, bc::kTileRows);
@@ -111,7 +113,7 @@ void bench_bf16_gemv(double bw, bool sweep) {
         if (spb < chosen.slices && bc::ceil_div(chosen.slices, spb + 1) == splits) continue;
         for (int tpb = 1; tpb <= std::min(bc::kMaxTilesPerBlock, tiles); ++tpb) {
           const bc::Config c{chosen.warps, chosen.slices, spb, splits, tpb, bc::ceil_div(tiles, tpb)};
-          const float t = time_config(m, &c);
+          const float t = time_config(m, &c, 10, graphed);
           if (t < t_best) {
             t_best = t;
             best = c;
@@ -133,26 +135,9 @@ void bench_bf16_gemv(double bw, bool sweep) {
     }
     for (int m : {1, 2, 4, 8}) {
       if (sweep) break;
-      int which = 0;
       bool g1 = false, g2 = false;
-      const float t_gemv = time_graph_ms(
-          [&](cudaStream_t st) {
-            mc::Bf16GemvParams p;
-            p.x = x;
-            p.x_stride = s.k;
-            p.w = dw[which];
-            p.w_stride = s.k;
-            p.y = y;
-            p.y_stride = s.n;
-            p.m = m;
-            p.n = s.n;
-            p.k = s.k;
-            p.partial = partial;
-            p.counters = counters;
-            mc::bf16_gemv(p, st);
-            which = (which + 1) % reps;
-          },
-          20, g1);
+      const float t_gemv = time_config(m, nullptr, 20, g1) * 1e-3f;
+      int which = 0;
       const float t_lt = time_graph_ms(
           [&](cudaStream_t st) {
             mc::GemmBf16Params g;
@@ -170,7 +155,7 @@ void bench_bf16_gemv(double bw, bool sweep) {
             mc::gemm_bf16(g, lt, st);
             which = (which + 1) % reps;
           },
-          20, g2);
+          20, 3, &g2);
       if (!g1 || !g2) std::printf("(graph capture refused: plain launches)\n");
       const double bytes = static_cast<double>(wbytes) + m * s.k * 4.0 + m * static_cast<double>(s.n) * 4.0;
       const double floor_us = bytes / (bw * 1e9) * 1e6;

@@ -505,6 +505,30 @@ TEST(CudaLinear, LaunchersRefuseBadWeights) {
   EXPECT_THROW(ms::cuda::direct_linear(p, nullptr), ms::Error);
 }
 
+// The split-K scratch of a decode GEMV run (bf16_gemv, fp8_block_gemv): what the launcher asks for, or what
+// the forced configuration `cfg` needs; counters zeroed.
+struct GemvScratch {
+  DeviceBuffer<float> part;
+  DeviceBuffer<uint32_t> cnt;
+  GemvScratch(const ms::cuda::Bf16GemvScratch& s, const ms::cuda::bf16_gemv_config::Config* cfg, int m, int n)
+      : part(std::max(s.partial_bytes, cfg ? size_t{4} * cfg->splits * m * n : 0) / 4 + 1),
+        cnt(std::max(s.counter_bytes, cfg ? size_t{4} * cfg->row_blocks : 0) / 4 + 1) {
+    CUDA_CHECK(cudaMemset(cnt.get(), 0, cnt.size() * 4));
+  }
+};
+
+// A decode GEMV's y against the double reference on bf16-rounded x (5e-5 of sum |terms|) and on f32 x
+// (1e-2), and its split counters back at zero.
+void expect_gemv_result(const std::vector<float>& y, int64_t ys, const std::vector<double>& ref,
+                        const std::vector<double>& abs_sum, const std::vector<double>& ref32,
+                        const std::vector<double>& abs32, int m, int n, const GemvScratch& scratch,
+                        const std::string& what) {
+  expect_linear_close(y, ys, ref, abs_sum, m, n, 5e-5, what);
+  expect_linear_close(y, ys, ref32, abs32, m, n, 1e-2, what + " vs f32");
+  const auto cnt = scratch.cnt.download();
+  for (size_t i = 0; i < cnt.size(); ++i) EXPECT_EQ(cnt[i], 0u) << what << ": counter " << i << " left set";
+}
+
 // bf16_gemv against the double reference on x rounded to bf16 (5e-5 of sum |terms|) and on f32 x (1e-2):
 // rows [row0, row0 + n) of a taller weight, x rows xs apart starting x_off floats into their buffer (1: the
 // unaligned scalar-load path), y rows ys apart and NaN-poisoned (every output written, nothing past n). With
@@ -526,12 +550,7 @@ std::vector<float> check_bf16_gemv(int m, int rows, int row0, int n, int k, int6
   std::vector<float> xbuf(static_cast<size_t>(m * xs + x_off), 0.f);
   std::copy(x.begin(), x.end(), xbuf.begin() + x_off);
   DeviceBuffer<float> d_x(xbuf), d_y(static_cast<size_t>(m * ys));
-  const auto scratch = ms::cuda::bf16_gemv_scratch_bytes(m, n, k);
-  const size_t part_bytes = std::max(scratch.partial_bytes, cfg ? size_t{4} * cfg->splits * m * n : 0);
-  const size_t cnt_bytes = std::max(scratch.counter_bytes, cfg ? size_t{4} * cfg->row_blocks : 0);
-  DeviceBuffer<float> d_part(part_bytes / 4 + 1);
-  DeviceBuffer<uint32_t> d_cnt(cnt_bytes / 4 + 1);
-  CUDA_CHECK(cudaMemset(d_cnt.get(), 0, d_cnt.size() * 4));
+  const GemvScratch scratch(ms::cuda::bf16_gemv_scratch_bytes(m, n, k), cfg, m, n);
   ms::cuda::Bf16GemvParams p;
   p.x = d_x.get() + x_off;
   p.x_stride = xs;
@@ -542,17 +561,14 @@ std::vector<float> check_bf16_gemv(int m, int rows, int row0, int n, int k, int6
   p.m = m;
   p.n = n;
   p.k = k;
-  p.partial = d_part.get();
-  p.counters = d_cnt.get();
+  p.partial = scratch.part.get();
+  p.counters = scratch.cnt.get();
   if (cfg)
     ms::cuda::bf16_gemv_with(p, *cfg, nullptr);
   else
     ms::cuda::bf16_gemv(p, nullptr);
   const auto y = d_y.download();
-  expect_linear_close(y, ys, ref, abs_sum, m, n, 5e-5, what);
-  expect_linear_close(y, ys, ref32, abs32, m, n, 1e-2, what + " vs f32");
-  const auto cnt = d_cnt.download();
-  for (size_t i = 0; i < cnt.size(); ++i) EXPECT_EQ(cnt[i], 0u) << what << ": counter " << i << " left set";
+  expect_gemv_result(y, ys, ref, abs_sum, ref32, abs32, m, n, scratch, what);
   return y;
 }
 
@@ -724,12 +740,7 @@ void check_fp8_gemv(int m, int rows, int row0, int n, int k, int64_t xs, int64_t
   reference(w, row0, n, x, xs, m, true, ref, abs_sum, false);
   reference(w, row0, n, x, xs, m, false, ref32, abs32);
   DeviceBuffer<float> d_x(x), d_y(static_cast<size_t>(m * ys));
-  const auto scratch = ms::cuda::fp8_block_gemv_scratch_bytes(m, n, k);
-  const size_t part_bytes = std::max(scratch.partial_bytes, cfg ? size_t{4} * cfg->splits * m * n : 0);
-  const size_t cnt_bytes = std::max(scratch.counter_bytes, cfg ? size_t{4} * cfg->row_blocks : 0);
-  DeviceBuffer<float> d_part(part_bytes / 4 + 1);
-  DeviceBuffer<uint32_t> d_cnt(cnt_bytes / 4 + 1);
-  CUDA_CHECK(cudaMemset(d_cnt.get(), 0, d_cnt.size() * 4));
+  const GemvScratch scratch(ms::cuda::fp8_block_gemv_scratch_bytes(m, n, k), cfg, m, n);
   ms::cuda::Fp8BlockGemvParams p;
   p.x = d_x.get();
   p.x_stride = xs;
@@ -741,17 +752,14 @@ void check_fp8_gemv(int m, int rows, int row0, int n, int k, int64_t xs, int64_t
   p.m = m;
   p.n = n;
   p.k = k;
-  p.partial = d_part.get();
-  p.counters = d_cnt.get();
+  p.partial = scratch.part.get();
+  p.counters = scratch.cnt.get();
   if (cfg)
     ms::cuda::fp8_block_gemv_with(p, *cfg, nullptr);
   else
     ms::cuda::fp8_block_gemv(p, nullptr);
   const auto y = d_y.download();
-  expect_linear_close(y, ys, ref, abs_sum, m, n, 5e-5, what);
-  expect_linear_close(y, ys, ref32, abs32, m, n, 1e-2, what + " vs f32");
-  const auto cnt = d_cnt.download();
-  for (size_t i = 0; i < cnt.size(); ++i) EXPECT_EQ(cnt[i], 0u) << what << ": counter " << i << " left set";
+  expect_gemv_result(y, ys, ref, abs_sum, ref32, abs32, m, n, scratch, what);
 }
 
 TEST(CudaFp8BlockGemv, MatchesReference) {

@@ -48,6 +48,7 @@
 #include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_mma.h"
 #include "kernels/cuda/moe/moe_experts_wgmma.h"
+#include "kernels/cuda/moe/moe_grouped_launch.h"
 
 namespace ms::cuda {
 namespace {
@@ -415,35 +416,13 @@ size_t align256(size_t b) {
   return (b + 255) / 256 * 256;
 }
 
-// Blocks of one kernel resident per SM, asked once per (kernel, smem) and device.
-int resident_blocks(const void* kernel, size_t smem, int device) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, size_t, int>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kernel, smem, device);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  int blocks = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
-  blocks = std::max(blocks, 1);
-  cache.emplace(key, blocks);
-  return blocks;
-}
-
 template <int BM, int STAGES, MoeMmaFormat F, bool kGateUp>
 void launch_one(const MmaParams& mp, const MoeExpertsParams& p, const DeviceCaps& caps, size_t smem,
                 cudaStream_t stream) {
   const void* fn = reinterpret_cast<const void*>(&moe_mma_kernel<BM, STAGES, F, kGateUp>);
-  const int per_sm = resident_blocks(fn, smem, caps.device);
-  // Upper bound of the work items: every expert may add one partial M tile.
-  const int64_t slots = static_cast<int64_t>(p.m) * p.top_k;
-  const int64_t items = (slots / BM + std::min<int64_t>(slots, p.n_experts)) * mp.n_tiles;
-  const int64_t grid =
-      std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(per_sm) * caps.multiprocessors));
-  launch_kernel("moe_mma", moe_mma_kernel<BM, STAGES, F, kGateUp>, static_cast<unsigned>(grid), kThreads,
-                smem, stream, mp);
+  const int per_sm = moe_launch::resident_blocks("moe_experts_mma", fn, kThreads, smem, caps.device);
+  const unsigned grid = moe_launch::grid(p, BM, mp.n_tiles, per_sm, caps.multiprocessors);
+  launch_kernel("moe_mma", moe_mma_kernel<BM, STAGES, F, kGateUp>, grid, kThreads, smem, stream, mp);
 }
 
 template <MoeMmaFormat F, bool kGateUp>
