@@ -41,6 +41,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/ldg.cuh"
+#include "kernels/cuda/moe/moe_decode_math.cuh"
 #include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_decode.h"
 
@@ -51,55 +52,8 @@ using namespace moe_decode_config;
 
 using dev::ld_stream16;
 using dev::ld_stream2;
-using moe_dev::mma_bf16;
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// Two e4m3 scale bytes (s0 | s1 << 8) -> (s_h, s_h) as bf16 bits x 2^-120 for h = 0, 1 (sign ignored).
-__device__ __forceinline__ uint32_t scale_pair(uint32_t two, int h) {
-  const uint32_t z = __byte_perm(two, 0u, h == 0 ? 0x4040u : 0x4141u);  // b | b << 16
-  return (z & 0x007f007fu) << 4;
-}
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// The e2m1 table (moe_dev::build_e2m1_lut) holds values x 2^120 (exact: the largest, 6 x 2^120, is far below
-// bf16's range); one bf16 multiply by scale_pair's e4m3 x 2^-120 then gives the weight.
-constexpr float kLutScale = 1.329227995784916e36f;  // 2^120
-
-// lane_addr: shared-space address of the lane's column of the table (table base + 4 lane). PRMT + LEA + LDS.
-__device__ __forceinline__ uint32_t lut_at(uint32_t lane_addr, uint32_t word, int byte) {
-  const uint32_t a = lane_addr + (__byte_perm(word, 0u, 0x4440u + byte) << 7);
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
-  return v;
-}
-
-// One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), scale pairs s0, s1, B pieces b[4]
-// (16 bytes each: mma 2 j2 and 2 j2 + 1).
-__device__ __forceinline__ void tile_step(float (&acc)[4], const uint4& w0, const uint4& w1, uint32_t sc0,
-                                          uint32_t sc1, const uint4 (&b)[4], uint32_t lut_lane) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // scale group: mma 0..3, 4..7
-    const uint32_t s0 = scale_pair(sc0, h), s1 = scale_pair(sc1, h);
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const int j = 4 * h + jj, j2 = j >> 1, sub = j & 1;
-      const uint32_t r0 = word_of(w0, j2), r1 = word_of(w1, j2);
-      const uint32_t a0 = bf16x2_mul(lut_at(lut_lane, r0, 2 * sub), s0);
-      const uint32_t a2 = bf16x2_mul(lut_at(lut_lane, r0, 2 * sub + 1), s0);
-      const uint32_t a1 = bf16x2_mul(lut_at(lut_lane, r1, 2 * sub), s1);
-      const uint32_t a3 = bf16x2_mul(lut_at(lut_lane, r1, 2 * sub + 1), s1);
-      mma_bf16(acc, a0, a1, a2, a3, sub == 0 ? b[j2].x : b[j2].z, sub == 0 ? b[j2].y : b[j2].w);
-    }
-  }
-}
+using moe_decode_dev::kLutScale;
+using moe_decode_dev::tile_step;
 
 // ---- gate_up --------------------------------------------------------------------------------------------
 
@@ -172,17 +126,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     issue(0);  // weights do not wait for the x rows
     if (eci != staged) {
-      // Stage the chunk's x rows as bf16 (layout: moe_decode_config.h xs_ld): 4 k per thread and pass.
-      const int row_quads = H / 4;
-      for (int i = tid; i < rows * row_quads; i += kThreads) {
-        const int r = i / row_quads, k = (i - r * row_quads) * 4;
-        const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
-        const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
-        const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
-        __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-        *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) =
-            *reinterpret_cast<const uint2*>(pr);
-      }
+      moe_decode_dev::stage_x_rows(p, pos0, rows, xs, xld, tid, kThreads);
       staged = eci;
     }
     __syncthreads();
@@ -454,16 +398,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int pos0 = off + chunk * x_rows;
     const MoeExpertWeights& ew = p.experts[e];
     if (eci != staged) {
-      const int row_quads = H / 4;
-      for (int i = tid; i < rows * row_quads; i += kThreads) {
-        const int r = i / row_quads, k = (i - r * row_quads) * 4;
-        const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
-        const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
-        const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
-        __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-        *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) =
-            *reinterpret_cast<const uint2*>(pr);
-      }
+      moe_decode_dev::stage_x_rows(p, pos0, rows, xs, xld, tid, kThreads);
       staged = eci;
     }
     __syncthreads();
@@ -650,22 +585,28 @@ int moe_decode_kernel_from_env(const char* value) {
   if (v.empty()) return -1;
   if (v == "registers") return 0;
   if (v == "ring") return 1;
-  MS_THROW("MOESERVE_MOE_DECODE_KERNEL = '{}' is not one of registers, ring", v);
+  if (v == "bulk") return 2;
+  MS_THROW("MOESERVE_MOE_DECODE_KERNEL = '{}' is not one of registers, ring, bulk", v);
 }
 
 namespace {
 // p.decode_ring, else MOESERVE_MOE_DECODE_KERNEL (read once), else the ring from kRingMinTokens tokens.
-bool wants_ring(const MoeExpertsParams& p) {
-  if (p.decode_ring >= 0) return p.decode_ring == 1;
+int wanted_variant(const MoeExpertsParams& p) {
+  if (p.decode_ring >= 0) return p.decode_ring;
   static const int from_env = moe_decode_kernel_from_env(std::getenv("MOESERVE_MOE_DECODE_KERNEL"));
-  if (from_env >= 0) return from_env == 1;
-  return p.m >= kRingMinTokens;
+  if (from_env >= 0) return from_env;
+  return p.m >= kRingMinTokens ? 1 : 0;
 }
 }  // namespace
 
 bool moe_experts_decode_uses_ring(const MoeExpertsParams& p) {
-  return moe_experts_decode_applies(p) && wants_ring(p) &&
+  return moe_experts_decode_applies(p) && wanted_variant(p) == 1 &&
          choose(moe_decode_shape(p), limits_of(current_device_caps())).ring;
+}
+
+bool moe_experts_decode_uses_bulk(const MoeExpertsParams& p) {
+  return moe_experts_decode_applies(p) && wanted_variant(p) == 2 &&
+         choose(moe_decode_shape(p), limits_of(current_device_caps())).bulk;
 }
 
 moe_decode_config::Shape moe_decode_shape(const MoeExpertsParams& p) {
@@ -690,7 +631,12 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   const DeviceCaps caps = current_device_caps();
   const Config c = choose(moe_decode_shape(p), limits_of(caps));
   MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
-  if (wants_ring(p) && c.ring) {
+  const int variant = wanted_variant(p);
+  if (variant == 2 && c.bulk) {
+    moe_experts_decode_bulk(p, c, stream);
+    return;
+  }
+  if (variant == 1 && c.ring) {
     check_smem(caps, "moe_decode_gate_up_ring", c.smem_gate_up_ring);
     check_smem(caps, "moe_decode_down_ring", c.smem_down_ring);
     CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_ring_kernel,
