@@ -88,7 +88,8 @@ constexpr size_t down_ring_smem(int m, int depth) {
 //            tile of gate rows 8 h .. 8 h + 7 and up rows 8 h .. 8 h + 7, warp w of a group k-eighth w of
 //            every stage; partial sums meet once per item.
 //   down:    one block per 16 output rows, 8 consumer warps; a stage = one expert chunk's 16 rows x all of
-//            inter, owned by warp (stage % 8) alone, which adds its rows into its own output tile.
+//            inter, warp w computes its 128-k steps w, w + 8, ... and adds its partial rows into its own
+//            output tile (every warp waits on every stage in order: no barrier phase aliasing).
 constexpr int kBulkGuThreads = 544;  // 16 consumer warps + 1 producer warp
 constexpr int kBulkGuWarps = 16;
 constexpr int kBulkDnThreads = 288;  // 8 consumer warps + 1 producer warp
@@ -130,9 +131,11 @@ constexpr size_t bulk_gate_up_smem(int hidden, int x_rows, int stages) {
   return bulk_gate_up_base(hidden, x_rows) + static_cast<size_t>(stages) * bulk_gate_up_stage(hidden) +
          2 * static_cast<size_t>(stages) * sizeof(uint64_t);
 }
-// Layouts: the register down kernel's (lut | out_w | scratch | ec), padded to 128 | stages | mbarriers.
+// Layouts: the register down kernel's (lut | out_w | scratch | ec) | tok [kMaxSlots] (each grouped
+// position's token), padded to 128 | stages | mbarriers.
 constexpr size_t bulk_down_base(int m) {
-  return static_cast<size_t>(round_up(static_cast<int64_t>(down_smem(m)), 128));
+  return static_cast<size_t>(
+      round_up(static_cast<int64_t>(down_smem(m) + static_cast<size_t>(kMaxSlots) * sizeof(int32_t)), 128));
 }
 constexpr size_t bulk_down_smem(int m, int inter, int stages) {
   return bulk_down_base(m) + static_cast<size_t>(stages) * bulk_stage_bytes(16, inter) +

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/moe/moe_decode_common.h"
 #include "kernels/cuda/moe/moe_experts.h"
 
 namespace ms::cuda::moe_dev {
@@ -52,28 +53,38 @@ __device__ __forceinline__ void build_e2m1_lut(uint32_t* lut, float scale) {
 
 // ec [kMaxEc]: (expert | chunk << 10) for every touched expert in ascending id, chunks of `chunk` positions
 // (an expert with more positions than a pass holds takes several). Warp 0 writes the list and its length *n
-// (at most kMaxEc); the caller syncs.
+// (at most kMaxEc); the caller syncs. Lane l takes the contiguous experts [l per, (l + 1) per) and loads all
+// their counts at once (one memory latency for the whole list, not one per 32 experts: this runs before
+// any weight load of the decode kernels).
 template <int kMaxEc>
 __device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, int32_t* ec, int* n) {
   if (threadIdx.x >= 32) return;
+  constexpr int kPer =
+      moe_decode_common::kMaxExperts / 32;  // experts a lane may hold (n_experts <= kMaxExperts)
   const int lane = threadIdx.x;
-  int base = 0;
-  for (int e0 = 0; e0 < p.n_experts; e0 += 32) {
-    const int e = e0 + lane;
-    const int cnt = e < p.n_experts ? p.expert_counts[e] : 0;
-    const int ch = cnt > 0 ? (cnt + chunk - 1) / chunk : 0;
-    int incl = ch;
+  const int per = (p.n_experts + 31) / 32;
+  const int e0 = lane * per;
+  int ch[kPer];
+  int run = 0;
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(kFull, incl, o);
-      if (lane >= o) incl += v;
-    }
-    const int start = base + incl - ch;
-    for (int i = 0; i < ch; ++i)
-      if (start + i < kMaxEc) ec[start + i] = e | (i << 10);
-    base += __shfl_sync(kFull, incl, 31);
+  for (int i = 0; i < kPer; ++i) {
+    const int e = e0 + i;
+    const int cnt = i < per && e < p.n_experts ? p.expert_counts[e] : 0;
+    ch[i] = cnt > 0 ? (cnt + chunk - 1) / chunk : 0;
+    run += ch[i];
   }
-  if (lane == 0) *n = min(base, kMaxEc);
+  int incl = run;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += v;
+  }
+  int start = incl - run;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    for (int c = 0; c < ch[i]; ++c, ++start)
+      if (start < kMaxEc) ec[start] = (e0 + i) | (c << 10);
+  if (lane == 31) *n = min(incl, kMaxEc);
 }
 
 __device__ __forceinline__ float fp8_e4m3_value(uint32_t byte) {

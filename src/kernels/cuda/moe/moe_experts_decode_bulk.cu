@@ -17,8 +17,8 @@
 // x rows are staged as bf16 (moe_decode_config.h: xs_ld) and partial sums meet in shared memory once per
 // item (in warp order: deterministic).
 //
-// down (one block per 16 output rows): stage j = expert chunk j of the block's work list, 16 rows x inter,
-// owned by consumer warp j % 8, which accumulates all of inter in registers and adds the chunk's rows x
+// down (one block per 16 output rows): stage j = expert chunk j of the block's work list, 16 rows x inter;
+// consumer warp w computes the 128-k steps w, w + 8, ... of every stage and adds its partial rows x
 // down_scale2 into its own output tile out_w[warp][token][16] (positions in order); the block then sums the
 // 8 tiles in warp order and adds to out once.
 //
@@ -87,6 +87,9 @@ __global__ void __launch_bounds__(kBulkGuThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + static_cast<size_t>(stages) * stage_bytes);
   uint64_t* empty = full + stages;
   __shared__ int s_nec;
+  // Per staged chunk (two buffers, by the parity of the chunk's staging): the positions' routing weights and
+  // the expert's gate / up global scales, so the item's epilogue reads no global memory.
+  __shared__ float s_wt[2][kChunk], s_s2[2][2];
 
   moe_dev::build_e2m1_lut<kBulkGuThreads>(lut, kLutScale);
   moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
@@ -153,15 +156,20 @@ __global__ void __launch_bounds__(kBulkGuThreads, 1)
   const int sw = (t >> 1) & 1;  // x piece swizzle: bit 1 of the 64-byte group index is t >> 1 here
   const int steps = kb / 1024;  // 128-k steps of a warp per stage
   __nv_bfloat16* actb = reinterpret_cast<__nv_bfloat16*>(p.act);
-  int staged = -1, q = 0;
+  int staged = -1, q = 0, buf = 1, rows = 0, pos0 = 0;
   for (int item = it0; item < it1; ++item) {
-    const int eci = item / tiles;
-    const int code = ec[eci];
-    const int e = code & 1023, chunk = code >> 10, tile = item % tiles;
-    const int count = p.expert_counts[e], off = p.expert_offsets[e];
-    const int rows = min(x_rows, count - chunk * x_rows);
-    const int pos0 = off + chunk * x_rows;
+    const int eci = item / tiles, tile = item % tiles;
     if (eci != staged) {
+      const int code = ec[eci];
+      const int e = code & 1023, chunk = code >> 10;
+      rows = min(x_rows, p.expert_counts[e] - chunk * x_rows);
+      pos0 = p.expert_offsets[e] + chunk * x_rows;
+      buf ^= 1;
+      if (tid < rows) s_wt[buf][tid] = p.topk_weights[p.sorted_slots[pos0 + tid]];
+      if (tid == 32) {
+        s_s2[buf][0] = p.experts[e].gate_scale2;
+        s_s2[buf][1] = p.experts[e].up_scale2;
+      }
       moe_decode_dev::stage_x_rows(p, pos0, rows, xs, xld, tid, kBulkGuWarps * 32);
       staged = eci;
     }
@@ -201,13 +209,12 @@ __global__ void __launch_bounds__(kBulkGuThreads, 1)
         gs += rr[r * 8 + ii];
         us += rr[(kChunk + r) * 8 + ii];
       }
-      const MoeExpertWeights& ew = p.experts[e];
-      const float gv = gs * ew.gate_scale2, uv = us * ew.up_scale2;
-      const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
-      const float v = gv / (1.0f + expf(-gv)) * uv * wt;
+      const float gv = gs * s_s2[buf][0], uv = us * s_s2[buf][1];
+      const float v = gv / (1.0f + expf(-gv)) * uv * s_wt[buf][r];
       actb[static_cast<int64_t>(pos0 + r) * p.inter + tile * kBulkGuIdx + i] = __float2bfloat16_rn(v);
     }
-    // red is rewritten only after the next item's first barrier, which every reader above has passed.
+    // red is rewritten only after the next item's first barrier, which every reader above has passed; the
+    // next chunk's staging writes the other s_wt / s_s2 buffer, and the one after it waits on that barrier.
   }
 }
 
@@ -224,6 +231,7 @@ __global__ void __launch_bounds__(kBulkDnThreads, 2)
   float* out_w = reinterpret_cast<float*>(smem + kLutBytes);  // [8 warps][m][16]
   float* scr = out_w + kWarps * m * kDownRows;                // [8 warps][8 positions][16]
   int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
+  int32_t* tok = ec + kMaxEc;  // [m * top_k]: grouped position -> token
   uint8_t* ring = smem + bulk_down_base(m);
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + static_cast<size_t>(stages) * stage_bytes);
   uint64_t* empty = full + stages;
@@ -232,10 +240,11 @@ __global__ void __launch_bounds__(kBulkDnThreads, 2)
   moe_dev::build_e2m1_lut<kBulkDnThreads>(lut, kLutScale);
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
   for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kBulkDnThreads) out_w[i] = 0.f;
+  for (int i = threadIdx.x; i < m * p.top_k; i += kBulkDnThreads) tok[i] = p.sorted_slots[i] / p.top_k;
   if (threadIdx.x == 32) {
     for (int s = 0; s < stages; ++s) {
       wg::mbar_init(&full[s], 1);
-      wg::mbar_init(&empty[s], 1);
+      wg::mbar_init(&empty[s], kWarps);
     }
     wg::mbar_init_fence();
   }
@@ -268,6 +277,9 @@ __global__ void __launch_bounds__(kBulkDnThreads, 2)
     return;
   }
 
+  // Consumers: every warp takes part in every stage (waits in stage order: no barrier phase is ever waited
+  // for two rounds ahead), warp w the 128-k steps w, w + 8, ... of the stage's inter; its partial sums go
+  // into its own output tile, and the block sums the 8 tiles at the end.
   const int g = lane >> 2, t = lane & 3;
   const uint32_t lut_lane = wg::smem_u32(lut) + 4u * lane;
   const uint32_t ring0 = wg::smem_u32(ring);
@@ -278,18 +290,29 @@ __global__ void __launch_bounds__(kBulkDnThreads, 2)
   float* scr_w = scr + warp * kChunk * kDownRows;
   float* out_ww = out_w + warp * m * kDownRows;
   const int steps = I / 128;
-  for (int q = warp; q < n; q += kWarps) {
-    const int slot = q % stages;
+  // The stage's chunk (rows, first position, down_scale2) is read one stage ahead, so its global loads wait
+  // behind the current stage's math.
+  auto meta = [&](int q, int& rows, int& pos0, float& s2) {
+    if (q >= n) return;
     const int code = ec[q];
     const int e = code & 1023, chunk = code >> 10;
-    const int rows = min(kChunk, p.expert_counts[e] - chunk * kChunk);
-    const int pos0 = p.expert_offsets[e] + chunk * kChunk;
+    rows = min(kChunk, p.expert_counts[e] - chunk * kChunk);
+    pos0 = p.expert_offsets[e] + chunk * kChunk;
+    s2 = p.experts[e].down_scale2;
+  };
+  int nx_rows = 0, nx_pos0 = 0;
+  float nx_s2 = 0.f;
+  meta(0, nx_rows, nx_pos0, nx_s2);
+  for (int q = 0; q < n; ++q) {
+    const int slot = q % stages;
+    const int rows = nx_rows, pos0 = nx_pos0;
+    const float s2 = nx_s2;
+    meta(q + 1, nx_rows, nx_pos0, nx_s2);
     const __nv_bfloat16* arow = actb + static_cast<int64_t>(pos0 + g) * I + 32 * t;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     wait_or_trap(&full[slot], static_cast<uint32_t>(q / stages) & 1u);
     const uint32_t st = ring0 + static_cast<uint32_t>(slot) * stage_bytes;
-#pragma unroll 2
-    for (int s = 0; s < steps; ++s) {
+    for (int s = warp; s < steps; s += kWarps) {
       uint4 b[4];
 #pragma unroll
       for (int j2 = 0; j2 < 4; ++j2)
@@ -301,18 +324,16 @@ __global__ void __launch_bounds__(kBulkDnThreads, 2)
     }
     __syncwarp();
     if (lane == 0) wg::mbar_arrive(&empty[slot]);
+    if (warp >= steps) continue;  // no step of this stage: nothing to add
     scr_w[(2 * t) * 16 + g] = acc[0];
     scr_w[(2 * t + 1) * 16 + g] = acc[1];
     scr_w[(2 * t) * 16 + g + 8] = acc[2];
     scr_w[(2 * t + 1) * 16 + g + 8] = acc[3];
     __syncwarp();
     if (lane < kDownRows) {
-      const float s2 = p.experts[e].down_scale2;
       // Positions in order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
-      for (int qq = 0; qq < rows; ++qq) {
-        const int tok = p.sorted_slots[pos0 + qq] / p.top_k;
-        out_ww[tok * kDownRows + lane] += scr_w[qq * 16 + lane] * s2;
-      }
+      for (int qq = 0; qq < rows; ++qq)
+        out_ww[tok[pos0 + qq] * kDownRows + lane] += scr_w[qq * 16 + lane] * s2;
     }
     __syncwarp();
   }
