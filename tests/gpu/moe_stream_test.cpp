@@ -188,7 +188,6 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
   EXPECT_EQ(ms::cuda::moe_experts_decode_applies(p), path == Path::Decode);
   // The ring variant is asked for only where the test expects it to fit (else the comparison would be void).
   EXPECT_EQ(ms::cuda::moe_experts_decode_uses_ring(p), path == Path::Decode && decode_ring == 1);
-  EXPECT_EQ(ms::cuda::moe_experts_decode_uses_bulk(p), path == Path::Decode && decode_ring == 2);
   if (path == Path::Stream) EXPECT_TRUE(ms::cuda::moe_experts_stream_applies(p));
   ms::cuda::moe_experts(p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -203,15 +202,11 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
 enum class Routing { Uniform, Skewed, OneHot, EmptySlots };
 
 // decode_ring (Path::Decode): 1 runs the cp.async ring variant, checks it against the CPU reference and
-// requires the register variant's output bit for bit (same decode, k order and summation order); 2 runs the
-// bulk-copy ring variant (another k split: checked against the CPU reference and its own rerun).
+// requires the register variant's output bit for bit (same decode, k order and summation order).
 void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, bool poison_untouched,
               Path path = Path::Stream, Routing routing = Routing::Uniform, int decode_ring = 0) {
   if (skewed && routing == Routing::Uniform) routing = Routing::Skewed;
-  SCOPED_TRACE(std::string(path == Path::Decode ? (decode_ring == 1   ? "decode ring"
-                                                   : decode_ring == 2 ? "decode bulk"
-                                                                      : "decode")
-                                                : "stream") +
+  SCOPED_TRACE(std::string(path == Path::Decode ? (decode_ring == 1 ? "decode ring" : "decode") : "stream") +
                " routing " + std::to_string(static_cast<int>(routing)) + " E=" + std::to_string(xs.E) +
                " H=" + std::to_string(xs.H) + " I=" + std::to_string(xs.I) + " m=" + std::to_string(m) +
                " K=" + std::to_string(K) + (skewed ? " skewed" : " uniform"));
@@ -483,51 +478,10 @@ TEST(CudaMoeDecodeRing, UntouchedExpertsAreNotRead) {
   run_case(xs, 16, 4, false, 523, true, Path::Decode, Routing::OneHot, 1);
 }
 
-// ---- the bulk-copy ring variant of the decode path (decode_ring = 2) -------------------------------------
-
-TEST(CudaMoeDecodeBulk, ScaledDownGlm5MatchesCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Nvfp4Experts xs(32, 1024, 512, 430);  // one 1024-k stage per item, 2 chunks of 8 in down's k
-  for (int m : {1, 3, 8, 9, 32, 64}) {
-    run_case(xs, m, 8, false, 531u + m, false, Path::Decode, Routing::Uniform, 2);
-    run_case(xs, m, 8, true, 532u + m, false, Path::Decode, Routing::Skewed, 2);
-    run_case(xs, m, 8, false, 533u + m, false, Path::Decode, Routing::OneHot, 2);
-    run_case(xs, m, 8, false, 534u + m, false, Path::Decode, Routing::EmptySlots, 2);
-  }
-  const Nvfp4Experts odd(16, 7168, 1024, 435);  // hidden 7168: seven 1024-k stages per item
-  run_case(odd, 5, 4, true, 536, false, Path::Decode, Routing::Skewed, 2);
-  run_case(odd, 17, 6, false, 537, false, Path::Decode, Routing::OneHot, 2);
-  const Nvfp4Experts wide(16, 2048, 4096, 438);  // a down stage of 4096 k; gate_up one 2048-k stage
-  run_case(wide, 3, 4, false, 538, false, Path::Decode, Routing::Uniform, 2);
-  run_case(wide, 40, 4, true, 539, false, Path::Decode, Routing::Skewed, 2);
-}
-
-TEST(CudaMoeDecodeBulk, FullWidthGlm5MatchesCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Nvfp4Experts xs(256, 6144, 2048, 440);
-  for (int m : {1, 3, 8, 32, 64}) {
-    run_case(xs, m, 8, false, 541u + m, false, Path::Decode, Routing::Uniform, 2);
-    run_case(xs, m, 8, true, 542u + m, false, Path::Decode, Routing::Skewed, 2);
-  }
-  run_case(xs, 64, 8, false, 543, false, Path::Decode, Routing::OneHot, 2);
-  run_case(xs, 8, 8, false, 544, false, Path::Decode, Routing::EmptySlots, 2);
-}
-
-TEST(CudaMoeDecodeBulk, UntouchedExpertsAreNotRead) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Nvfp4Experts xs(64, 2048, 1024, 450);
-  for (int m : {1, 4}) {
-    run_case(xs, m, 4, false, 551u + m, true, Path::Decode, Routing::Uniform, 2);
-    run_case(xs, m, 4, true, 552u + m, true, Path::Decode, Routing::Skewed, 2);
-  }
-  run_case(xs, 16, 4, false, 553, true, Path::Decode, Routing::OneHot, 2);
-}
-
 TEST(CudaMoeDecodeRing, KernelFromEnvironment) {
   EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env(nullptr), -1);
   EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env(""), -1);
   EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env("registers"), 0);
   EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env("ring"), 1);
-  EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env("bulk"), 2);
   EXPECT_THROW(ms::cuda::moe_decode_kernel_from_env("tma"), ms::Error);
 }

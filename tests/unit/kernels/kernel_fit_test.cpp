@@ -263,53 +263,6 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
 // The cp.async ring variant: where it is offered, its layout (ring after the register kernels' layout, the
 // same x_rows) fits the device with a depth in range; where it is not, the register kernels still run and
 // ring_why names the ring.
-TEST(KernelFit, MoeDecodeBulkChoosesOnlyWhatFits) {
-  namespace c = moe_decode_config;
-  int bulks = 0;
-  for_each_taken({1, 2, 3, 5, 8, 9, 32, 64}, {{6144, 2048}, {7168, 2048}, {1024, 512}, {2048, 1024}},
-                 c::choose,
-                 [&](const DeviceLimits& dev, int m, const std::array<int, 2>& hi, const c::Config& cfg) {
-                   if (!cfg.bulk) {
-                     EXPECT_NE(cfg.bulk_why.find("bulk"), std::string::npos) << cfg.bulk_why;
-                     return;
-                   }
-                   ++bulks;
-                   EXPECT_GE(cfg.bulk_x_rows, 1);
-                   EXPECT_LE(cfg.bulk_x_rows, std::min(m, c::kChunk));
-                   EXPECT_GE(cfg.bulk_stages_gate_up, c::kBulkMinStages);
-                   EXPECT_LE(cfg.bulk_stages_gate_up, c::kBulkMaxStages);
-                   EXPECT_GE(cfg.bulk_stages_down, c::kBulkMinStages);
-                   EXPECT_LE(cfg.bulk_stages_down, c::kBulkMaxStages);
-                   EXPECT_EQ(cfg.smem_gate_up_bulk,
-                             c::bulk_gate_up_smem(hi[0], cfg.bulk_x_rows, cfg.bulk_stages_gate_up));
-                   EXPECT_EQ(cfg.smem_down_bulk, c::bulk_down_smem(m, hi[1], cfg.bulk_stages_down));
-                   EXPECT_FALSE(why_cannot_run(
-                       c::need_gate_up_bulk(hi[0], cfg.bulk_x_rows, cfg.bulk_stages_gate_up), dev))
-                       << dev.name << " m" << m;
-                   EXPECT_FALSE(why_cannot_run(c::need_down_bulk(m, hi[1], cfg.bulk_stages_down), dev))
-                       << dev.name << " m" << m;
-                   EXPECT_EQ(cfg.grid_gate_up_bulk, dev.multiprocessors);
-                   // Stage rows keep the bulk copies' 16-byte alignment.
-                   EXPECT_EQ(c::bulk_w_pitch(c::bulk_gate_up_kb(hi[0])) % 16, 0);
-                   EXPECT_EQ(c::bulk_s_pitch(hi[1]) % 16, 0);
-                   EXPECT_EQ(c::bulk_gate_up_stage(hi[0]) % 128, 0u);
-                 });
-  EXPECT_GT(bulks, 0);
-  // GLM-5 decode on the H200: every token count up to 8 stages all its positions in one pass.
-  for (int m : {1, 4, 8, 64}) {
-    const c::Config cfg = c::choose({true, 6144, 2048, m, 8, 256}, limits_h200());
-    ASSERT_TRUE(cfg.bulk) << cfg.bulk_why;
-    EXPECT_EQ(cfg.bulk_x_rows, std::min(m, 8)) << "m" << m;
-  }
-  // Before sm_90 there are no bulk copies: refused with the reason.
-  DeviceLimits old = limits_h200();
-  old.arch = 80;
-  old.name = "sm_80 device";
-  const c::Config a100 = c::choose({true, 6144, 2048, 8, 8, 256}, old);
-  EXPECT_FALSE(a100.bulk);
-  EXPECT_NE(a100.bulk_why.find("sm_90"), std::string::npos) << a100.bulk_why;
-}
-
 TEST(KernelFit, MoeDecodeRingChoosesOnlyWhatFits) {
   namespace c = moe_decode_config;
   int rings = 0;

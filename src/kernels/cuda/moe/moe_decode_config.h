@@ -77,71 +77,6 @@ constexpr size_t down_ring_smem(int m, int depth) {
   return down_smem(m) + static_cast<size_t>(depth) * ring_step_bytes(kDownRingRows);
 }
 
-// The bulk-copy ring variant (decode_ring = 2, moe_experts_decode_bulk.cu): one producer warp per block
-// copies whole row pieces (cp.async.bulk, one full / empty mbarrier pair per stage) into a shared-memory
-// ring and the consumer warps decode from shared memory, so no consumer waits on global memory for weights.
-// On an H200 such a ring streamed 98% of the copy ceiling where the register kernels' load pattern alone
-// reached 72-81% (bench_stream_patterns).
-//   gate_up: persistent, one block per multiprocessor, 16 consumer warps; item = (expert chunk, 16
-//            intermediate indices: 16 gate + 16 up rows); a stage = the item's 32 rows x kb k (kb = 2048
-//            where it divides hidden, else 1024); consumer group h (warps 8 h .. 8 h + 7) computes the m16
-//            tile of gate rows 8 h .. 8 h + 7 and up rows 8 h .. 8 h + 7, warp w of a group k-eighth w of
-//            every stage; partial sums meet once per item.
-//   down:    one block per 16 output rows, 8 consumer warps; a stage = one expert chunk's 16 rows x all of
-//            inter, warp w computes its 128-k steps w, w + 8, ... and adds its partial rows into its own
-//            output tile (every warp waits on every stage in order: no barrier phase aliasing).
-constexpr int kBulkGuThreads = 544;  // 16 consumer warps + 1 producer warp
-constexpr int kBulkGuWarps = 16;
-constexpr int kBulkDnThreads = 288;  // 8 consumer warps + 1 producer warp
-constexpr int kBulkGuIdx = 16;       // gate_up: intermediate indices per item
-constexpr int kBulkMinStages = 2;
-constexpr size_t kBulkStaticSmem = 128;  // the bulk kernels' __shared__ variables (ptxas: 128 bytes)
-constexpr int kBulkMaxStages = 16;
-constexpr int64_t round_up(int64_t v, int64_t a) {
-  return (v + a - 1) / a * a;
-}
-// Stage row pitches: weight rows 64 bytes past a multiple of 128 (the two rows of an 8-lane phase of a
-// 16-byte read fall in different banks), scale rows 16 bytes past a multiple of 16.
-constexpr int64_t bulk_w_pitch(int64_t k) {
-  return round_up(k / 2, 128) + 64;
-}
-constexpr int64_t bulk_s_pitch(int64_t k) {
-  return round_up(k / 16, 16) + 16;
-}
-constexpr size_t bulk_stage_bytes(int rows, int64_t k) {  // rows x k codes and their scales, 128-aligned
-  return static_cast<size_t>(round_up(rows * (bulk_w_pitch(k) + bulk_s_pitch(k)), 128));
-}
-constexpr int bulk_gate_up_kb(int hidden) {  // k of one gate_up stage
-  return hidden % 2048 == 0 ? 2048 : 1024;
-}
-constexpr size_t bulk_gu_red_bytes() {  // [16 warps][gate / up][8 positions][8 indices] f32
-  return static_cast<size_t>(kBulkGuWarps) * 2 * kChunk * 8 * sizeof(float);
-}
-// Layouts: lut | xs [x_rows][xs_ld] bf16 | red | ec | stages x stage | 2 x stages mbarriers.
-constexpr size_t bulk_gate_up_base(int hidden, int x_rows) {
-  return static_cast<size_t>(
-      round_up(static_cast<int64_t>(kLutBytes + static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 +
-                                    bulk_gu_red_bytes() + ec_bytes()),
-               128));
-}
-constexpr size_t bulk_gate_up_stage(int hidden) {
-  return bulk_stage_bytes(32, bulk_gate_up_kb(hidden));
-}
-constexpr size_t bulk_gate_up_smem(int hidden, int x_rows, int stages) {
-  return bulk_gate_up_base(hidden, x_rows) + static_cast<size_t>(stages) * bulk_gate_up_stage(hidden) +
-         2 * static_cast<size_t>(stages) * sizeof(uint64_t);
-}
-// Layouts: the register down kernel's (lut | out_w | scratch | ec) | tok [kMaxSlots] (each grouped
-// position's token), padded to 128 | stages | mbarriers.
-constexpr size_t bulk_down_base(int m) {
-  return static_cast<size_t>(
-      round_up(static_cast<int64_t>(down_smem(m) + static_cast<size_t>(kMaxSlots) * sizeof(int32_t)), 128));
-}
-constexpr size_t bulk_down_smem(int m, int inter, int stages) {
-  return bulk_down_base(m) + static_cast<size_t>(stages) * bulk_stage_bytes(16, inter) +
-         2 * static_cast<size_t>(stages) * sizeof(uint64_t);
-}
-
 struct Config {
   bool use = false;
   std::string why;  // when !use: why the other kernels run instead
@@ -155,13 +90,6 @@ struct Config {
   int ring_depth_gate_up = 0, ring_depth_down = 0;  // steps in flight per lane, kRingMinDepth..kRingMaxDepth
   size_t smem_gate_up_ring = 0, smem_down_ring = 0;
   int grid_gate_up_ring = 0;  // persistent: blocks per multiprocessor x multiprocessors
-  // The bulk-copy ring variant: fits when bulk is set; else bulk_why says why.
-  bool bulk = false;
-  std::string bulk_why;
-  int bulk_x_rows = 1;  // gate_up: positions of one expert per pass, 1..8
-  int bulk_stages_gate_up = 0, bulk_stages_down = 0;
-  size_t smem_gate_up_bulk = 0, smem_down_bulk = 0;
-  int grid_gate_up_bulk = 0;  // persistent: one block per multiprocessor
 };
 
 constexpr size_t kStaticSmem = 16;  // the kernels' own __shared__ variables
@@ -199,74 +127,6 @@ inline RingFit ring_fit(size_t base, size_t step, const DeviceLimits& dev) {
   return best;
 }
 
-inline KernelNeed need_gate_up_bulk(int hidden, int x_rows, int stages) {
-  return {"moe_decode_gate_up_bulk", bulk_gate_up_smem(hidden, x_rows, stages) + kBulkStaticSmem, 90, false};
-}
-inline KernelNeed need_down_bulk(int m, int inter, int stages) {
-  return {"moe_decode_down_bulk", bulk_down_smem(m, inter, stages) + kBulkStaticSmem, 90, false};
-}
-
-// Fills c's bulk fields (called once the register kernels fit): gate_up one block per multiprocessor with the
-// most x rows and then the most stages (up to kBulkMaxStages) that fit; down two blocks per multiprocessor
-// where each keeps 3 stages, else one.
-inline void choose_bulk(const Shape& s, const DeviceLimits& dev, Config& c) {
-  auto no = [&](std::string why) {
-    c.bulk = false;
-    c.bulk_why = std::move(why);
-  };
-  if (dev.arch < 90)
-    return no(fmt::format("the bulk-copy ring needs sm_90 or newer, {} is sm_{}", dev.name, dev.arch));
-  if (s.inter % 256 != 0 || s.inter % kBulkGuIdx != 0)
-    return no(
-        fmt::format("inter = {} is not a multiple of 256 (16-byte scale rows for the bulk copies)", s.inter));
-  const int64_t optin =
-      static_cast<int64_t>(dev.smem_per_block_optin) - static_cast<int64_t>(kBulkStaticSmem);
-  auto stages_in = [](int64_t budget, size_t base, size_t stage) {
-    const int64_t left = budget - static_cast<int64_t>(base);
-    return left <= 0
-               ? 0
-               : static_cast<int>(std::min<int64_t>(kBulkMaxStages, left / static_cast<int64_t>(stage + 16)));
-  };
-  // gate_up: the most x rows per pass (up to min(m, 8): every pass reads the expert's weights again) that
-  // leave at least kBulkMinStages stages.
-  int gu = 0, rows = 0;
-  for (int r = std::min(s.m, kChunk); r >= 1 && rows == 0; --r) {
-    const int st = stages_in(optin, bulk_gate_up_base(s.hidden, r), bulk_gate_up_stage(s.hidden));
-    if (st >= kBulkMinStages) {
-      gu = st;
-      rows = r;
-    }
-  }
-  if (rows == 0)
-    return no(
-        fmt::format("moe_decode_gate_up_bulk needs {} bytes of shared memory per block but {} allows {}",
-                    bulk_gate_up_smem(s.hidden, 1, kBulkMinStages) + kBulkStaticSmem, dev.name,
-                    dev.smem_per_block_optin));
-  int dn = 0;
-  for (int bps = 2; bps >= 1; --bps) {
-    const int64_t budget =
-        std::min<int64_t>(static_cast<int64_t>(dev.smem_per_block_optin + 1024) / bps - 1024,
-                          optin + static_cast<int64_t>(kBulkStaticSmem)) -
-        static_cast<int64_t>(kBulkStaticSmem);
-    const int st = stages_in(budget, bulk_down_base(s.m), bulk_stage_bytes(16, s.inter));
-    // Two blocks (16 consumer warps a multiprocessor, prologues overlapping) wherever they keep 3 stages.
-    if (st >= (bps == 2 ? 3 : kBulkMinStages) && dn == 0) {
-      dn = st;
-    }
-  }
-  if (dn == 0)
-    return no(fmt::format("moe_decode_down_bulk needs {} bytes of shared memory per block but {} allows {}",
-                          bulk_down_smem(s.m, s.inter, kBulkMinStages) + kBulkStaticSmem, dev.name,
-                          dev.smem_per_block_optin));
-  c.bulk = true;
-  c.bulk_x_rows = rows;
-  c.bulk_stages_gate_up = gu;
-  c.bulk_stages_down = dn;
-  c.smem_gate_up_bulk = bulk_gate_up_smem(s.hidden, rows, gu);
-  c.smem_down_bulk = bulk_down_smem(s.m, s.inter, dn);
-  c.grid_gate_up_bulk = std::max(dev.multiprocessors, 1);
-}
-
 inline Config choose(const Shape& s, const DeviceLimits& dev) {
   Config c;
   auto no = [&](std::string why) {
@@ -295,7 +155,6 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
   c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
   c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
-  choose_bulk(s, dev, c);
   const RingFit gu = ring_fit(c.smem_gate_up, ring_step_bytes(kGuRingRows), dev);
   const RingFit dn = ring_fit(c.smem_down, ring_step_bytes(kDownRingRows), dev);
   if (gu.depth == 0 || dn.depth == 0) {

@@ -77,9 +77,8 @@ struct MoeExpertsParams {
   // (f32-exact to ~1e-5) or the old kernels run instead. Exact-mode callers and benchmarks set it.
   bool disable_decode = false;
   // The decode path's weight streaming (moe_experts_decode.h): -1 the environment's
-  // MOESERVE_MOE_DECODE_KERNEL (registers | ring | bulk), else the ring from
-  // moe_decode_config::kRingMinTokens tokens on; 0 registers; 1 the cp.async ring where it fits
-  // (bit-identical); 2 the bulk-copy ring where it fits.
+  // MOESERVE_MOE_DECODE_KERNEL (registers | ring), else the ring from moe_decode_config::kRingMinTokens
+  // tokens on; 0 registers; 1 the cp.async ring where it fits (bit-identical).
   int decode_ring = -1;
   // Prefill path's GEMM kernel (benchmarks compare both; tests pin one).
   MoePrefillKernel prefill_kernel = MoePrefillKernel::Auto;

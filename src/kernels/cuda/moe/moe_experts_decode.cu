@@ -585,8 +585,7 @@ int moe_decode_kernel_from_env(const char* value) {
   if (v.empty()) return -1;
   if (v == "registers") return 0;
   if (v == "ring") return 1;
-  if (v == "bulk") return 2;
-  MS_THROW("MOESERVE_MOE_DECODE_KERNEL = '{}' is not one of registers, ring, bulk", v);
+  MS_THROW("MOESERVE_MOE_DECODE_KERNEL = '{}' is not one of registers, ring", v);
 }
 
 namespace {
@@ -602,11 +601,6 @@ int wanted_variant(const MoeExpertsParams& p) {
 bool moe_experts_decode_uses_ring(const MoeExpertsParams& p) {
   return moe_experts_decode_applies(p) && wanted_variant(p) == 1 &&
          choose(moe_decode_shape(p), limits_of(current_device_caps())).ring;
-}
-
-bool moe_experts_decode_uses_bulk(const MoeExpertsParams& p) {
-  return moe_experts_decode_applies(p) && wanted_variant(p) == 2 &&
-         choose(moe_decode_shape(p), limits_of(current_device_caps())).bulk;
 }
 
 moe_decode_config::Shape moe_decode_shape(const MoeExpertsParams& p) {
@@ -632,10 +626,6 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   const Config c = choose(moe_decode_shape(p), limits_of(caps));
   MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
   const int variant = wanted_variant(p);
-  if (variant == 2 && c.bulk) {
-    moe_experts_decode_bulk(p, c, stream);
-    return;
-  }
   if (variant == 1 && c.ring) {
     check_smem(caps, "moe_decode_gate_up_ring", c.smem_gate_up_ring);
     check_smem(caps, "moe_decode_down_ring", c.smem_down_ring);

@@ -38,19 +38,10 @@ bool moe_experts_decode_applies(const MoeExpertsParams& p);
 // asked for but does not fit, the register kernels run.
 bool moe_experts_decode_uses_ring(const MoeExpertsParams& p);
 
-// Whether moe_experts_decode(p) runs the bulk-copy ring variant (moe_experts_decode_bulk.cu: decode_ring = 2
-// or MOESERVE_MOE_DECODE_KERNEL=bulk, where moe_decode_config::choose(...).bulk says it fits; else the
-// register kernels). Not bit-identical to the other two (its k split differs); the same precision.
-bool moe_experts_decode_uses_bulk(const MoeExpertsParams& p);
-
 // MOESERVE_MOE_DECODE_KERNEL's value: unset or empty -1 (the default: the cp.async ring from
-// moe_decode_config::kRingMinTokens tokens, else the register kernels), "registers" 0, "ring" 1, "bulk" 2;
-// anything else throws ms::Error naming the variable.
+// moe_decode_config::kRingMinTokens tokens, else the register kernels), "registers" 0, "ring" 1; anything
+// else throws ms::Error naming the variable.
 int moe_decode_kernel_from_env(const char* value);
-
-// The bulk-copy ring variant's two launches for a configuration c with c.bulk (moe_experts_decode calls it).
-void moe_experts_decode_bulk(const MoeExpertsParams& p, const moe_decode_config::Config& c,
-                             cudaStream_t stream);
 
 // Both launches; throws ms::Error naming the reason when the path does not apply.
 void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream);
