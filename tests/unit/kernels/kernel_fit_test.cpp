@@ -403,6 +403,19 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
   MlaAttentionShape sel = glm;
   sel.has_topk = true;
   EXPECT_EQ(mla_attention_choose(sel, caps_of(limits_h200())).kernel, MlaAttentionKernel::Sm90Decode);
+  // A preference that cannot take the batch falls back to the automatic choice, not to the general kernel:
+  // the split-KV kernel asked for over a DSA selection, the sm90 one for a prefill batch.
+  MlaAttentionShape sel_split = sel;
+  sel_split.prefer = MlaAttentionPrefer::Fp8Decode;
+  EXPECT_EQ(mla_attention_choose(sel_split, caps_of(limits_h200())).kernel, MlaAttentionKernel::Sm90Decode);
+  MlaAttentionShape glm_sm90 = glm;
+  glm_sm90.prefer = MlaAttentionPrefer::Sm90Decode;
+  EXPECT_EQ(mla_attention_choose(glm_sm90, caps_of(limits_h200())).kernel, MlaAttentionKernel::Sm90Decode);
+  const MlaAttentionShape prefill{300, 64, 512, 64, 64, KvFormat::FP8E4M3, false, false, 32};
+  MlaAttentionShape prefill_sm90 = prefill;
+  prefill_sm90.prefer = MlaAttentionPrefer::Sm90Decode;
+  EXPECT_EQ(mla_attention_choose(prefill_sm90, caps_of(limits_h200())).kernel,
+            mla_attention_choose(prefill, caps_of(limits_h200())).kernel);
   EXPECT_EQ(mla_decode_kernel_from_env(nullptr), MlaAttentionPrefer::Auto);
   EXPECT_EQ(mla_decode_kernel_from_env("wgmma"), MlaAttentionPrefer::WgmmaDecode);
   EXPECT_EQ(mla_decode_kernel_from_env("split"), MlaAttentionPrefer::Fp8Decode);

@@ -195,6 +195,14 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const De
   // Measured on an H200 (docs/PERFORMANCE.md, 2026-12-01): over dense fp8 pages of 64 with 32+ heads the
   // older split-KV kernel is faster (64 heads, batch 32 x 4k: 104 us against 139 us; batch 1 x 32k: 53 us
   // against 60 us); with few heads (8: 119 us against 185 us) and over a DSA selection the new one is.
+  // A preference for a kernel that cannot take this batch falls back to the automatic choice (a DSA
+  // selection under MOESERVE_MLA_DECODE_KERNEL=split went to the general kernel: a 5x slower step, measured).
+  const bool fp8_applies = fast_shape && s.decode_only && !s.has_topk && s.n_seqs == s.m && s.m > 0 &&
+                           caps.arch() >= 80 && caps.multiprocessors > 0 &&
+                           kFp8DecodeSmem <= caps.smem_per_block_optin;
+  if (s.prefer == MlaAttentionPrefer::Fp8Decode && !fp8_applies) s.prefer = MlaAttentionPrefer::Auto;
+  if (s.prefer == MlaAttentionPrefer::Sm90Decode && !(sm90_shape && sm90_batch && caps.arch() >= 80))
+    s.prefer = MlaAttentionPrefer::Auto;
   const bool older_fp8_faster = s.prefer == MlaAttentionPrefer::Auto && fast_shape && !s.has_topk &&
                                 s.heads >= 32 && kFp8DecodeSmem <= caps.smem_per_block_optin;
   if ((s.prefer == MlaAttentionPrefer::Auto || s.prefer == MlaAttentionPrefer::Sm90Decode) && sm90_shape &&
