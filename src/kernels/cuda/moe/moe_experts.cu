@@ -31,6 +31,7 @@
 #include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_experts_decode.h"
+#include "kernels/cuda/moe/moe_experts_decode_fp8.h"
 #include "kernels/cuda/moe/moe_experts_stream.h"
 
 namespace ms::cuda {
@@ -583,6 +584,10 @@ void moe_experts_combine(const MoeExpertsParams& p, cudaStream_t stream) {
 }
 
 void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
+  if (p.m > 0 && moe_experts_decode_fp8_applies(p)) {
+    moe_experts_decode_fp8(p, stream);  // FP8-block decode, f16 activations: weights streamed into registers
+    return;
+  }
   if (p.m > 0 && moe_experts_decode_applies(p)) {
     moe_experts_decode(p, stream);  // NVFP4 decode, bf16 activations: weights streamed into registers
     return;

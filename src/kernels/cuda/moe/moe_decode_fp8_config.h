@@ -1,0 +1,127 @@
+// Launch configuration of the register-streamed FP8-block decode experts (moe_experts_decode_fp8.h: e4m3
+// weights with one f32 scale per 128x128 block, DeepSeek-V3's format), chosen on the host from the shape and
+// the device's limits alone (no CUDA types: tests/unit/kernels/kernel_fit_test.cpp runs it against the sm_90,
+// sm_100 and sm_120 presets). The kernels carve their shared memory with the same functions, so what is
+// checked here is what is launched.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kernels/cuda/common/kernel_fit.h"
+#include "kernels/cuda/moe/moe_decode_common.h"
+
+namespace ms::cuda::moe_decode_fp8_config {
+
+using moe_decode_common::blocks_per_sm;
+using moe_decode_common::kMaxExperts;
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = 8;
+constexpr int kMaxM = 64;        // tokens per step (the down kernel's per-warp output tiles)
+constexpr int kMaxSlots = 1024;  // m * top_k
+constexpr int kMaxEc = 1536;     // (expert, chunk) pairs: <= min(E, slots) + slots
+constexpr int kChunk = 8;        // positions of one expert per pass (one mma n-tile)
+constexpr int kBlock = 128;      // the scale block edge the kernels apply (one warp step = one block of k)
+constexpr int kGuIdx = 16;       // gate_up: intermediate indices per work item (16 gate + 16 up rows)
+constexpr int kDownRows = 16;    // down: output rows per block
+constexpr int kGuAhead = 2;  // gate_up: 128-k steps whose weights a lane holds in flight (4 rows x 32 B each)
+constexpr int kDownAhead = 4;  // down: 128-k pieces whose weights a lane holds in flight (2 rows x 32 B each)
+
+struct Shape {
+  bool fp8_block = false;  // format FP8Block
+  int block = 0;           // its scale block edge
+  int hidden = 0, inter = 0, m = 0, top_k = 0, n_experts = 0;
+};
+
+// gate_up stages the chunk's x rows as f16 in shared memory, in k order, rows hidden + 16 elements apart (32
+// bytes past a multiple of 128 bytes), with the four 16-byte pieces of every 32-element (64-byte) group g
+// stored in the order q ^ ((g >> 1) & 1): a quarter-warp's 16-byte B reads (rows r, r + 1; lanes t = 0..3
+// reading piece q of groups 4 s + t) then fall in eight distinct 16-byte bank groups.
+constexpr int64_t xs_ld(int hidden) {
+  return hidden + 16;
+}
+constexpr size_t gate_up_red_bytes() {  // [8 warps][2 gate/up][8 positions][16 rows] f32
+  return static_cast<size_t>(kWarps) * 2 * kChunk * 16 * sizeof(float);
+}
+constexpr size_t ec_bytes() {
+  return static_cast<size_t>(kMaxEc) * sizeof(int32_t);
+}
+// Layouts: xs [x_rows][xs_ld] f16 | red | ec.
+constexpr size_t gate_up_smem(int hidden, int x_rows) {
+  return static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 + gate_up_red_bytes() + ec_bytes();
+}
+// Layouts: out_w [8 warps][m][16] f32 | scratch [8 warps][8 positions][16] f32 | ec.
+constexpr size_t down_smem(int m) {
+  return static_cast<size_t>(kWarps) * m * kDownRows * sizeof(float) +
+         static_cast<size_t>(kWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
+}
+
+struct Config {
+  bool use = false;
+  std::string why;  // when !use: why the other kernels run instead
+  int x_rows = 1;   // gate_up: positions of one expert per pass (x rows staged), 1..8
+  size_t smem_gate_up = 0, smem_down = 0;
+  int grid_gate_up = 0, grid_down = 0;
+};
+
+constexpr size_t kStaticSmem = 16;  // the kernels' own __shared__ variables
+inline KernelNeed need_gate_up(int hidden, int x_rows) {
+  return {"moe_decode_fp8_gate_up", gate_up_smem(hidden, x_rows) + kStaticSmem, 80, false};
+}
+inline KernelNeed need_down(int m) {
+  return {"moe_decode_fp8_down", down_smem(m) + kStaticSmem, 80, false};
+}
+
+// Why s is outside the path's regime or shape rule, or nullopt.
+inline std::optional<std::string> why_outside(const Shape& s) {
+  if (!s.fp8_block) return std::string("the FP8 decode path reads FP8Block experts only");
+  if (s.block != kBlock)
+    return fmt::format("fp8_block = {}: the FP8 decode path applies 128x128 block scales only", s.block);
+  if (s.m < 1 || s.m > kMaxM) return fmt::format("m = {} is outside the decode regime [1, {}]", s.m, kMaxM);
+  if (s.top_k < 1 || static_cast<int64_t>(s.m) * s.top_k > kMaxSlots)
+    return fmt::format("m * top_k = {} exceeds {}", static_cast<int64_t>(s.m) * s.top_k, kMaxSlots);
+  if (s.n_experts < 1 || s.n_experts > kMaxExperts)
+    return fmt::format("n_experts = {} is outside [1, {}]", s.n_experts, kMaxExperts);
+  // A warp step covers one whole 128-k scale block of a 16-row tile (which lies in one 128-row block), so
+  // the k of both GEMMs and the row counts must be whole blocks.
+  if (s.hidden <= 0 || s.hidden % kBlock != 0)
+    return fmt::format("hidden = {} is not a multiple of {} (the scale block)", s.hidden, kBlock);
+  if (s.inter <= 0 || s.inter % kBlock != 0)
+    return fmt::format("inter = {} is not a multiple of {} (the scale block)", s.inter, kBlock);
+  return std::nullopt;
+}
+
+inline Config choose(const Shape& s, const DeviceLimits& dev) {
+  Config c;
+  auto no = [&](std::string why) {
+    c.use = false;
+    c.why = std::move(why);
+    return c;
+  };
+  if (auto why = why_outside(s)) return no(*why);
+  // gate_up: the most x rows per pass (up to min(m, 8)) that still let two blocks share a multiprocessor;
+  // else the fewest rows in one block.
+  const int want = std::min(s.m, kChunk);
+  int rows = 0;
+  for (int r = want; r >= 1 && rows == 0; --r)
+    if (blocks_per_sm(gate_up_smem(s.hidden, r), dev) >= 2) rows = r;
+  if (rows == 0) rows = 1;
+  for (const KernelNeed& n : {need_gate_up(s.hidden, rows), need_down(s.m)})
+    if (auto why = why_cannot_run(n, dev)) return no(*why);
+  c.use = true;
+  c.x_rows = rows;
+  c.smem_gate_up = gate_up_smem(s.hidden, rows);
+  c.smem_down = down_smem(s.m);
+  const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
+  c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
+  c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
+  return c;
+}
+
+}  // namespace ms::cuda::moe_decode_fp8_config

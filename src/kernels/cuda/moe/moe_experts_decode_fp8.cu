@@ -1,0 +1,341 @@
+// Register-streamed FP8-block experts for decode (see moe_experts_decode_fp8.h).
+//
+// Warp tile: 16 weight rows x one k-range, mma.sync m16n8k16 in f16 (weights as A, up to 8 positions as the
+// n8 B tile, f32 accumulation). Lane (g = lane / 4, t = lane % 4) owns rows g and g + 8; a step of the warp
+// covers one 128-k scale block, of which lane t takes the 32 k from 32 t: two 16-byte loads per row (bytes
+// of k .. k + 31, so the four lanes of a quad read the row's whole 128-byte block: four full sectors per
+// pair of load instructions). The k order inside a lane's 32 is permuted (a dot product does not care),
+// identically for A and B:
+//   mma j (0..7) of a step at k (lane's physical k) uses k + 4 j .. k + 4 j + 3, i.e. word j % 4 of the
+//   row's 16-byte piece j / 4:
+//     a0 = row g    (k + 4j, k + 4j + 1) = low half of the word,   a2 = row g    (k + 4j + 2, +3) = high half
+//     a1 = row g+8  (k + 4j, k + 4j + 1),                           a3 = row g+8  (k + 4j + 2, +3)
+//     b0 = position g (k + 4j, k + 4j + 1) as f16,                  b1 = position g (k + 4j + 2, +3)
+//   i.e. logical k (2t, 2t + 1, 2t + 8, 2t + 9) of the mma <- physical (k_t + 4j .. k_t + 4j + 3): the four
+//   lanes of a group cover four different quarters, each consistently in A and B. B of mma j and j + 1 is one
+//   16-byte piece of the position's f16 row in natural k order.
+// Decode: one cvt.rn.f16x2.e4m3x2 per weight pair (exact). Scale: a 16-row tile lies in one 128-row block
+// (tiles start at multiples of 16), so the step's eight mmas accumulate into a zeroed f32 fragment that is
+// then added, times the block's f32 scale, to the running sum (one scale load per tile and step, the same
+// address for the whole warp). No shared-memory staging of weights and no barrier inside a work item's k
+// loop; a lane keeps kGuAhead steps (gate_up: 2 x 4 rows x 32 bytes) or kDownAhead pieces (down: 4 x 2 rows
+// x 32 bytes) of weight loads in flight, reloading each register slot right after its math.
+//
+// gate_up: work item = (expert chunk of <= x_rows positions, 16 indices = 16 gate + 16 up rows); block b of
+// the persistent grid takes a contiguous run of items (so consecutive tiles of one chunk reuse its staged x
+// rows). Warp w takes the 128-k blocks [w nb / 8, (w + 1) nb / 8) of both tiles (nb = hidden / 128; one B
+// fragment feeds both). The chunk's x rows are staged as f16 in shared memory (moe_decode_fp8_config.h: xs
+// layout) while the first weight loads are in flight; warps' partial sums meet in shared memory in warp
+// order. down: block = 16 output rows; pieces (expert chunk of <= 8 positions, one 128-k block) in ascending
+// order, warp w takes a contiguous run of them and keeps its sum in registers while the chunk stays the same;
+// at a chunk change it adds the chunk's rows into its own tile out_w[warp][token][16] (positions in order);
+// the block then sums the 8 tiles in warp order and adds to out once.
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/ldg.cuh"
+#include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/moe/moe_device_common.cuh"
+#include "kernels/cuda/moe/moe_experts_decode_fp8.h"
+
+namespace ms::cuda {
+namespace {
+
+using namespace moe_decode_fp8_config;
+
+using dev::ld_stream16;
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// One 128-k step of one 16-row tile: row g's 32 weight bytes w0[0..1], row g + 8's w1[0..1], the tile's
+// block scale s, B pieces b[4] (16 bytes each: mma 2 j2 and 2 j2 + 1).
+__device__ __forceinline__ void fp8_tile_step(float (&acc)[4], const uint4 (&w0)[2], const uint4 (&w1)[2],
+                                              float s, const uint4 (&b)[4]) {
+  float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t r0 = word_of(w0[j >> 2], j & 3), r1 = word_of(w1[j >> 2], j & 3);
+    const uint32_t a[4] = {tc::fp8x2_to_f16x2(r0), tc::fp8x2_to_f16x2(r1), tc::fp8x2_to_f16x2(r0 >> 16),
+                           tc::fp8x2_to_f16x2(r1 >> 16)};
+    const int j2 = j >> 1;
+    tc::mma_f16(tmp, a, (j & 1) == 0 ? b[j2].x : b[j2].z, (j & 1) == 0 ? b[j2].y : b[j2].w);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = fmaf(tmp[i], s, acc[i]);
+}
+
+__device__ __forceinline__ uint16_t f16_sat_bits(float v) {
+  return static_cast<uint16_t>(tc::pack_f16_sat(v, 0.f) & 0xffffu);
+}
+
+// Stages `rows` x rows of one expert chunk (grouped positions pos0 ..) as f16 (saturated) in shared memory,
+// rows xld elements apart, in k order with the 16-byte pieces of every 32-element group grp in the order
+// q ^ ((grp >> 1) & 1) (moe_decode_fp8_config.h: xs_ld); threads take 4 k each a pass.
+__device__ __forceinline__ void stage_x_rows_f16(const MoeExpertsParams& p, int pos0, int rows, __half* xs,
+                                                 int64_t xld, int tid) {
+  const int row_quads = p.hidden / 4;
+  for (int i = tid; i < rows * row_quads; i += kThreads) {
+    const int r = i / row_quads, k = (i - r * row_quads) * 4;
+    const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
+    const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
+    const uint2 pr = make_uint2(tc::pack_f16_sat(v.x, v.y), tc::pack_f16_sat(v.z, v.w));
+    *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) = pr;
+  }
+}
+
+// ---- gate_up --------------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_decode_fp8_gate_up_kernel(const MoeExpertsParams p, int x_rows) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int H = p.hidden;
+  const int64_t xld = xs_ld(H);
+  __half* xs = reinterpret_cast<__half*>(smem);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
+  int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+  __shared__ int s_nec;
+
+  moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tiles = p.inter / kGuIdx;
+  const int items = s_nec * tiles;
+  const int nb = H / kBlock;  // 128-k blocks of a row = scale columns
+  const int kb0 = warp * nb / kWarps, kb1 = (warp + 1) * nb / kWarps;
+  const int steps = kb1 - kb0;  // may be 0 when hidden < 1024: the warp adds zeros
+  // Step s of lane (g, t) covers k [k_lane + 128 s, + 32): the quad reads block kb0 + s of its row whole.
+  const int k_lane = kb0 * kBlock + 32 * t;
+  const int64_t row_bytes = H;
+  // The lane's B row (x row g), at its 32-element group k_lane / 32 = 4 (kb0 + s) + t; pieces are swizzled by
+  // bit 1 of the group index, which is t >> 1 for every step.
+  const __half* xs_lane = xs + g * xld + k_lane;
+  const int sw = (t >> 1) & 1;
+  __half* acth = reinterpret_cast<__half*>(p.act);
+  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
+  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
+
+  int staged = -1;  // the work-list entry whose x rows xs holds
+  for (int item = it0; item < it1; ++item) {
+    const int eci = item / tiles;
+    const int code = ec[eci];
+    const int e = code & 1023, chunk = code >> 10, tile = item % tiles;
+    const int count = p.expert_counts[e], off = p.expert_offsets[e];
+    const int rows = min(x_rows, count - chunk * x_rows);
+    const int pos0 = off + chunk * x_rows;
+    const MoeExpertWeights& ew = p.experts[e];
+    const int64_t idx = static_cast<int64_t>(tile) * kGuIdx + g;
+    // Rows: gate g, gate g + 8, up g, up g + 8 (row g + 8 at wp[q] + 8 row_bytes).
+    const uint8_t* wp[2] = {static_cast<const uint8_t*>(ew.gate) + idx * row_bytes + k_lane,
+                            static_cast<const uint8_t*>(ew.up) + idx * row_bytes + k_lane};
+    // The tile's 16 rows lie in row block tile * 16 / 128 of both matrices (scale [inter / 128][nb]).
+    const int64_t srow = static_cast<int64_t>(tile * kGuIdx / kBlock) * nb + kb0;
+    const float* sp[2] = {static_cast<const float*>(ew.gate_scale) + srow,
+                          static_cast<const float*>(ew.up_scale) + srow};
+    uint4 w[kGuAhead][4][2];
+    float sc[kGuAhead][2];
+    auto load = [&](int s, int u) {
+      if (s < steps) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint8_t* a = wp[r >> 1] + (r & 1) * 8 * row_bytes + s * kBlock;
+          w[u][r][0] = ld_stream16(a);
+          w[u][r][1] = ld_stream16(a + 16);
+        }
+        sc[u][0] = __ldg(sp[0] + s);
+        sc[u][1] = __ldg(sp[1] + s);
+      }
+    };
+#pragma unroll
+    for (int u = 0; u < kGuAhead; ++u) load(u, u);  // weights do not wait for the x rows
+    if (eci != staged) {
+      stage_x_rows_f16(p, pos0, rows, xs, xld, tid);
+      staged = eci;
+    }
+    __syncthreads();
+    float acc[2][4] = {};
+    for (int s0 = 0; s0 < steps; s0 += kGuAhead) {
+#pragma unroll
+      for (int u = 0; u < kGuAhead; ++u) {
+        const int s = s0 + u;
+        if (s >= steps) break;
+        uint4 b[4];
+#pragma unroll
+        for (int j2 = 0; j2 < 4; ++j2)
+          b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * kBlock + 8 * (j2 ^ sw))
+                           : make_uint4(0u, 0u, 0u, 0u);
+        fp8_tile_step(acc[0], w[u][0], w[u][1], sc[u][0], b);
+        fp8_tile_step(acc[1], w[u][2], w[u][3], sc[u][1], b);
+        load(s + kGuAhead, u);  // the slot's next step goes in flight behind this one's math
+      }
+    }
+    // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
+    float* rw = red + warp * 2 * kChunk * 16;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      rw[(q * kChunk + 2 * t) * 16 + g] = acc[q][0];
+      rw[(q * kChunk + 2 * t + 1) * 16 + g] = acc[q][1];
+      rw[(q * kChunk + 2 * t) * 16 + g + 8] = acc[q][2];
+      rw[(q * kChunk + 2 * t + 1) * 16 + g + 8] = acc[q][3];
+    }
+    __syncthreads();  // also: every warp is done reading xs, so the next item may restage it
+    if (tid < rows * 16) {
+      const int r = tid >> 4, i = tid & 15;
+      float gs = 0.f, us = 0.f;
+#pragma unroll
+      for (int w2 = 0; w2 < kWarps; ++w2) {
+        gs += red[(w2 * 2 * kChunk + r) * 16 + i];
+        us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
+      }
+      const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
+      const float v = gs / (1.0f + expf(-gs)) * us * wt;
+      reinterpret_cast<uint16_t*>(acth)[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + i] =
+          f16_sat_bits(v);
+    }
+    // red is rewritten only after the next item's staging barrier, which every reader above has passed.
+  }
+}
+
+// ---- down (+ routing weight, already in act, + combine) --------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads, 2) moe_decode_fp8_down_kernel(const MoeExpertsParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int m = p.m;
+  float* out_w = reinterpret_cast<float*>(smem);  // [8 warps][m][16]
+  float* scr = out_w + kWarps * m * kDownRows;    // [8 warps][8 positions][16]
+  int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
+  __shared__ int s_nec;
+
+  moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
+  for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kThreads) out_w[i] = 0.f;
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kDownRows;
+  const int nbk = p.inter / kBlock;  // pieces per chunk = scale columns of down
+  const int pieces = s_nec * nbk;
+  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kWarps);
+  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kWarps);
+  const int64_t row_bytes = p.inter;
+  const int64_t srow = static_cast<int64_t>(row0 / kBlock) * nbk;  // the block's 16 rows: one row block
+  const __half* acth = reinterpret_cast<const __half*>(p.act);
+  float* scr_w = scr + warp * kChunk * kDownRows;
+  float* out_ww = out_w + warp * m * kDownRows;
+
+  int cur = -1, rows = 0, pos0 = 0;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  auto flush = [&]() {
+    scr_w[(2 * t) * 16 + g] = acc[0];
+    scr_w[(2 * t + 1) * 16 + g] = acc[1];
+    scr_w[(2 * t) * 16 + g + 8] = acc[2];
+    scr_w[(2 * t + 1) * 16 + g + 8] = acc[3];
+    __syncwarp();
+    if (lane < kDownRows) {
+      // Positions in order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
+      for (int q = 0; q < rows; ++q) {
+        const int tok = p.sorted_slots[pos0 + q] / p.top_k;
+        out_ww[tok * kDownRows + lane] += scr_w[q * 16 + lane];
+      }
+    }
+    __syncwarp();
+  };
+  // Piece pc: lane (g, t) covers k [kb 128 + 32 t, + 32) of rows row0 + g, + 8 (a quad reads the rows'
+  // whole 128-byte block); slot u of the register ring holds piece pc with (pc - p_begin) % kDownAhead == u
+  // and is reloaded with piece pc + kDownAhead right after pc's math.
+  uint4 w[kDownAhead][2][2];
+  float sc[kDownAhead];
+  auto load = [&](int pc, int u) {
+    if (pc < p_end) {
+      const int ei = pc / nbk, kb = pc - ei * nbk;
+      const MoeExpertWeights& ew = p.experts[ec[ei] & 1023];
+      const uint8_t* wb = static_cast<const uint8_t*>(ew.down) + static_cast<int64_t>(row0 + g) * row_bytes +
+                          kb * kBlock + 32 * t;
+      w[u][0][0] = ld_stream16(wb);
+      w[u][0][1] = ld_stream16(wb + 16);
+      w[u][1][0] = ld_stream16(wb + 8 * row_bytes);
+      w[u][1][1] = ld_stream16(wb + 8 * row_bytes + 16);
+      sc[u] = __ldg(static_cast<const float*>(ew.down_scale) + srow + kb);
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kDownAhead; ++u) load(p_begin + u, u);
+  for (int pc0 = p_begin; pc0 < p_end; pc0 += kDownAhead) {
+#pragma unroll
+    for (int u = 0; u < kDownAhead; ++u) {
+      const int pc = pc0 + u;
+      if (pc >= p_end) break;
+      const int ei = pc / nbk, kb = pc - ei * nbk;
+      if (ei != cur) {
+        if (cur >= 0) flush();
+        cur = ei;
+        const int code = ec[ei];
+        const int e = code & 1023, chunk = code >> 10;
+        rows = min(kChunk, p.expert_counts[e] - chunk * kChunk);
+        pos0 = p.expert_offsets[e] + chunk * kChunk;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+      }
+      const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + kb * kBlock + 32 * t;
+      uint4 b[4];
+#pragma unroll
+      for (int j2 = 0; j2 < 4; ++j2)
+        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 8 * j2)) : make_uint4(0u, 0u, 0u, 0u);
+      fp8_tile_step(acc, w[u][0], w[u][1], sc[u], b);
+      load(pc + kDownAhead, u);
+    }
+  }
+  if (cur >= 0) flush();
+  __syncthreads();
+  for (int i = tid; i < m * kDownRows; i += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
+    float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
+    *o += sum;
+  }
+}
+
+bool aligned(const void* ptr, size_t a) {
+  return reinterpret_cast<uintptr_t>(ptr) % a == 0;
+}
+
+}  // namespace
+
+moe_decode_fp8_config::Shape moe_decode_fp8_shape(const MoeExpertsParams& p) {
+  return {p.format == MoeWeightFormat::FP8Block, p.fp8_block, p.hidden, p.inter, p.m, p.top_k, p.n_experts};
+}
+
+bool moe_experts_decode_fp8_applies(const MoeExpertsParams& p) {
+  if (p.disable_stream || p.disable_decode || !p.experts_aligned16 || p.format != MoeWeightFormat::FP8Block)
+    return false;
+  if (!aligned(p.x, 16) || p.ldx % 4 != 0 || !aligned(p.act, 16)) return false;
+  return choose(moe_decode_fp8_shape(p), limits_of(current_device_caps())).use;
+}
+
+void moe_experts_decode_fp8(const MoeExpertsParams& p, cudaStream_t stream) {
+  moe_experts_check(p);
+  if (p.m == 0) return;
+  MS_CHECK(p.format == MoeWeightFormat::FP8Block, "moe_experts_decode_fp8: weights must be FP8Block");
+  MS_CHECK(p.experts_aligned16,
+           "moe_experts_decode_fp8: experts_aligned16 is not set (weight pointers unchecked)");
+  MS_CHECK(aligned(p.x, 16) && p.ldx % 4 == 0,
+           "moe_experts_decode_fp8: x must be 16-byte aligned, ldx % 4 == 0");
+  MS_CHECK(aligned(p.act, 16), "moe_experts_decode_fp8: act workspace must be 16-byte aligned");
+  const DeviceCaps caps = current_device_caps();
+  const Config c = choose(moe_decode_fp8_shape(p), limits_of(caps));
+  MS_CHECK(c.use, "moe_experts_decode_fp8: {}", c.why);
+  check_smem(caps, "moe_decode_fp8_gate_up", c.smem_gate_up);
+  check_smem(caps, "moe_decode_fp8_down", c.smem_down);
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_fp8_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_gate_up)));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_fp8_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_down)));
+  moe_decode_fp8_gate_up_kernel<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
+  CUDA_CHECK(cudaGetLastError());
+  moe_decode_fp8_down_kernel<<<c.grid_down, kThreads, c.smem_down, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ms::cuda
