@@ -13,6 +13,7 @@
 #include "kernels/cuda/gemm/bf16_gemv_config.h"
 #include "kernels/cuda/mla_decode/mla_decode_config.h"
 #include "kernels/cuda/moe/moe_decode_config.h"
+#include "kernels/cuda/moe/moe_decode_fp8_config.h"
 #include "kernels/cuda/moe/moe_experts_mma_config.h"
 #include "kernels/cuda/moe/moe_experts_wgmma_config.h"
 #include "kernels/cuda/moe/moe_stream_config.h"
@@ -315,6 +316,71 @@ TEST(KernelFit, MoeDecodeRingChoosesOnlyWhatFits) {
   EXPECT_EQ(two.depth, c::kRingMaxDepth);
   const c::RingFit none = c::ring_fit(90 * 1024, step, dev);
   EXPECT_EQ(none.depth, 0);
+}
+
+// The FP8-block decode experts (DeepSeek-V3: hidden 7168, inter 2048; GLM-5 widths 6144 / 2048; small and odd
+// multiples of 128): whatever is chosen fits its device, the gate_up grid is persistent with as many blocks
+// per multiprocessor as really fit, and what cannot run is refused with the field or kernel named.
+TEST(KernelFit, MoeDecodeFp8ChoosesOnlyWhatFits) {
+  namespace c = moe_decode_fp8_config;
+  int used = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (int m : {1, 2, 3, 5, 8, 9, 32, 64})
+      for (const std::array<int, 2>& hi : {std::array<int, 2>{7168, 2048},
+                                           {6144, 2048},
+                                           {1024, 512},
+                                           {2048, 1408},
+                                           {128, 128},
+                                           {384, 256}}) {
+        const c::Config cfg = c::choose({true, 128, hi[0], hi[1], m, 8, 256}, dev);
+        ASSERT_TRUE(cfg.use) << dev.name << " m" << m << " " << hi[0] << "x" << hi[1] << ": " << cfg.why;
+        ++used;
+        EXPECT_GE(cfg.x_rows, 1);
+        EXPECT_LE(cfg.x_rows, std::min(m, c::kChunk));
+        EXPECT_FALSE(why_cannot_run(c::need_gate_up(hi[0], cfg.x_rows), dev).has_value()) << dev.name;
+        EXPECT_FALSE(why_cannot_run(c::need_down(m), dev).has_value()) << dev.name << " m" << m;
+        EXPECT_EQ(cfg.smem_gate_up, c::gate_up_smem(hi[0], cfg.x_rows));
+        EXPECT_EQ(cfg.smem_down, c::down_smem(m));
+        EXPECT_LE(cfg.smem_gate_up + c::kStaticSmem, dev.smem_per_block_optin);
+        EXPECT_LE(cfg.smem_down + c::kStaticSmem, dev.smem_per_block_optin);
+        EXPECT_EQ(cfg.grid_down, hi[0] / c::kDownRows);
+        const int bps = cfg.grid_gate_up / dev.multiprocessors;
+        EXPECT_EQ(cfg.grid_gate_up, bps * dev.multiprocessors);
+        EXPECT_GE(bps, 1);
+        EXPECT_LE(bps, 2);
+        EXPECT_GE(c::blocks_per_sm(cfg.smem_gate_up + c::kStaticSmem, dev), bps) << dev.name;
+      }
+  EXPECT_GT(used, 0);
+  // DeepSeek-V3 on the H200: two gate_up blocks per multiprocessor, 7 staged x rows of 7168 at 8 tokens (8
+  // would leave one block); sm_120's 99 KB per block leaves 2 rows for two blocks.
+  const c::Config ds8 = c::choose({true, 128, 7168, 2048, 8, 8, 256}, limits_h200());
+  EXPECT_EQ(ds8.x_rows, 7);
+  EXPECT_EQ(ds8.grid_gate_up, 2 * 132);
+  EXPECT_EQ(ds8.grid_down, 7168 / 16);
+  EXPECT_EQ(c::choose({true, 128, 7168, 2048, 1, 8, 256}, limits_h200()).x_rows, 1);
+  EXPECT_EQ(c::choose({true, 128, 6144, 2048, 8, 8, 256}, limits_h200()).x_rows, 8);
+  const c::Config rtx = c::choose({true, 128, 7168, 2048, 8, 8, 256}, limits_rtx_pro_6000());
+  EXPECT_EQ(rtx.x_rows, 2);
+  EXPECT_EQ(rtx.grid_gate_up, 2 * 188);
+  // Outside its regime, each refusal naming why.
+  auto refused = [](const c::Shape& s, const char* word) {
+    const c::Config cfg = c::choose(s, limits_h200());
+    EXPECT_FALSE(cfg.use);
+    EXPECT_NE(cfg.why.find(word), std::string::npos) << cfg.why;
+  };
+  refused({false, 128, 7168, 2048, 8, 8, 256}, "FP8Block");
+  refused({true, 64, 7168, 2048, 8, 8, 256}, "fp8_block");
+  refused({true, 128, 7168, 2048, 65, 8, 256}, "m = 65");
+  refused({true, 128, 7168, 2048, 0, 8, 256}, "m = 0");
+  refused({true, 128, 7168, 2048, 64, 17, 256}, "top_k");
+  refused({true, 128, 7168, 2048, 8, 8, 2048}, "n_experts");
+  refused({true, 128, 7168 + 64, 2048, 8, 8, 256}, "hidden");
+  refused({true, 128, 7168, 2048 + 64, 8, 8, 256}, "inter");
+  // A device with little shared memory refuses with the kernel's name.
+  const DeviceLimits tiny{"tiny", 90, 12 * 1024, 16};
+  const c::Config t = c::choose({true, 128, 7168, 2048, 8, 8, 256}, tiny);
+  EXPECT_FALSE(t.use);
+  EXPECT_NE(t.why.find("moe_decode_fp8"), std::string::npos) << t.why;
 }
 
 TEST(KernelFit, MlaDecodeFitsHopperAndB200NotSm120) {

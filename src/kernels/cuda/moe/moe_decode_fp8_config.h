@@ -110,7 +110,7 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   const int want = std::min(s.m, kChunk);
   int rows = 0;
   for (int r = want; r >= 1 && rows == 0; --r)
-    if (blocks_per_sm(gate_up_smem(s.hidden, r), dev) >= 2) rows = r;
+    if (blocks_per_sm(gate_up_smem(s.hidden, r) + kStaticSmem, dev) >= 2) rows = r;
   if (rows == 0) rows = 1;
   for (const KernelNeed& n : {need_gate_up(s.hidden, rows), need_down(s.m)})
     if (auto why = why_cannot_run(n, dev)) return no(*why);
@@ -118,9 +118,10 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   c.x_rows = rows;
   c.smem_gate_up = gate_up_smem(s.hidden, rows);
   c.smem_down = down_smem(s.m);
-  const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
-  c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
-  c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
+  const int fit =
+      std::clamp(blocks_per_sm(c.smem_gate_up + kStaticSmem, dev), 1, 2);  // registers allow 2 of 256 threads
+  c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);                 // persistent
+  c.grid_down = s.hidden / kDownRows;                                      // one block per row tile
   return c;
 }
 
