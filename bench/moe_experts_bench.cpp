@@ -6,7 +6,9 @@
 // grouped kernels, the bytes of the touched experts, GB/s, % of the copy ceiling, and cuBLAS BF16 on the same
 // routed problem (per touched expert: gate_up GEMM, down GEMM, over BF16 copies of those experts; SiLU and
 // the combine are not timed for it, which favours cuBLAS). Times are per step, replayed from a CUDA graph.
-// One table on stdout.
+// One table on stdout. MOE_BENCH_FORMAT=fp8 runs the same on DeepSeek-V3's FP8-block experts (hidden 7168,
+// intermediate 2048, e4m3 weights with one f32 scale per 128x128 block; the FP8 decode path where it
+// applies).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -14,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,12 +26,16 @@
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_experts_decode.h"
+#include "kernels/cuda/moe/moe_experts_decode_fp8.h"
 #include "kernels/cuda/moe/moe_experts_stream.h"
 #include "kernels/cuda/moe/moe_plan.h"
 
 namespace {
 
-constexpr int kE = 256, kK = 8, kH = 6144, kI = 2048;
+constexpr int kE = 256, kK = 8;
+// hidden and moe intermediate: GLM-5's (6144, 2048) for NVFP4, DeepSeek-V3's (7168, 2048) for
+// MOE_BENCH_FORMAT=fp8; set once in main.
+int H = 6144, I = 2048;
 
 #define CUBLAS_OK(x) MS_CHECK((x) == CUBLAS_STATUS_SUCCESS, "cuBLAS call failed: {}", #x)
 
@@ -58,27 +65,44 @@ int main() {
     std::printf("no CUDA device\n");
     return 0;
   }
+  const char* format_env = std::getenv("MOE_BENCH_FORMAT");
+  const std::string format = format_env && *format_env ? format_env : "nvfp4";
+  if (format != "nvfp4" && format != "fp8") {
+    std::fprintf(stderr, "MOE_BENCH_FORMAT: expected nvfp4 or fp8, got '%s'\n", format.c_str());
+    return 2;
+  }
+  const bool fp8 = format == "fp8";
+  if (fp8) H = 7168;
   const auto caps = ms::cuda::query_device(0);
   const double bw = measure_copy_gbs();
   std::printf("device: %s (sm_%d, %d SMs)\nceiling: device-to-device copy %.0f GB/s (read + write)\n",
               caps.name.c_str(), caps.arch(), caps.multiprocessors, bw);
-  std::printf(
-      "GLM-5 routed experts: %d experts, top-%d, hidden %d, intermediate %d, NVFP4; times per step\n\n", kE,
-      kK, kH, kI);
+  std::printf("%s routed experts: %d experts, top-%d, hidden %d, intermediate %d, %s; times per step\n\n",
+              fp8 ? "DeepSeek-V3" : "GLM-5", kE, kK, H, I, fp8 ? "FP8 128x128 blocks" : "NVFP4");
 
   // NVFP4 experts: random codes, small positive e4m3 scales. Two copies of every expert, alternated per step,
   // so a step does not find the previous step's experts in L2.
   constexpr int kCopies = 2;
-  const size_t gu_bytes = size_t{kI} * kH / 2, gu_sbytes = size_t{kI} * kH / 16;
-  const size_t dn_bytes = size_t{kH} * kI / 2, dn_sbytes = size_t{kH} * kI / 16;
+  // FP8 blocks: e4m3 [rows, cols] and f32 scales [rows / 128, cols / 128] (multiples of 16 bytes here).
+  const size_t gu_bytes = fp8 ? size_t(I) * H : size_t(I) * H / 2;
+  const size_t gu_sbytes = fp8 ? size_t(I / 128) * (H / 128) * 4 : size_t(I) * H / 16;
+  const size_t dn_bytes = gu_bytes, dn_sbytes = gu_sbytes;
   const size_t per_expert = 2 * (gu_bytes + gu_sbytes) + dn_bytes + dn_sbytes;
   uint8_t* pool;
   CUDA_CHECK(cudaMalloc(&pool, per_expert * kE * kCopies));
   {
     std::mt19937 rng(5);
     std::vector<uint8_t> h(per_expert);
-    for (auto& b : h) b = static_cast<uint8_t>(rng());
+    // FP8: random e4m3 codes with bits 6 and 3 clear (exponents <= 6: no NaN), scales 1e-3.
+    for (auto& b : h) b = static_cast<uint8_t>(rng()) & (fp8 ? 0xb7u : 0xffu);
     for (int i = 0; i < kE * kCopies; ++i) {
+      if (fp8) {
+        const float s = 1e-3f;
+        for (size_t o : {gu_bytes, 2 * gu_bytes + gu_sbytes, 2 * (gu_bytes + gu_sbytes) + dn_bytes})
+          for (size_t j = 0; j < gu_sbytes; j += 4) std::memcpy(h.data() + o + j, &s, 4);
+        CUDA_CHECK(cudaMemcpy(pool + per_expert * i, h.data(), per_expert, cudaMemcpyHostToDevice));
+        continue;
+      }
       // scales: small positive e4m3 (0x30..0x37) at the scale offsets
       uint8_t* base = h.data();
       for (size_t o : {gu_bytes, 2 * gu_bytes + gu_sbytes, 2 * (gu_bytes + gu_sbytes) + dn_bytes}) {
@@ -99,9 +123,9 @@ int main() {
               b + 2 * gu_bytes + gu_sbytes,
               b + 2 * (gu_bytes + gu_sbytes),
               b + 2 * (gu_bytes + gu_sbytes) + dn_bytes,
-              1e-3f,
-              1e-3f,
-              1e-3f,
+              fp8 ? 1.f : 1e-3f,
+              fp8 ? 1.f : 1e-3f,
+              fp8 ? 1.f : 1e-3f,
               0.f};
     }
     CUDA_CHECK(cudaMalloc(&tables[c], kE * sizeof(ms::cuda::MoeExpertWeights)));
@@ -111,10 +135,10 @@ int main() {
   // BF16 copies for cuBLAS: one gate_up [2I, H] and one down [H, I] per touched expert (up to 64 distinct).
   constexpr int kBf16Experts = 64;
   __nv_bfloat16 *bw_gu, *bw_dn;
-  CUDA_CHECK(cudaMalloc(&bw_gu, size_t{kBf16Experts} * 2 * kI * kH * 2));
-  CUDA_CHECK(cudaMalloc(&bw_dn, size_t{kBf16Experts} * kH * kI * 2));
-  CUDA_CHECK(cudaMemset(bw_gu, 0, size_t{kBf16Experts} * 2 * kI * kH * 2));
-  CUDA_CHECK(cudaMemset(bw_dn, 0, size_t{kBf16Experts} * kH * kI * 2));
+  CUDA_CHECK(cudaMalloc(&bw_gu, size_t{kBf16Experts} * 2 * I * H * 2));
+  CUDA_CHECK(cudaMalloc(&bw_dn, size_t{kBf16Experts} * H * I * 2));
+  CUDA_CHECK(cudaMemset(bw_gu, 0, size_t{kBf16Experts} * 2 * I * H * 2));
+  CUDA_CHECK(cudaMemset(bw_dn, 0, size_t{kBf16Experts} * H * I * 2));
   cublasHandle_t blas;
   CUBLAS_OK(cublasCreate(&blas));
 
@@ -158,7 +182,7 @@ int main() {
       for (int c : cnt) touched += c > 0;
       const double bytes = static_cast<double>(touched) * per_expert;
       const double floor_us = bytes / (bw * 1e9) * 1e6;
-      std::vector<float> wts(ids.size(), 0.125f), xh(static_cast<size_t>(m) * kH, 0.01f);
+      std::vector<float> wts(ids.size(), 0.125f), xh(static_cast<size_t>(m) * H, 0.01f);
       float *x, *w, *out, *act, *slot;
       int32_t *d_ids, *counts, *offsets, *sorted;
       CUDA_CHECK(cudaMalloc(&x, xh.size() * 4));
@@ -172,33 +196,35 @@ int main() {
       CUDA_CHECK(cudaMalloc(&counts, kE * 4));
       CUDA_CHECK(cudaMalloc(&offsets, (kE + 1) * 4));
       CUDA_CHECK(cudaMalloc(&sorted, ids.size() * 4));
-      CUDA_CHECK(cudaMalloc(&act, ms::cuda::moe_experts_act_bytes(m, kK, kI)));
-      CUDA_CHECK(cudaMalloc(&slot, ms::cuda::moe_experts_slot_out_bytes(m, kK, kH)));
+      CUDA_CHECK(cudaMalloc(&act, ms::cuda::moe_experts_act_bytes(m, kK, I)));
+      CUDA_CHECK(cudaMalloc(&slot, ms::cuda::moe_experts_slot_out_bytes(m, kK, H)));
       ms::cuda::moe_plan({d_ids, counts, offsets, sorted, m, kK, kE}, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       ms::cuda::MoeExpertsParams p;
       p.x = x;
-      p.ldx = kH;
+      p.ldx = H;
       p.topk_ids = d_ids;
       p.topk_weights = w;
       p.expert_counts = counts;
       p.expert_offsets = offsets;
       p.sorted_slots = sorted;
-      p.format = ms::cuda::MoeWeightFormat::NVFP4;
+      p.format = fp8 ? ms::cuda::MoeWeightFormat::FP8Block : ms::cuda::MoeWeightFormat::NVFP4;
+      p.fp8_block = 128;
       p.act = act;
       p.slot_out = slot;
       p.out = out;
-      p.ldo = kH;
+      p.ldo = H;
       p.m = m;
       p.top_k = kK;
       p.n_experts = kE;
-      p.hidden = kH;
-      p.inter = kI;
+      p.hidden = H;
+      p.inter = I;
       p.experts_aligned16 = true;
       p.disable_decode = path_mode == "stream";
       const bool decode = ms::cuda::moe_experts_decode_applies(p);
       const bool stream = ms::cuda::moe_experts_stream_applies(p);
-      const char* path_name = decode ? "decode" : stream ? "stream" : "grouped";
+      const bool decode_fp8 = ms::cuda::moe_experts_decode_fp8_applies(p);
+      const char* path_name = decode ? "decode" : decode_fp8 ? "fp8dec" : stream ? "stream" : "grouped";
       const int iters = m <= 128 ? 20 : 3;
       int which = 0;
       auto run = [&](cudaStream_t s, bool disable, bool no_decode, int ring = 0) {
@@ -245,12 +271,12 @@ int main() {
       // I] @ D^T.
       __nv_bfloat16 *xb, *gub, *ab, *yb;
       const size_t rows = ids.size();
-      CUDA_CHECK(cudaMalloc(&xb, rows * kH * 2));
-      CUDA_CHECK(cudaMalloc(&gub, rows * 2 * kI * 2));
-      CUDA_CHECK(cudaMalloc(&ab, rows * kI * 2));
-      CUDA_CHECK(cudaMalloc(&yb, rows * kH * 2));
-      CUDA_CHECK(cudaMemset(xb, 0, rows * kH * 2));
-      CUDA_CHECK(cudaMemset(ab, 0, rows * kI * 2));
+      CUDA_CHECK(cudaMalloc(&xb, rows * H * 2));
+      CUDA_CHECK(cudaMalloc(&gub, rows * 2 * I * 2));
+      CUDA_CHECK(cudaMalloc(&ab, rows * I * 2));
+      CUDA_CHECK(cudaMalloc(&yb, rows * H * 2));
+      CUDA_CHECK(cudaMemset(xb, 0, rows * H * 2));
+      CUDA_CHECK(cudaMemset(ab, 0, rows * I * 2));
       const float one = 1.f, zero = 0.f;
       const float t_blas =
           !peers ? 0.f
@@ -262,13 +288,13 @@ int main() {
                          for (int e = 0; e < kE; ++e) {
                            if (cnt[e] == 0) continue;
                            const size_t eb = static_cast<size_t>(slot_e++ % kBf16Experts);
-                           CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * kI, cnt[e], kH, &one,
-                                                  bw_gu + eb * 2 * kI * kH, CUDA_R_16BF, kH, xb + r0 * kH,
-                                                  CUDA_R_16BF, kH, &zero, gub + r0 * 2 * kI, CUDA_R_16BF,
-                                                  2 * kI, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-                           CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, kH, cnt[e], kI, &one,
-                                                  bw_dn + eb * kH * kI, CUDA_R_16BF, kI, ab + r0 * kI,
-                                                  CUDA_R_16BF, kI, &zero, yb + r0 * kH, CUDA_R_16BF, kH,
+                           CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, cnt[e], H, &one,
+                                                  bw_gu + eb * 2 * I * H, CUDA_R_16BF, H, xb + r0 * H,
+                                                  CUDA_R_16BF, H, &zero, gub + r0 * 2 * I, CUDA_R_16BF, 2 * I,
+                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                           CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, H, cnt[e], I, &one,
+                                                  bw_dn + eb * H * I, CUDA_R_16BF, I, ab + r0 * I,
+                                                  CUDA_R_16BF, I, &zero, yb + r0 * H, CUDA_R_16BF, H,
                                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                            r0 += static_cast<size_t>(cnt[e]);
                          }
@@ -283,8 +309,9 @@ int main() {
         cudaFree(ptr);
     }
   std::printf(
-      "\nfloor: touched-expert bytes / copy ceiling; cuBLAS BF16 reads 3.56x the bytes (with 64 BF16 experts "
-      "cycled, so above 64 touched experts its weights partly hit L2)\n");
+      "\nfloor: touched-expert bytes / copy ceiling; cuBLAS BF16 reads %.2fx the bytes (with 64 BF16 experts "
+      "cycled, so above 64 touched experts its weights partly hit L2)\n",
+      3.0 * H * I * 2 / static_cast<double>(per_expert));
   cublasDestroy(blas);
   return 0;
 }
