@@ -39,12 +39,12 @@ struct Shape {
   int hidden = 0, inter = 0, m = 0, top_k = 0, n_experts = 0;
 };
 
-// gate_up stages the chunk's x rows as f16 in shared memory, in k order, rows hidden + 16 elements apart (32
-// bytes past a multiple of 128 bytes), with the four 16-byte pieces of every 32-element (64-byte) group g
-// stored in the order q ^ ((g >> 1) & 1): a quarter-warp's 16-byte B reads (rows r, r + 1; lanes t = 0..3
-// reading piece q of groups 4 s + t) then fall in eight distinct 16-byte bank groups.
+// gate_up stages the chunk's x rows as f16 in shared memory, in k order, rows hidden + 8 elements apart (16
+// bytes past a multiple of 128 bytes, hidden being a multiple of 128): a quarter-warp's 16-byte B reads (rows
+// r, r + 1; lanes t = 0..3 reading elements 64 h + 16 t + 8 p of a block, 32 t + 16 p bytes: slots 2 t + p of
+// the 128-byte bank line) then fill the eight distinct 16-byte slots (row r + 1 shifted by one).
 constexpr int64_t xs_ld(int hidden) {
-  return hidden + 16;
+  return hidden + 8;
 }
 constexpr size_t gate_up_red_bytes() {  // [8 warps][2 gate/up][8 positions][16 rows] f32
   return static_cast<size_t>(kWarps) * 2 * kChunk * 16 * sizeof(float);

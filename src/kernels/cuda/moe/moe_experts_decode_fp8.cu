@@ -2,18 +2,19 @@
 //
 // Warp tile: 16 weight rows x one k-range, mma.sync m16n8k16 in f16 (weights as A, up to 8 positions as the
 // n8 B tile, f32 accumulation). Lane (g = lane / 4, t = lane % 4) owns rows g and g + 8; a step of the warp
-// covers one 128-k scale block, of which lane t takes the 32 k from 32 t: two 16-byte loads per row (bytes
-// of k .. k + 31, so the four lanes of a quad read the row's whole 128-byte block: four full sectors per
-// pair of load instructions). The k order inside a lane's 32 is permuted (a dot product does not care),
-// identically for A and B:
-//   mma j (0..7) of a step at k (lane's physical k) uses k + 4 j .. k + 4 j + 3, i.e. word j % 4 of the
-//   row's 16-byte piece j / 4:
-//     a0 = row g    (k + 4j, k + 4j + 1) = low half of the word,   a2 = row g    (k + 4j + 2, +3) = high half
-//     a1 = row g+8  (k + 4j, k + 4j + 1),                           a3 = row g+8  (k + 4j + 2, +3)
-//     b0 = position g (k + 4j, k + 4j + 1) as f16,                  b1 = position g (k + 4j + 2, +3)
-//   i.e. logical k (2t, 2t + 1, 2t + 8, 2t + 9) of the mma <- physical (k_t + 4j .. k_t + 4j + 3): the four
-//   lanes of a group cover four different quarters, each consistently in A and B. B of mma j and j + 1 is one
-//   16-byte piece of the position's f16 row in natural k order.
+// covers one 128-k scale block, of which lane t takes the 16 k from 16 t of each half h (0, 1): two 16-byte
+// loads per row, bytes [64 h + 16 t, + 16) of the block, so the four lanes of a quad read 64 contiguous bytes
+// of the row per load instruction (two whole sectors; the two instructions read the row's 128-byte block).
+// The k order inside a lane's 32 is permuted (a dot product does not care), identically for A and B:
+//   mma j (0..7) of a step uses, of half h = j / 4, the lane's physical k = 64 h + 16 t + 4 (j % 4) .. + 3,
+//   i.e. word j % 4 of the row's 16-byte piece h:
+//     a0 = row g    (k, k + 1) = low half of the word,   a2 = row g    (k + 2, k + 3) = high half
+//     a1 = row g+8  (k, k + 1),                           a3 = row g+8  (k + 2, k + 3)
+//     b0 = position g (k, k + 1) as f16,                  b1 = position g (k + 2, k + 3)
+//   i.e. logical k (2t, 2t + 1, 2t + 8, 2t + 9) of the mma <- physical (k .. k + 3) of lane t: the four lanes
+//   of a group cover four different quarters, each consistently in A and B. B of mma j and j + 1 (j even) is
+//   one 16-byte piece of the position's f16 row in natural k order: b[j / 2] = elements 64 h + 16 t + 8 p ..
+//   + 7 with p = (j % 4) / 2.
 // Decode: one cvt.rn.f16x2.e4m3x2 per weight pair (exact). Scale: a 16-row tile lies in one 128-row block
 // (tiles start at multiples of 16), so the step's eight mmas accumulate into a zeroed f32 fragment that is
 // then added, times the block's f32 scale, to the running sum (one scale load per tile and step, the same
@@ -50,8 +51,9 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// One 128-k step of one 16-row tile: row g's 32 weight bytes w0[0..1], row g + 8's w1[0..1], the tile's
-// block scale s, B pieces b[4] (16 bytes each: mma 2 j2 and 2 j2 + 1).
+// One 128-k step of one 16-row tile: row g's weight pieces w0[h] (16 bytes at 64 h + 16 t), row g + 8's
+// w1[h], the tile's block scale s, B pieces b[2 h + p] (8 f16 at 64 h + 16 t + 8 p: mma 2 (2 h + p) and
+// 2 (2 h + p) + 1).
 __device__ __forceinline__ void fp8_tile_step(float (&acc)[4], const uint4 (&w0)[2], const uint4 (&w1)[2],
                                               float s, const uint4 (&b)[4]) {
   float tmp[4] = {0.f, 0.f, 0.f, 0.f};
@@ -72,18 +74,16 @@ __device__ __forceinline__ uint16_t f16_sat_bits(float v) {
 }
 
 // Stages `rows` x rows of one expert chunk (grouped positions pos0 ..) as f16 (saturated) in shared memory,
-// rows xld elements apart, in k order with the 16-byte pieces of every 32-element group grp in the order
-// q ^ ((grp >> 1) & 1) (moe_decode_fp8_config.h: xs_ld); threads take 4 k each a pass.
+// rows xld elements apart, in natural k order (moe_decode_fp8_config.h: xs_ld); threads take 4 k each a pass.
 __device__ __forceinline__ void stage_x_rows_f16(const MoeExpertsParams& p, int pos0, int rows, __half* xs,
                                                  int64_t xld, int tid) {
   const int row_quads = p.hidden / 4;
   for (int i = tid; i < rows * row_quads; i += kThreads) {
     const int r = i / row_quads, k = (i - r * row_quads) * 4;
-    const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
     const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
     const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
     const uint2 pr = make_uint2(tc::pack_f16_sat(v.x, v.y), tc::pack_f16_sat(v.z, v.w));
-    *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) = pr;
+    *reinterpret_cast<uint2*>(xs + r * xld + k) = pr;
   }
 }
 
@@ -107,13 +107,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int nb = H / kBlock;  // 128-k blocks of a row = scale columns
   const int kb0 = warp * nb / kWarps, kb1 = (warp + 1) * nb / kWarps;
   const int steps = kb1 - kb0;  // may be 0 when hidden < 1024: the warp adds zeros
-  // Step s of lane (g, t) covers k [k_lane + 128 s, + 32): the quad reads block kb0 + s of its row whole.
-  const int k_lane = kb0 * kBlock + 32 * t;
+  // Step s of lane (g, t) covers k [k_lane + 128 s + 64 h, + 16) for h = 0, 1: block kb0 + s of the row.
+  const int k_lane = kb0 * kBlock + 16 * t;
   const int64_t row_bytes = H;
-  // The lane's B row (x row g), at its 32-element group k_lane / 32 = 4 (kb0 + s) + t; pieces are swizzled by
-  // bit 1 of the group index, which is t >> 1 for every step.
-  const __half* xs_lane = xs + g * xld + k_lane;
-  const int sw = (t >> 1) & 1;
+  const __half* xs_lane = xs + g * xld + k_lane;  // the lane's B row (x row g)
   __half* acth = reinterpret_cast<__half*>(p.act);
   const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
   const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
@@ -143,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int r = 0; r < 4; ++r) {
           const uint8_t* a = wp[r >> 1] + (r & 1) * 8 * row_bytes + s * kBlock;
           w[u][r][0] = ld_stream16(a);
-          w[u][r][1] = ld_stream16(a + 16);
+          w[u][r][1] = ld_stream16(a + 64);
         }
         sc[u][0] = __ldg(sp[0] + s);
         sc[u][1] = __ldg(sp[1] + s);
@@ -164,9 +161,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (s >= steps) break;
         uint4 b[4];
 #pragma unroll
-        for (int j2 = 0; j2 < 4; ++j2)
-          b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * kBlock + 8 * (j2 ^ sw))
-                           : make_uint4(0u, 0u, 0u, 0u);
+        for (int j2 = 0; j2 < 4; ++j2)  // j2 = 2 h + p: elements 64 h + 8 p of the lane's k
+          b[j2] = g < rows
+                      ? *reinterpret_cast<const uint4*>(xs_lane + s * kBlock + 64 * (j2 >> 1) + 8 * (j2 & 1))
+                      : make_uint4(0u, 0u, 0u, 0u);
         fp8_tile_step(acc[0], w[u][0], w[u][1], sc[u][0], b);
         fp8_tile_step(acc[1], w[u][2], w[u][3], sc[u][1], b);
         load(s + kGuAhead, u);  // the slot's next step goes in flight behind this one's math
@@ -241,9 +239,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_fp8_down_kernel(const 
     }
     __syncwarp();
   };
-  // Piece pc: lane (g, t) covers k [kb 128 + 32 t, + 32) of rows row0 + g, + 8 (a quad reads the rows'
-  // whole 128-byte block); slot u of the register ring holds piece pc with (pc - p_begin) % kDownAhead == u
-  // and is reloaded with piece pc + kDownAhead right after pc's math.
+  // Piece pc: lane (g, t) covers k [kb 128 + 64 h + 16 t, + 16), h = 0, 1, of rows row0 + g, + 8 (a quad's
+  // load instruction reads 64 contiguous bytes of a row); slot u of the register ring holds piece pc with (pc
+  // - p_begin) % kDownAhead == u and is reloaded with piece pc + kDownAhead right after pc's math.
   uint4 w[kDownAhead][2][2];
   float sc[kDownAhead];
   auto load = [&](int pc, int u) {
@@ -251,11 +249,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_fp8_down_kernel(const 
       const int ei = pc / nbk, kb = pc - ei * nbk;
       const MoeExpertWeights& ew = p.experts[ec[ei] & 1023];
       const uint8_t* wb = static_cast<const uint8_t*>(ew.down) + static_cast<int64_t>(row0 + g) * row_bytes +
-                          kb * kBlock + 32 * t;
+                          kb * kBlock + 16 * t;
       w[u][0][0] = ld_stream16(wb);
-      w[u][0][1] = ld_stream16(wb + 16);
+      w[u][0][1] = ld_stream16(wb + 64);
       w[u][1][0] = ld_stream16(wb + 8 * row_bytes);
-      w[u][1][1] = ld_stream16(wb + 8 * row_bytes + 16);
+      w[u][1][1] = ld_stream16(wb + 8 * row_bytes + 64);
       sc[u] = __ldg(static_cast<const float*>(ew.down_scale) + srow + kb);
     }
   };
@@ -277,11 +275,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_fp8_down_kernel(const 
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] = 0.f;
       }
-      const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + kb * kBlock + 32 * t;
+      const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + kb * kBlock + 16 * t;
       uint4 b[4];
 #pragma unroll
-      for (int j2 = 0; j2 < 4; ++j2)
-        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 8 * j2)) : make_uint4(0u, 0u, 0u, 0u);
+      for (int j2 = 0; j2 < 4; ++j2)  // j2 = 2 h + p: elements 64 h + 8 p of the lane's k
+        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 64 * (j2 >> 1) + 8 * (j2 & 1)))
+                         : make_uint4(0u, 0u, 0u, 0u);
       fp8_tile_step(acc, w[u][0], w[u][1], sc[u], b);
       load(pc + kDownAhead, u);
     }
