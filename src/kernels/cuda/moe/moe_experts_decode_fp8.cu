@@ -115,6 +115,42 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
   const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
 
+  // The weights of the item being loaded: rows gate g, gate g + 8, up g, up g + 8 (row g + 8 at wp[q] + 8
+  // row_bytes) from the lane's k; the scales of its tile's row block (its 16 rows lie in row block tile * 16
+  // / 128 of both matrices, scale [inter / 128][nb]) from block kb0.
+  const uint8_t* wp[2];
+  const float* sp[2];
+  auto point = [&](int item) {
+    const int tile = item % tiles;
+    const MoeExpertWeights& ew = p.experts[ec[item / tiles] & 1023];
+    const int64_t idx = static_cast<int64_t>(tile) * kGuIdx + g;
+    wp[0] = static_cast<const uint8_t*>(ew.gate) + idx * row_bytes + k_lane;
+    wp[1] = static_cast<const uint8_t*>(ew.up) + idx * row_bytes + k_lane;
+    const int64_t srow = static_cast<int64_t>(tile * kGuIdx / kBlock) * nb + kb0;
+    sp[0] = static_cast<const float*>(ew.gate_scale) + srow;
+    sp[1] = static_cast<const float*>(ew.up_scale) + srow;
+  };
+  uint4 w[kGuAhead][4][2];
+  float sc[kGuAhead][2];
+  auto load = [&](int s, int u) {
+    if (s < steps) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* a = wp[r >> 1] + (r & 1) * 8 * row_bytes + s * kBlock;
+        w[u][r][0] = ld_stream16(a);
+        w[u][r][1] = ld_stream16(a + 64);
+      }
+      sc[u][0] = __ldg(sp[0] + s);
+      sc[u][1] = __ldg(sp[1] + s);
+    }
+  };
+  // An item's first kGuAhead steps are loaded before the previous item's epilogue (and the first item's
+  // before its x rows are staged): slot u holds the steps s with s % kGuAhead == u.
+  if (it0 < it1) {
+    point(it0);
+#pragma unroll
+    for (int u = 0; u < kGuAhead; ++u) load(u, u);
+  }
   int staged = -1;  // the work-list entry whose x rows xs holds
   for (int item = it0; item < it1; ++item) {
     const int eci = item / tiles;
@@ -123,31 +159,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int count = p.expert_counts[e], off = p.expert_offsets[e];
     const int rows = min(x_rows, count - chunk * x_rows);
     const int pos0 = off + chunk * x_rows;
-    const MoeExpertWeights& ew = p.experts[e];
-    const int64_t idx = static_cast<int64_t>(tile) * kGuIdx + g;
-    // Rows: gate g, gate g + 8, up g, up g + 8 (row g + 8 at wp[q] + 8 row_bytes).
-    const uint8_t* wp[2] = {static_cast<const uint8_t*>(ew.gate) + idx * row_bytes + k_lane,
-                            static_cast<const uint8_t*>(ew.up) + idx * row_bytes + k_lane};
-    // The tile's 16 rows lie in row block tile * 16 / 128 of both matrices (scale [inter / 128][nb]).
-    const int64_t srow = static_cast<int64_t>(tile * kGuIdx / kBlock) * nb + kb0;
-    const float* sp[2] = {static_cast<const float*>(ew.gate_scale) + srow,
-                          static_cast<const float*>(ew.up_scale) + srow};
-    uint4 w[kGuAhead][4][2];
-    float sc[kGuAhead][2];
-    auto load = [&](int s, int u) {
-      if (s < steps) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const uint8_t* a = wp[r >> 1] + (r & 1) * 8 * row_bytes + s * kBlock;
-          w[u][r][0] = ld_stream16(a);
-          w[u][r][1] = ld_stream16(a + 64);
-        }
-        sc[u][0] = __ldg(sp[0] + s);
-        sc[u][1] = __ldg(sp[1] + s);
-      }
-    };
-#pragma unroll
-    for (int u = 0; u < kGuAhead; ++u) load(u, u);  // weights do not wait for the x rows
     if (eci != staged) {
       stage_x_rows_f16(p, pos0, rows, xs, xld, tid);
       staged = eci;
@@ -169,6 +180,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         fp8_tile_step(acc[1], w[u][2], w[u][3], sc[u][1], b);
         load(s + kGuAhead, u);  // the slot's next step goes in flight behind this one's math
       }
+    }
+    if (item + 1 < it1) {  // every slot is free: the next item's first steps go in flight now
+      point(item + 1);
+#pragma unroll
+      for (int u = 0; u < kGuAhead; ++u) load(u, u);
     }
     // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
     float* rw = red + warp * 2 * kChunk * 16;
