@@ -230,9 +230,10 @@ std::vector<int32_t> ragged_ids(int m, int K, int E) {
   for (int e = 0; e < E; ++e) {
     const int rows = std::min(kRaggedRows[e % 16], m);
     for (int i = 0; i < rows; ++i, cursor = (cursor + 1) % m) {
-      if (used[cursor] >= K)
-        ADD_FAILURE() << "ragged routing: " << m << " tokens x " << K << " slots too few";
-      if (used[cursor] >= K) return ids;
+      if (used[cursor] >= K) {
+        ADD_FAILURE() << "ragged routing: " << m << " tokens x " << K << " slots are too few";
+        return ids;
+      }
       ids[static_cast<size_t>(cursor) * K + used[cursor]++] = e;
     }
   }
