@@ -35,6 +35,7 @@
 #include "kernels/cuda/moe/moe_experts_mma.h"
 #include "kernels/cuda/moe/moe_experts_wgmma.h"
 #include "kernels/cuda/moe/moe_plan.h"
+#include "ops/cuda_backend.h"
 #include "ops/moe_experts.h"
 #include "quant/float_formats.h"
 #include "quant/fp8_block.h"
@@ -203,6 +204,23 @@ class Experts {
     return t;
   }
   const std::vector<ms::ops::ExpertWeights>& cpu() const { return cpu_; }
+  // The same experts as the executor holds them: LinearWeights over the device copies.
+  std::vector<ms::ops::ExpertWeights> device() const {
+    std::vector<ms::ops::ExpertWeights> out = cpu_;
+    auto to_dev = [&](ms::ops::LinearWeight& lw, size_t i) {
+      lw.weight = ms::Tensor::borrow(dev_[2 * i].get(), lw.weight.shape(), lw.weight.dtype(), nullptr,
+                                     ms::Device::CUDA);
+      if (lw.scale.defined() && lw.scale.numel() > 0)
+        lw.scale = ms::Tensor::borrow(dev_[2 * i + 1].get(), lw.scale.shape(), lw.scale.dtype(), nullptr,
+                                      ms::Device::CUDA);
+    };
+    for (int e = 0; e < E_; ++e) {
+      to_dev(out[e].gate, 3 * static_cast<size_t>(e));
+      to_dev(out[e].up, 3 * static_cast<size_t>(e) + 1);
+      to_dev(out[e].down, 3 * static_cast<size_t>(e) + 2);
+    }
+    return out;
+  }
   int E() const { return E_; }
   int hidden() const { return hidden_; }
   int inter() const { return inter_; }
@@ -494,6 +512,74 @@ TEST(CudaMoeWgmma, ChosenByDefaultOnSm90ForLargeSteps) {
   EXPECT_EQ(f8.down.bn, 256);
   EXPECT_EQ(f8.gate_up.stages, 4);
   EXPECT_EQ(f8.down.expand, ms::cuda::MoeWgExpand::Consumer);
+}
+
+// The op as the executor calls it (ops::moe_experts on the CUDA backend) on an FP8Block layer in the prefill
+// regime (1000 tokens x top-4 over 16 experts): it must take the tensor-core path (bf16 activations: error
+// against the f32 CPU reference of order 1e-3, above 1e-5) and match the reference within the bf16 tolerance
+// above; in exact mode the same call stays on the f32 CUDA-core kernels (error below 1e-5). An executor that
+// kept FP8Block on the CUDA-core kernels fails the first bound.
+TEST(CudaMoeMma, Fp8BlockLayerTakesTheTensorCorePath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";
+  const int E = 16, H = 512, I = 256, m = 1000, K = 4;
+  const Experts xs(E, H, I, MoeWeightFormat::FP8Block, 6);
+  std::mt19937 rng(60);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+  const auto ids = make_ids(m, K, E, Routing::Uniform, rng);
+  std::vector<float> wts(ids.size()), x(static_cast<size_t>(m) * H), out0(x.size());
+  for (auto& v : wts) v = uw(rng);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : out0) v = nd(rng);
+  std::vector<float> ref = out0;
+  {
+    const auto scratch = ms::ops::MoeScratch::make(ms::ops::cpu_alloc(), m, K, E, H, I);
+    std::vector<float> xc = x, wc = wts;
+    std::vector<int32_t> idc = ids;
+    ms::ops::moe_experts(ms::ops::Ctx::cpu(), ms::Tensor::borrow(xc.data(), {m, H}, ms::DType::F32),
+                         ms::Tensor::borrow(idc.data(), {m, K}, ms::DType::I32),
+                         ms::Tensor::borrow(wc.data(), {m, K}, ms::DType::F32), xs.cpu(),
+                         ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
+  }
+  std::vector<std::shared_ptr<void>> held;  // the device scratch, freed at the end
+  const ms::TensorAlloc dev_alloc = [&](const ms::Shape& shape, ms::DType dt) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(ms::dtype_bytes(dt, static_cast<size_t>(n)), 256)));
+    held.emplace_back(p, [](void* q) { cudaFree(q); });
+    return ms::Tensor::borrow(p, shape, dt, nullptr, ms::Device::CUDA);
+  };
+  const auto scratch = ms::ops::MoeScratch::make(dev_alloc, m, K, E, H, I);
+  const auto experts = xs.device();
+  Buf<float> d_x(x), d_w(wts), d_out(out0);
+  Buf<int32_t> d_ids(ids);
+  ms::ops::CudaBackend backend;
+  const auto cuda = ms::Device::CUDA;
+  auto run = [&](bool exact) {
+    backend.set_exact_linear(exact);
+    CUDA_CHECK(cudaMemcpy(d_out.get(), out0.data(), out0.size() * 4, cudaMemcpyHostToDevice));
+    ms::ops::moe_experts(backend.ctx(nullptr),
+                         ms::Tensor::borrow(d_x.get(), {m, H}, ms::DType::F32, nullptr, cuda),
+                         ms::Tensor::borrow(d_ids.get(), {m, K}, ms::DType::I32, nullptr, cuda),
+                         ms::Tensor::borrow(d_w.get(), {m, K}, ms::DType::F32, nullptr, cuda), experts,
+                         ms::Tensor::borrow(d_out.get(), {m, H}, ms::DType::F32, nullptr, cuda), scratch);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = d_out.download();
+    double c2 = 0, e2 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double c = ref[i] - out0[i], d = static_cast<double>(got[i]) - ref[i];
+      c2 += c * c;
+      e2 += std::isfinite(d) ? d * d : 1e30;
+    }
+    return std::sqrt(e2 / std::max(c2, 1e-30));
+  };
+  const double tc = run(false), exact = run(true);
+  std::printf("  [moe_op] fp8 E=%d H=%d I=%d m=%d K=%d: tensor-core path %.2e, exact mode %.2e\n", E, H, I, m,
+              K, tc, exact);
+  EXPECT_LT(tc, 1e-2);
+  EXPECT_GT(tc, 1e-5) << "f32-exact result: the FP8Block layer did not take the tensor-core (bf16) path";
+  EXPECT_LT(exact, 1e-5);
 }
 
 TEST(CudaMoeMma, BigTilesWhenExpertsHaveManyRows) {
