@@ -506,6 +506,12 @@ void launch_gemm(const MmaParams& mp, const MoeExpertsParams& p, const MoeMmaCon
   }
 }
 
+// Scale columns of an FP8Block matrix whose rows are k wide (0 for the other formats, whose fp8_block is
+// not checked and may be anything).
+int fp8_scale_cols(const MoeExpertsParams& p, int k) {
+  return p.format == MoeWeightFormat::FP8Block ? (k + p.fp8_block - 1) / p.fp8_block : 0;
+}
+
 }  // namespace
 
 bool moe_experts_mma_supported(const MoeExpertsParams& p) {
@@ -601,7 +607,7 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
   gu.k = p.hidden;
   gu.n_out = p.inter;
   gu.n_tiles = p.inter / (kBN / 2);
-  gu.fp8_scols = (p.hidden + p.fp8_block - 1) / p.fp8_block;
+  gu.fp8_scols = fp8_scale_cols(p, p.hidden);
   launch_gemm<true>(gu, p, *cfg, caps, stream);
 
   MmaParams dn = mp;
@@ -611,7 +617,7 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
   dn.k = p.inter;
   dn.n_out = p.hidden;
   dn.n_tiles = p.hidden / kBN;
-  dn.fp8_scols = (p.inter + p.fp8_block - 1) / p.fp8_block;
+  dn.fp8_scols = fp8_scale_cols(p, p.inter);
   launch_gemm<false>(dn, p, *cfg, caps, stream);
 
   moe_experts_combine(p, stream);

@@ -555,6 +555,12 @@ void launch_gemm(const WgParams& wp, const MoeExpertsParams& p, const MoeWgmmaGe
   }
 }
 
+// Scale columns of an FP8Block matrix whose rows are k wide (0 for the other formats, whose fp8_block is
+// not checked and may be anything).
+int fp8_scale_cols(const MoeExpertsParams& p, int k) {
+  return p.format == MoeWeightFormat::FP8Block ? (k + p.fp8_block - 1) / p.fp8_block : 0;
+}
+
 }  // namespace
 
 std::optional<std::string> moe_experts_wgmma_unavailable(const MoeExpertsParams& p) {
@@ -607,7 +613,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   gu.n_out = p.inter;
   gu.n_tiles = p.inter / (cfg.gate_up.bn / 2);
   gu.stages = cfg.gate_up.stages;
-  gu.fp8_scols = (p.hidden + p.fp8_block - 1) / p.fp8_block;
+  gu.fp8_scols = fp8_scale_cols(p, p.hidden);
   launch_gemm<true>(gu, p, cfg.gate_up, caps, stream);
 
   WgParams dn = wp;
@@ -618,7 +624,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   dn.n_out = p.hidden;
   dn.n_tiles = p.hidden / cfg.down.bn;
   dn.stages = cfg.down.stages;
-  dn.fp8_scols = (p.inter + p.fp8_block - 1) / p.fp8_block;
+  dn.fp8_scols = fp8_scale_cols(p, p.inter);
   launch_gemm<false>(dn, p, cfg.down, caps, stream);
 }
 
