@@ -1,10 +1,12 @@
 // The prefill regime of the routed experts on GLM-5 shapes (256 experts, top-8, hidden 6144, moe intermediate
 // 2048): the tensor-core grouped kernels (moe_experts_mma with each of its GEMM kernels: mma.sync and, on
-// sm_90, the warp-specialised wgmma one; NVFP4 and BF16 weights) against the BF16 matrix rate measured first
-// in the same run (cuBLASLt BF16 GEMM 8192^3), cuBLASLt BF16 on the same routed problem (per-expert GEMMs
-// over BF16 copies of the weights, rows already grouped: no gather, no SiLU, no combine) and the CUDA-core
-// kernels (moe_experts). FLOPs count 6 * hidden * inter per routed slot (gate, up, down). One table on
-// stdout.
+// sm_90, the warp-specialised wgmma one; BF16, NVFP4 and FP8Block weights (format column bf16 / nvfp4 /
+// fp8: DeepSeek-style e4m3 with an f32 scale per 128x128 block, on the same GLM-5 shapes) against the BF16
+// matrix rate measured first in the same run (cuBLASLt BF16 GEMM 8192^3; column "% bf16"), our BF16 weights
+// on the same kernel and routing ("vs bf16": its time over this row's), cuBLASLt BF16 on the same routed
+// problem (per-expert GEMMs over BF16 copies of the weights, rows already grouped: no gather, no SiLU, no
+// combine) and the CUDA-core kernels (moe_experts). FLOPs count 6 * hidden * inter per routed slot (gate,
+// up, down). One table on stdout.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -57,6 +59,26 @@ std::vector<uint8_t> random_bytes(size_t n, std::mt19937& rng, uint8_t lo, uint8
   return v;
 }
 
+// e4m3 bytes of magnitude 0.125 .. 30 (exponent fields 4 .. 11; never the NaN codes 0x7f / 0xff), random
+// sign.
+std::vector<uint8_t> random_e4m3(size_t n, std::mt19937& rng) {
+  std::vector<uint8_t> v(n);
+  std::uniform_int_distribution<int> mag(0x20, 0x5f), sign(0, 1);
+  for (auto& b : v) b = static_cast<uint8_t>(mag(rng) | (sign(rng) << 7));
+  return v;
+}
+
+// f32 values in [lo, hi] as raw bytes.
+std::vector<uint8_t> random_f32(size_t n, float lo, float hi, std::mt19937& rng) {
+  std::vector<uint8_t> v(n * 4);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (size_t i = 0; i < n; ++i) {
+    const float f = u(rng);
+    std::memcpy(v.data() + 4 * i, &f, 4);
+  }
+  return v;
+}
+
 // bf16 values ~ N(0, sd) as raw bytes.
 std::vector<uint8_t> random_bf16(size_t n, float sd, std::mt19937& rng) {
   std::vector<uint8_t> v(n * 2);
@@ -102,7 +124,7 @@ int main() {
   std::printf("BF16 matrix rate (cuBLASLt 8192x8192x8192, f32 out): %.1f TFLOP/s\n", bf16_tflops);
 
   // ---- weights: NVFP4 and BF16 experts (tables), BF16 fused gate_up / down copies for cuBLAS ----
-  std::printf("building 256 experts (NVFP4, BF16)...\n");
+  std::printf("building 256 experts (NVFP4, BF16, FP8Block)...\n");
   // NVFP4: codes uniform, e4m3 scales in [0.25, 0.5] (bytes 0x28..0x30), scale2 1/64.
   const auto gu_q = replicate(random_bytes(size_t{2} * kI * kH / 2, rng, 0, 255), kE);
   const auto gu_s = replicate(random_bytes(size_t{2} * kI * kH / 16, rng, 0x28, 0x30), kE);
@@ -110,7 +132,14 @@ int main() {
   const auto dn_s = replicate(random_bytes(size_t{kH} * kI / 16, rng, 0x28, 0x30), kE);
   const auto gu_b = replicate(random_bf16(size_t{2} * kI * kH, 1.0f / 78.0f, rng), kE);  // [2I, H]
   const auto dn_b = replicate(random_bf16(size_t{kH} * kI, 1.0f / 45.0f, rng), kE);      // [H, I]
-  std::vector<ms::cuda::MoeExpertWeights> t4(kE), tb(kE);
+  // FP8Block: e4m3 [2I, H] fused gate_up and [H, I] down, f32 scales per 128x128 block in [1/1024, 1/512].
+  constexpr int kBlk = 128;
+  const auto gu_f = replicate(random_e4m3(size_t{2} * kI * kH, rng), kE);
+  const auto gu_fs =
+      replicate(random_f32(size_t{2} * kI / kBlk * (kH / kBlk), 1.f / 1024, 1.f / 512, rng), kE);
+  const auto dn_f = replicate(random_e4m3(size_t{kH} * kI, rng), kE);
+  const auto dn_fs = replicate(random_f32(size_t{kH} / kBlk * (kI / kBlk), 1.f / 1024, 1.f / 512, rng), kE);
+  std::vector<ms::cuda::MoeExpertWeights> t4(kE), tb(kE), t8(kE);
   for (int e = 0; e < kE; ++e) {
     auto* q = static_cast<uint8_t*>(gu_q[e]);
     auto* s = static_cast<uint8_t*>(gu_s[e]);
@@ -119,9 +148,16 @@ int main() {
         1.f / 64, 0.f};
     auto* b = static_cast<uint8_t*>(gu_b[e]);
     tb[e] = {b, nullptr, b + size_t{kI} * kH * 2, nullptr, dn_b[e], nullptr, 1.f, 1.f, 1.f, 0.f};
+    // up: the second half of the fused matrix, its scales from block row I / 128 on.
+    auto* f = static_cast<uint8_t*>(gu_f[e]);
+    auto* fs = static_cast<float*>(gu_fs[e]);
+    t8[e] = {f,   fs, f + size_t{kI} * kH, fs + size_t{kI} / kBlk * (kH / kBlk), dn_f[e], dn_fs[e], 1.f, 1.f,
+             1.f, 0.f};
   }
   auto* d_t4 = static_cast<ms::cuda::MoeExpertWeights*>(dev_alloc(kE * sizeof(ms::cuda::MoeExpertWeights)));
   auto* d_tb = static_cast<ms::cuda::MoeExpertWeights*>(dev_alloc(kE * sizeof(ms::cuda::MoeExpertWeights)));
+  auto* d_t8 = static_cast<ms::cuda::MoeExpertWeights*>(dev_alloc(kE * sizeof(ms::cuda::MoeExpertWeights)));
+  CUDA_CHECK(cudaMemcpy(d_t8, t8.data(), kE * sizeof(t8[0]), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_t4, t4.data(), kE * sizeof(t4[0]), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_tb, tb.data(), kE * sizeof(tb[0]), cudaMemcpyHostToDevice));
 
@@ -153,8 +189,8 @@ int main() {
     CUDA_CHECK(cudaMemset(out, 0, size_t{max_m} * kH * 4));
   }
 
-  std::printf("\n%-6s %6s %-8s %-6s %15s %9s %9s %8s %11s %9s %8s %12s\n", "format", "tokens", "routing",
-              "kernel", "config", "ours ms", "TFLOP/s", "% bf16", "cuBLAS ms", "TFLOP/s", "% bf16",
+  std::printf("\n%-6s %6s %-8s %-6s %15s %9s %9s %8s %8s %11s %9s %8s %12s\n", "format", "tokens", "routing",
+              "kernel", "config", "ours ms", "TFLOP/s", "% bf16", "vs bf16", "cuBLAS ms", "TFLOP/s", "% bf16",
               "CUDA-core ms");
   // MOE_PREFILL_TOKENS=8192 (a comma list) and MOE_PREFILL_ONLY=wgmma (uniform routing, our two GEMM launches
   // and their plan only, no peers) narrow the run for a profiler.
@@ -240,18 +276,27 @@ int main() {
       const float t_old = only_wgmma ? 0.f
                                      : ms::bench::time_ms([&] { ms::cuda::moe_experts(p, nullptr); },
                                                           m >= 8192 ? 1 : 3, nullptr, kWarmup);
-      for (auto f : {ms::cuda::MoeWeightFormat::NVFP4, ms::cuda::MoeWeightFormat::BF16}) {
+      // Our BF16 time per kernel (mma, wgmma) of this routing: the "vs bf16" column of the other formats.
+      float t_bf16[2] = {0.f, 0.f};
+      for (auto f : {ms::cuda::MoeWeightFormat::BF16, ms::cuda::MoeWeightFormat::NVFP4,
+                     ms::cuda::MoeWeightFormat::FP8Block}) {
         p.format = f;
-        p.experts = f == ms::cuda::MoeWeightFormat::NVFP4 ? d_t4 : d_tb;
+        p.experts = f == ms::cuda::MoeWeightFormat::NVFP4  ? d_t4
+                    : f == ms::cuda::MoeWeightFormat::BF16 ? d_tb
+                                                           : d_t8;
+        p.fp8_block = kBlk;
+        const char* fname = f == ms::cuda::MoeWeightFormat::NVFP4  ? "nvfp4"
+                            : f == ms::cuda::MoeWeightFormat::BF16 ? "bf16"
+                                                                   : "fp8";
         for (auto kernel : {ms::cuda::MoePrefillKernel::Mma, ms::cuda::MoePrefillKernel::Wgmma}) {
           if (only_wgmma && kernel != ms::cuda::MoePrefillKernel::Wgmma) continue;
           p.prefill_kernel = kernel;
+          const int ki = kernel == ms::cuda::MoePrefillKernel::Wgmma ? 1 : 0;
           char cfgs[48];
           if (kernel == ms::cuda::MoePrefillKernel::Wgmma) {
             if (const auto no = ms::cuda::moe_experts_wgmma_unavailable(p)) {
-              std::printf("%-6s %6d %-8s %-6s not run: %s\n",
-                          f == ms::cuda::MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m,
-                          skewed ? "skewed" : "uniform", "wgmma", no->c_str());
+              std::printf("%-6s %6d %-8s %-6s not run: %s\n", fname, m, skewed ? "skewed" : "uniform",
+                          "wgmma", no->c_str());
               continue;
             }
             const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
@@ -273,11 +318,13 @@ int main() {
               },
               iters, nullptr, kWarmup);
           const double tf = flops / (t * 1e-3) / 1e12, tc = flops / (t_cublas * 1e-3) / 1e12;
-          std::printf("%-6s %6d %-8s %-6s %15s %9.3f %9.1f %7.1f%% %11.3f %9.1f %7.1f%% %12s\n",
-                      f == ms::cuda::MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", m,
+          if (f == ms::cuda::MoeWeightFormat::BF16) t_bf16[ki] = t;
+          char vs[16] = "-";
+          if (t_bf16[ki] > 0.f) std::snprintf(vs, sizeof vs, "%.2fx", t_bf16[ki] / t);
+          std::printf("%-6s %6d %-8s %-6s %15s %9.3f %9.1f %7.1f%% %8s %11.3f %9.1f %7.1f%% %12s\n", fname, m,
                       skewed ? "skewed" : "uniform",
                       kernel == ms::cuda::MoePrefillKernel::Wgmma ? "wgmma" : "mma", cfgs, t, tf,
-                      100.0 * tf / bf16_tflops, t_cublas, tc, 100.0 * tc / bf16_tflops,
+                      100.0 * tf / bf16_tflops, vs, t_cublas, tc, 100.0 * tc / bf16_tflops,
                       f == ms::cuda::MoeWeightFormat::NVFP4 && kernel == ms::cuda::MoePrefillKernel::Mma
                           ? std::to_string(t_old).c_str()
                           : "-");

@@ -211,19 +211,22 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         "moe",
         "grouped_mma",
         "cuda",
-        "nvfp4, bf16",
+        "nvfp4, fp8_block, bf16",
         "prefill steps (grouped rows averaging 8+ per expert); hidden a multiple of 128 and "
-        "intermediate of 64, up to 1024 experts; multi-stage cp.async tiles, nvfp4 expanded to bf16 in "
-        "shared memory, mma.sync; on sm_90 with 64+ grouped rows per expert the warp-specialised wgmma "
+        "intermediate of 64, up to 1024 experts (fp8_block: block edge a multiple of 64); multi-stage "
+        "cp.async tiles, nvfp4 and fp8_block (times its block scale) expanded to bf16 in shared memory, "
+        "mma.sync; on sm_90 with 64+ grouped rows per expert the warp-specialised wgmma "
         "kernel instead (MOESERVE_MOE_PREFILL_KERNEL=mma|wgmma forces one); used by `grouped` automatically "
         "where it applies (not in exact mode)",
         "sm_80 or newer",
         0,
         false,
         ""};
-    // The smallest configuration (64 rows, two stages) at GLM-5's 256 experts: what a device is judged by.
+    // The smallest configuration (64 rows, two stages) at GLM-5's 256 experts: what a device is judged by
+    // (fp8_block, whose raw stage is the largest of the expanded formats).
     const cuda::KernelNeed need{"moe_experts_mma bm64 stages2",
-                                cuda::moe_mma_smem_bytes(cuda::MoeMmaFormat::NVFP4, 64, 2, 256), 80, false};
+                                cuda::moe_mma_smem_bytes(cuda::MoeMmaFormat::FP8Block, 64, 2, 256), 80,
+                                false};
     fit(b, dev, why_none, need);
     b.smem_bytes = need.smem_bytes;
     out.push_back(b);

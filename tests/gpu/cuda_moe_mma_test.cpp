@@ -1,15 +1,19 @@
 // The tensor-core grouped experts (moe_experts_mma, both of its GEMM kernels: mma.sync and, on sm_90, the
 // warp-specialised wgmma one) against the CPU reference (ops::moe_experts on the CPU,
-// f32 math on the dequantised weights), for NVFP4 and BF16 weights: small and full-width (GLM-5 hidden 6144,
-// inter 2048) shapes, uniform and skewed routing, experts with no token (null weight pointers: a read would
-// fault) and one expert with every token. Workspaces and slot outputs are poisoned with NaN first, so an
-// element never written shows up.
+// f32 math on the dequantised weights), for NVFP4, FP8Block (e4m3 with an f32 scale per 128x128 block) and
+// BF16 weights: small and full-width (GLM-5 hidden 6144, inter 2048; FP8Block also DeepSeek-V3's 7168 /
+// 2048) shapes, uniform, skewed and ragged routing (expert row counts 0, 1, 2, 63 .. 65, 127 .. 129, 200,
+// 256: empty, single-row and partial tiles of both tile heights), experts with no token (null weight
+// pointers: a read would fault) and one expert with every token. Workspaces and slot outputs are poisoned
+// with NaN first, so an element never written shows up.
 //
-// Tolerance: the kernels round activations, act and the NVFP4 weights (code x scale) to bf16 (8-bit
-// mantissa) and sum in f32 in another order, so the error is relative to the size of the experts'
-// contribution c = ref - out0: the whole-output relative error ||got - ref|| / ||c|| must stay under 1e-2
-// (measured expectation ~3e-3), and no element may be off by more than 6e-2 * rms(c) + 1e-2 * |c_i|. A wrong
-// fragment layout, row mapping or scale gives errors of order 1.
+// Tolerance: the kernels round activations, act and the NVFP4 / FP8Block weights (value x scale) to bf16
+// (8-bit mantissa: relative error <= 2^-9 each, the same as the bf16 activations') and sum in f32 in
+// another order, so the error is relative to the size of the experts' contribution c = ref - out0: the
+// whole-output relative error ||got - ref|| / ||c|| must stay under 1e-2 (measured expectation ~3e-3), and
+// no element may be off by more than 6e-2 * rms(c) + 1e-2 * |c_i|. A wrong fragment layout, row mapping,
+// swizzle or block scale gives errors of order 1 (a scale of the wrong 128 block: of order the spread of
+// the block scales, ~0.3 on these N(0, 1/cols) weights).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -31,8 +35,10 @@
 #include "kernels/cuda/moe/moe_experts_mma.h"
 #include "kernels/cuda/moe/moe_experts_wgmma.h"
 #include "kernels/cuda/moe/moe_plan.h"
+#include "ops/cuda_backend.h"
 #include "ops/moe_experts.h"
 #include "quant/float_formats.h"
+#include "quant/fp8_block.h"
 #include "quant/nvfp4.h"
 
 namespace {
@@ -82,6 +88,19 @@ struct Stored {
   float scale2 = 1.0f;
 };
 
+const char* format_name(MoeWeightFormat f) {
+  switch (f) {
+    case MoeWeightFormat::NVFP4:
+      return "nvfp4";
+    case MoeWeightFormat::FP8Block:
+      return "fp8";
+    case MoeWeightFormat::BF16:
+      return "bf16";
+    default:
+      return "f32";
+  }
+}
+
 Stored store(const std::vector<float>& w, int rows, int cols, MoeWeightFormat f) {
   Stored s;
   if (f == MoeWeightFormat::BF16) {
@@ -90,6 +109,13 @@ Stored store(const std::vector<float>& w, int rows, int cols, MoeWeightFormat f)
       const uint16_t b = ms::quant::f32_to_bf16(w[i]);
       std::memcpy(s.data.data() + 2 * i, &b, 2);
     }
+  } else if (f == MoeWeightFormat::FP8Block) {
+    // e4m3 [rows, cols], f32 scales [ceil(rows / 128), ceil(cols / 128)] (partial edge blocks where the
+    // widths are not multiples of 128).
+    auto q = ms::quant::fp8_block_quantize(w.data(), rows, cols);
+    s.data = std::move(q.data);
+    s.scale.resize(q.scale_inv.size() * 4);
+    std::memcpy(s.scale.data(), q.scale_inv.data(), s.scale.size());
   } else {
     auto q = ms::quant::nvfp4_quantize(w.data(), rows, cols);
     s.data = std::move(q.packed);
@@ -110,6 +136,10 @@ ms::ops::LinearWeight cpu_weight(const Stored& s, int rows, int cols, MoeWeightF
   if (f == MoeWeightFormat::BF16) {
     lw.format = ms::ops::WeightFormat::BF16;
     lw.weight = ms::Tensor::borrow(data, {rows, cols}, ms::DType::BF16);
+  } else if (f == MoeWeightFormat::FP8Block) {
+    lw.format = ms::ops::WeightFormat::FP8Block;
+    lw.weight = ms::Tensor::borrow(data, {rows, cols}, ms::DType::F8_E4M3);
+    lw.scale = ms::Tensor::borrow(scale, {(rows + 127) / 128, (cols + 127) / 128}, ms::DType::F32);
   } else {
     lw.format = ms::ops::WeightFormat::NVFP4;
     lw.weight = ms::Tensor::borrow(data, {rows, cols / 2}, ms::DType::U8);
@@ -174,6 +204,23 @@ class Experts {
     return t;
   }
   const std::vector<ms::ops::ExpertWeights>& cpu() const { return cpu_; }
+  // The same experts as the executor holds them: LinearWeights over the device copies.
+  std::vector<ms::ops::ExpertWeights> device() const {
+    std::vector<ms::ops::ExpertWeights> out = cpu_;
+    auto to_dev = [&](ms::ops::LinearWeight& lw, size_t i) {
+      lw.weight = ms::Tensor::borrow(dev_[2 * i].get(), lw.weight.shape(), lw.weight.dtype(), nullptr,
+                                     ms::Device::CUDA);
+      if (lw.scale.defined() && lw.scale.numel() > 0)
+        lw.scale = ms::Tensor::borrow(dev_[2 * i + 1].get(), lw.scale.shape(), lw.scale.dtype(), nullptr,
+                                      ms::Device::CUDA);
+    };
+    for (int e = 0; e < E_; ++e) {
+      to_dev(out[e].gate, 3 * static_cast<size_t>(e));
+      to_dev(out[e].up, 3 * static_cast<size_t>(e) + 1);
+      to_dev(out[e].down, 3 * static_cast<size_t>(e) + 2);
+    }
+    return out;
+  }
   int E() const { return E_; }
   int hidden() const { return hidden_; }
   int inter() const { return inter_; }
@@ -187,12 +234,35 @@ class Experts {
   std::vector<Buf<uint8_t>> dev_;
 };
 
-enum class Routing { Uniform, Skewed, OneHot };
+enum class Routing { Uniform, Skewed, OneHot, Ragged };
+
+// Ragged: expert e gets exactly kRaggedRows[e % 16] rows (empty, single-row, and one short of / exactly /
+// one past the 64- and 128-row tiles), dealt round-robin over the tokens so no token holds an expert twice;
+// slots left over are empty (-1). Counts above m are clipped to m; K * m must cover their sum.
+constexpr int kRaggedRows[16] = {0, 1, 129, 0, 1, 64, 65, 128, 127, 1, 0, 256, 2, 63, 1, 200};
+
+std::vector<int32_t> ragged_ids(int m, int K, int E) {
+  std::vector<int32_t> ids(static_cast<size_t>(m) * K, -1);
+  std::vector<int> used(m, 0);
+  int cursor = 0;
+  for (int e = 0; e < E; ++e) {
+    const int rows = std::min(kRaggedRows[e % 16], m);
+    for (int i = 0; i < rows; ++i, cursor = (cursor + 1) % m) {
+      if (used[cursor] >= K) {
+        ADD_FAILURE() << "ragged routing: " << m << " tokens x " << K << " slots are too few";
+        return ids;
+      }
+      ids[static_cast<size_t>(cursor) * K + used[cursor]++] = e;
+    }
+  }
+  return ids;
+}
 
 // K distinct experts per token. Skewed: expert e drawn with weight 1 / (e + 1)^2 (many experts get 0 tokens)
 // and 5% empty slots. OneHot: expert 1 in every token's first slot, the rest uniform over experts >= E / 2
-// (experts 0 and 2 .. E/2 - 1 get nothing).
+// (experts 0 and 2 .. E/2 - 1 get nothing). Ragged: ragged_ids.
 std::vector<int32_t> make_ids(int m, int K, int E, Routing r, std::mt19937& rng) {
+  if (r == Routing::Ragged) return ragged_ids(m, K, E);
   std::vector<int32_t> ids(static_cast<size_t>(m) * K);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (int t = 0; t < m; ++t) {
@@ -276,10 +346,9 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
               MoePrefillKernel kernel = MoePrefillKernel::Mma) {
   const int H = xs.hidden();
   const char* kname = kernel == MoePrefillKernel::Wgmma ? "wgmma" : "mma";
-  SCOPED_TRACE(
-      std::string(kname) + " " + std::string(xs.format() == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16") +
-      " E=" + std::to_string(xs.E()) + " H=" + std::to_string(H) + " I=" + std::to_string(xs.inter()) +
-      " m=" + std::to_string(m) + " K=" + std::to_string(K) + " routing=" + std::to_string(int(r)));
+  SCOPED_TRACE(std::string(kname) + " " + std::string(format_name(xs.format())) + " E=" +
+               std::to_string(xs.E()) + " H=" + std::to_string(H) + " I=" + std::to_string(xs.inter()) +
+               " m=" + std::to_string(m) + " K=" + std::to_string(K) + " routing=" + std::to_string(int(r)));
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> uw(0.05f, 1.0f);
@@ -325,8 +394,7 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
   // Deterministic: the same bits again.
   if (m <= 300) EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K, kernel), got);
   std::printf("  [moe_%s] %s E=%d H=%d I=%d m=%d K=%d routing=%d: relative error %.2e\n", kname,
-              xs.format() == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16", xs.E(), H, xs.inter(), m, K,
-              static_cast<int>(r), rel);
+              format_name(xs.format()), xs.E(), H, xs.inter(), m, K, static_cast<int>(r), rel);
 }
 
 class CudaMoeMma : public ::testing::TestWithParam<MoeWeightFormat> {};
@@ -340,6 +408,7 @@ TEST_P(CudaMoeMma, SmallShapesMatchCpuReference) {
   for (int m : {1, 40, 300, 1000}) {
     for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot}) run_case(xs, m, 4, r, seed++);
   }
+  run_case(xs, 300, 4, Routing::Ragged, seed++);
   const Experts one(1, 128, 64, GetParam(), 2);  // one expert, one tile column, k = 64 (a single stage)
   run_case(one, 200, 1, Routing::Uniform, seed++);
 }
@@ -350,12 +419,20 @@ TEST_P(CudaMoeMma, FullWidthMatchesCpuReference) {
   const Experts xs(8, 6144, 2048, GetParam(), 3);
   run_case(xs, 150, 4, Routing::Uniform, 30);
   run_case(xs, 64, 4, Routing::OneHot, 31);
+  run_case(xs, 150, 4, Routing::Ragged, 32);
+  if (GetParam() == MoeWeightFormat::FP8Block) {
+    // DeepSeek-V3's expert widths (56 x 16 scale blocks for gate / up, 16 x 56 for down).
+    const Experts ds(8, 7168, 2048, GetParam(), 5);
+    run_case(ds, 150, 4, Routing::Uniform, 33);
+    run_case(ds, 150, 4, Routing::Ragged, 34);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeMma,
-                         ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16),
+                         ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16,
+                                           MoeWeightFormat::FP8Block),
                          [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {
-                           return std::string(i.param == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16");
+                           return std::string(format_name(i.param));
                          });
 
 // The warpgroup-MMA kernel (sm_90 only) on the same shapes and routings, plus a width where both
@@ -378,9 +455,11 @@ TEST_P(CudaMoeWgmma, SmallShapesMatchCpuReference) {
   }
   const Experts one(1, 128, 64, GetParam(), 2);
   run_case(one, 200, 1, Routing::Uniform, seed++, MoePrefillKernel::Wgmma);
+  run_case(xs, 300, 4, Routing::Ragged, seed++, MoePrefillKernel::Wgmma);
   // bn 256 for both; 1000 x 4 / 16 = 250 rows an expert: full and partial 128-row tiles, both consumers.
+  // FP8Block: the down tile's 256 rows span two 128-row scale blocks, gate_up's two matrices.
   const Experts wide(16, 512, 256, GetParam(), 4);
-  for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot})
+  for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot, Routing::Ragged})
     run_case(wide, 1000, 4, r, seed++, MoePrefillKernel::Wgmma);
   run_case(wide, 40, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma);
 }
@@ -391,12 +470,19 @@ TEST_P(CudaMoeWgmma, FullWidthMatchesCpuReference) {
   run_case(xs, 150, 4, Routing::Uniform, 30, MoePrefillKernel::Wgmma);
   run_case(xs, 64, 4, Routing::OneHot, 31, MoePrefillKernel::Wgmma);
   run_case(xs, 300, 4, Routing::Skewed, 32, MoePrefillKernel::Wgmma);
+  run_case(xs, 300, 4, Routing::Ragged, 33, MoePrefillKernel::Wgmma);
+  if (GetParam() == MoeWeightFormat::FP8Block) {
+    const Experts ds(8, 7168, 2048, GetParam(), 5);  // DeepSeek-V3's expert widths
+    run_case(ds, 300, 4, Routing::Uniform, 34, MoePrefillKernel::Wgmma);
+    run_case(ds, 300, 4, Routing::Ragged, 35, MoePrefillKernel::Wgmma);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeWgmma,
-                         ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16),
+                         ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16,
+                                           MoeWeightFormat::FP8Block),
                          [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {
-                           return std::string(i.param == MoeWeightFormat::NVFP4 ? "nvfp4" : "bf16");
+                           return std::string(format_name(i.param));
                          });
 
 TEST(CudaMoeWgmma, ChosenByDefaultOnSm90ForLargeSteps) {
@@ -415,6 +501,85 @@ TEST(CudaMoeWgmma, ChosenByDefaultOnSm90ForLargeSteps) {
   const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
   EXPECT_EQ(cfg.gate_up.bn, 256);
   EXPECT_EQ(cfg.down.bn, 256);
+  // DeepSeek-V3's FP8Block experts take the same kernel and tiles, ring of 4.
+  p.prefill_kernel = MoePrefillKernel::Auto;
+  p.format = MoeWeightFormat::FP8Block;
+  p.hidden = 7168;
+  if (std::getenv("MOESERVE_MOE_PREFILL_KERNEL") == nullptr)
+    EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), MoePrefillKernel::Wgmma);
+  const auto f8 = ms::cuda::moe_experts_wgmma_config(p);
+  EXPECT_EQ(f8.gate_up.bn, 256);
+  EXPECT_EQ(f8.down.bn, 256);
+  EXPECT_EQ(f8.gate_up.stages, 4);
+  EXPECT_EQ(f8.down.expand, ms::cuda::MoeWgExpand::Consumer);
+}
+
+// The op as the executor calls it (ops::moe_experts on the CUDA backend) on an FP8Block layer in the prefill
+// regime (1000 tokens x top-4 over 16 experts): it must take the tensor-core path (bf16 activations: error
+// against the f32 CPU reference of order 1e-3, above 1e-5) and match the reference within the bf16 tolerance
+// above; in exact mode the same call stays on the f32 CUDA-core kernels (error below 1e-5). An executor that
+// kept FP8Block on the CUDA-core kernels fails the first bound.
+TEST(CudaMoeMma, Fp8BlockLayerTakesTheTensorCorePath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";
+  const int E = 16, H = 512, I = 256, m = 1000, K = 4;
+  const Experts xs(E, H, I, MoeWeightFormat::FP8Block, 6);
+  std::mt19937 rng(60);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+  const auto ids = make_ids(m, K, E, Routing::Uniform, rng);
+  std::vector<float> wts(ids.size()), x(static_cast<size_t>(m) * H), out0(x.size());
+  for (auto& v : wts) v = uw(rng);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : out0) v = nd(rng);
+  std::vector<float> ref = out0;
+  {
+    const auto scratch = ms::ops::MoeScratch::make(ms::ops::cpu_alloc(), m, K, E, H, I);
+    std::vector<float> xc = x, wc = wts;
+    std::vector<int32_t> idc = ids;
+    ms::ops::moe_experts(ms::ops::Ctx::cpu(), ms::Tensor::borrow(xc.data(), {m, H}, ms::DType::F32),
+                         ms::Tensor::borrow(idc.data(), {m, K}, ms::DType::I32),
+                         ms::Tensor::borrow(wc.data(), {m, K}, ms::DType::F32), xs.cpu(),
+                         ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
+  }
+  std::vector<std::shared_ptr<void>> held;  // the device scratch, freed at the end
+  const ms::TensorAlloc dev_alloc = [&](const ms::Shape& shape, ms::DType dt) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(ms::dtype_bytes(dt, static_cast<size_t>(n)), 256)));
+    held.emplace_back(p, [](void* q) { cudaFree(q); });
+    return ms::Tensor::borrow(p, shape, dt, nullptr, ms::Device::CUDA);
+  };
+  const auto scratch = ms::ops::MoeScratch::make(dev_alloc, m, K, E, H, I);
+  const auto experts = xs.device();
+  Buf<float> d_x(x), d_w(wts), d_out(out0);
+  Buf<int32_t> d_ids(ids);
+  ms::ops::CudaBackend backend;
+  const auto cuda = ms::Device::CUDA;
+  auto run = [&](bool exact) {
+    backend.set_exact_linear(exact);
+    CUDA_CHECK(cudaMemcpy(d_out.get(), out0.data(), out0.size() * 4, cudaMemcpyHostToDevice));
+    ms::ops::moe_experts(backend.ctx(nullptr),
+                         ms::Tensor::borrow(d_x.get(), {m, H}, ms::DType::F32, nullptr, cuda),
+                         ms::Tensor::borrow(d_ids.get(), {m, K}, ms::DType::I32, nullptr, cuda),
+                         ms::Tensor::borrow(d_w.get(), {m, K}, ms::DType::F32, nullptr, cuda), experts,
+                         ms::Tensor::borrow(d_out.get(), {m, H}, ms::DType::F32, nullptr, cuda), scratch);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = d_out.download();
+    double c2 = 0, e2 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double c = ref[i] - out0[i], d = static_cast<double>(got[i]) - ref[i];
+      c2 += c * c;
+      e2 += std::isfinite(d) ? d * d : 1e30;
+    }
+    return std::sqrt(e2 / std::max(c2, 1e-30));
+  };
+  const double tc = run(false), exact = run(true);
+  std::printf("  [moe_op] fp8 E=%d H=%d I=%d m=%d K=%d: tensor-core path %.2e, exact mode %.2e\n", E, H, I, m,
+              K, tc, exact);
+  EXPECT_LT(tc, 1e-2);
+  EXPECT_GT(tc, 1e-5) << "f32-exact result: the FP8Block layer did not take the tensor-core (bf16) path";
+  EXPECT_LT(exact, 1e-5);
 }
 
 TEST(CudaMoeMma, BigTilesWhenExpertsHaveManyRows) {
@@ -438,6 +603,11 @@ TEST(CudaMoeMma, UnsupportedShapesAreRefused) {
   p.hidden = 256;
   EXPECT_TRUE(ms::cuda::moe_experts_mma_supported(p));
   p.format = MoeWeightFormat::FP8Block;
+  EXPECT_TRUE(ms::cuda::moe_experts_mma_supported(p));
+  p.fp8_block = 96;  // a 64-k stage would straddle two scale blocks
+  EXPECT_FALSE(ms::cuda::moe_experts_mma_supported(p));
+  p.fp8_block = 128;
+  p.format = MoeWeightFormat::F32;
   EXPECT_FALSE(ms::cuda::moe_experts_mma_supported(p));
 }
 

@@ -72,15 +72,18 @@ void moe_experts(const Ctx& ctx, const Tensor& x, const Tensor& topk_ids, const 
   // Exact mode (f32 math everywhere) keeps the CUDA-core kernels.
   if (!be.exact_linear &&
       cuda::moe_experts_prefill_regime(static_cast<int>(std::min(m, kMoeMmaChunkTokens)), top_k, n_experts)) {
-    cuda::MoeMmaShape shape{
-        format == cuda::MoeWeightFormat::BF16 ? cuda::MoeMmaFormat::BF16 : cuda::MoeMmaFormat::NVFP4,
-        static_cast<int>(mma_chunk),
-        top_k,
-        n_experts,
-        static_cast<int>(hidden),
-        static_cast<int>(inter)};
-    use_mma = (format == cuda::MoeWeightFormat::BF16 || format == cuda::MoeWeightFormat::NVFP4) &&
-              cuda::choose_moe_mma_config(shape, cuda::limits_of(be.caps)).has_value();
+    const bool tc_format = format == cuda::MoeWeightFormat::BF16 || format == cuda::MoeWeightFormat::NVFP4 ||
+                           format == cuda::MoeWeightFormat::FP8Block;
+    cuda::MoeMmaShape shape{format == cuda::MoeWeightFormat::BF16       ? cuda::MoeMmaFormat::BF16
+                            : format == cuda::MoeWeightFormat::FP8Block ? cuda::MoeMmaFormat::FP8Block
+                                                                        : cuda::MoeMmaFormat::NVFP4,
+                            static_cast<int>(mma_chunk),
+                            top_k,
+                            n_experts,
+                            static_cast<int>(hidden),
+                            static_cast<int>(inter),
+                            e0.gate.block};
+    use_mma = tc_format && cuda::choose_moe_mma_config(shape, cuda::limits_of(be.caps)).has_value();
   }
   // The streamed NVFP4 decode path reads weights in 16-byte pieces: allowed when every pointer is aligned.
   bool aligned16 = true;

@@ -573,20 +573,25 @@ using namespace ms::cuda;
 // The tensor-core MoE experts: every preset gets a configuration for GLM-5 shapes, within its shared memory;
 // the sm_120 part (99 KiB) gets a shallower pipeline than the 227 KiB parts when the deep one does not fit.
 TEST(KernelFit, MoeMmaConfigFitsEveryTarget) {
-  for (MoeMmaFormat f : {MoeMmaFormat::NVFP4, MoeMmaFormat::BF16}) {
-    for (int m : {256, 512, 2048, 8192}) {
-      const MoeMmaShape s{f, m, 8, 256, 6144, 2048};
-      for (const DeviceLimits& dev : target_device_presets()) {
-        std::string why;
-        const auto cfg = choose_moe_mma_config(s, dev, &why);
-        ASSERT_TRUE(cfg.has_value()) << dev.name << ": " << why;
-        EXPECT_LE(cfg->smem, dev.smem_per_block_optin) << dev.name;
-        EXPECT_EQ(cfg->smem, moe_mma_smem_bytes(f, cfg->bm, cfg->stages, 256));
-        EXPECT_FALSE(why_cannot_run({"moe_experts_mma", cfg->smem, 80, false}, dev).has_value());
-        EXPECT_EQ(cfg->bm, m * 8 / 256 >= 96 ? 128 : 64);
+  for (MoeMmaFormat f : {MoeMmaFormat::NVFP4, MoeMmaFormat::BF16, MoeMmaFormat::FP8Block}) {
+    for (int hidden : {6144, 7168}) {  // GLM-5, DeepSeek-V3
+      for (int m : {256, 512, 2048, 8192}) {
+        const MoeMmaShape s{f, m, 8, 256, hidden, 2048};
+        for (const DeviceLimits& dev : target_device_presets()) {
+          std::string why;
+          const auto cfg = choose_moe_mma_config(s, dev, &why);
+          ASSERT_TRUE(cfg.has_value()) << dev.name << ": " << why;
+          EXPECT_LE(cfg->smem, dev.smem_per_block_optin) << dev.name;
+          EXPECT_EQ(cfg->smem, moe_mma_smem_bytes(f, cfg->bm, cfg->stages, 256));
+          EXPECT_FALSE(why_cannot_run({"moe_experts_mma", cfg->smem, 80, false}, dev).has_value());
+          EXPECT_EQ(cfg->bm, m * 8 / 256 >= 96 ? 128 : 64);
+        }
       }
     }
   }
+  // FP8Block stage: [128][64] e4m3 + 16 bytes of group scales; plus the decoded bf16 tile.
+  EXPECT_EQ(moe_mma_smem_bytes(MoeMmaFormat::FP8Block, 128, 4, 256),
+            size_t{4 * 128 * 128 + 4 * (128 * 64 + 16) + 128 * 128 + 1152});
   const MoeMmaShape big{MoeMmaFormat::BF16, 8192, 8, 256, 6144, 2048};
   EXPECT_EQ(choose_moe_mma_config(big, limits_h200())->stages, 4);
   EXPECT_LT(choose_moe_mma_config(big, limits_rtx_pro_6000())->stages, 4);
@@ -640,7 +645,7 @@ TEST(KernelFit, MoeWgmmaExpandLayouts) {
 }
 
 TEST(KernelFit, MoeWgmmaConfigFitsSm90Only) {
-  for (MoeMmaFormat f : {MoeMmaFormat::NVFP4, MoeMmaFormat::BF16}) {
+  for (MoeMmaFormat f : {MoeMmaFormat::NVFP4, MoeMmaFormat::BF16, MoeMmaFormat::FP8Block}) {
     const MoeMmaShape s{f, 8192, 8, 256, 6144, 2048};
     std::string why;
     const auto cfg = choose_moe_wgmma_config(s, limits_h200(), &why);
@@ -679,6 +684,59 @@ TEST(KernelFit, MoeWgmmaConfigFitsSm90Only) {
   EXPECT_NE(why.find("100000"), std::string::npos) << why;
   EXPECT_TRUE(moe_wgmma_preferred({MoeMmaFormat::NVFP4, 2048, 8, 256, 6144, 2048}));
   EXPECT_FALSE(moe_wgmma_preferred({MoeMmaFormat::NVFP4, 1024, 8, 256, 6144, 2048}));
+}
+
+// FP8Block (DeepSeek's e4m3 with f32 128x128 block scales) on the wgmma kernel: always expanded by the
+// consumers (a Producer request is overridden), raw stage bn x 64 e4m3 + a 128-byte scale slot. GLM-5 and
+// DeepSeek-V3 widths take 256-row tiles and a ring of 4 on the H200 preset (as deep as the bf16 ring; 5 does
+// not fit), 128-row tiles the deepest ring; other parts are refused (sm_90a), and a block edge that is not a
+// multiple of 64 is refused by both tensor-core choosers naming the field.
+TEST(KernelFit, MoeWgmmaFp8BlockLayout) {
+  for (int hidden : {6144, 7168}) {
+    const MoeMmaShape s{MoeMmaFormat::FP8Block, 8192, 8, 256, hidden, 2048};
+    for (MoeWgExpand x : {MoeWgExpand::Consumer, MoeWgExpand::Producer}) {
+      std::string why;
+      const auto cfg = choose_moe_wgmma_config(s, limits_h200(), &why, x);
+      ASSERT_TRUE(cfg.has_value()) << why;
+      for (const MoeWgmmaGemmConfig& g : {cfg->gate_up, cfg->down}) {
+        EXPECT_EQ(g.expand, MoeWgExpand::Consumer);
+        EXPECT_EQ(g.bn, 256);
+        EXPECT_EQ(g.stages, 4);
+        // 1024 slack + A ring + 3 W buffers + raw ring + barriers (128) + table ((256 + 1 + 12) x 4 -> 1152).
+        EXPECT_EQ(g.smem, size_t{1024 + 4 * 16384 + 3 * 32768 + 4 * (256 * 64 + 128) + 128 + 1152});
+        EXPECT_EQ(g.smem, moe_wgmma_smem_bytes(MoeMmaFormat::FP8Block, 256, 4, 256, MoeWgExpand::Producer));
+        EXPECT_LE(g.smem, limits_h200().smem_per_block_optin);
+        EXPECT_GT(moe_wgmma_smem_bytes(MoeMmaFormat::FP8Block, 256, 5, 256),
+                  limits_h200().smem_per_block_optin);
+      }
+    }
+    for (const DeviceLimits& dev : {limits_b200(), limits_rtx_pro_6000()}) {
+      std::string why;
+      EXPECT_FALSE(choose_moe_wgmma_config(s, dev, &why).has_value()) << dev.name;
+      EXPECT_NE(why.find("sm_90a"), std::string::npos) << why;
+    }
+  }
+  const MoeMmaShape narrow{MoeMmaFormat::FP8Block, 1000, 4, 16, 384, 192};
+  const auto n = choose_moe_wgmma_config(narrow, limits_h200());
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(n->gate_up.bn, 128);
+  EXPECT_EQ(n->down.bn, 128);
+  EXPECT_EQ(n->down.stages, kMoeWgMaxStages);
+  EXPECT_EQ(n->down.smem, moe_wgmma_smem_bytes(MoeMmaFormat::FP8Block, 128, kMoeWgMaxStages, 16));
+  MoeMmaShape odd{MoeMmaFormat::FP8Block, 8192, 8, 256, 7168, 2048};
+  odd.fp8_block = 96;
+  std::string why;
+  EXPECT_FALSE(choose_moe_wgmma_config(odd, limits_h200(), &why).has_value());
+  EXPECT_NE(why.find("fp8_block 96"), std::string::npos) << why;
+  EXPECT_FALSE(choose_moe_mma_config(odd, limits_h200(), &why).has_value());
+  EXPECT_NE(why.find("fp8_block 96"), std::string::npos) << why;
+  odd.fp8_block = 64;
+  EXPECT_TRUE(choose_moe_wgmma_config(odd, limits_h200()).has_value());
+  EXPECT_TRUE(choose_moe_mma_config(odd, limits_h200()).has_value());
+  // The block edge matters only to FP8Block.
+  odd.format = MoeMmaFormat::BF16;
+  odd.fp8_block = 96;
+  EXPECT_TRUE(choose_moe_wgmma_config(odd, limits_h200()).has_value());
 }
 
 TEST(KernelFit, MoeMmaConfigRefusesWithKernelNeedAndLimit) {

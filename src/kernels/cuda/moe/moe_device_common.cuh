@@ -127,6 +127,30 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, __nv_bfloat162 s) {
   return r;
 }
 
+// Eight e4m3 values (element i in byte i of w0 for i < 4, of w1 for i >= 4) -> four bf16x2, each bf16(value *
+// s). e4m3 -> f16 is exact (the hardware pair conversion), f16 -> f32 exact, so the only rounding is the
+// f32 product's and then bf16's: the CPU dequantiser's value (e4m3 * scale in f32), rounded once to bf16.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16(uint32_t w0, uint32_t w1, float s) {
+  uint4 r;
+  uint32_t* rp = &r.x;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t w = i < 2 ? w0 : w1;
+    const auto pair = static_cast<__nv_fp8x2_storage_t>((w >> (16 * (i & 1))) & 0xffffu);
+    const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));  // .x = the low byte's value
+    const float2 f = __half22float2(h);
+    rp[i] = bf16x2_bits(__floats2bfloat162_rn(f.x * s, f.y * s));
+  }
+  return r;
+}
+
+// Where 16-byte piece i (0 .. 3) of row r of a raw FP8Block stage ([rows][64] e4m3) lies: rows of 64 bytes,
+// pieces rotated by (r / 2) % 4, so the 8 rows one quarter warp reads (rows r .. r + 7, one piece each) hit
+// 8 different 16-byte bank groups (unrotated, row stride 64 puts them on 2).
+__device__ __forceinline__ int fp8_raw_offset(int r, int i) {
+  return r * 64 + ((i ^ ((r >> 1) & 3)) << 4);
+}
+
 // The grouped GEMMs' work list (moe_experts_mma.cu, moe_experts_wgmma.cu): expert e has ceil(counts[e] / BM)
 // M tiles; s_mt[e] = the M tiles of experts before e, s_mt[n_experts] = all of them. Block-wide (kThreads
 // threads, each summing a contiguous run of experts); s_warp: kThreads / 32 ints of scratch. Ends with a

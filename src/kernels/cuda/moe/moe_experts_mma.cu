@@ -69,9 +69,11 @@ struct MmaParams {
   __nv_bfloat16* __restrict__ act;               // gate_up out: [slots, inter], row = grouped position
   float* __restrict__ slot_out;                  // down out: [slots, hidden], row = slot
   int top_k = 0, n_experts = 0;
-  int k = 0;        // hidden (gate_up) or inter (down)
-  int n_out = 0;    // inter (gate_up: act columns) or hidden (down)
-  int n_tiles = 0;  // gate_up: inter / 64; down: hidden / 128
+  int k = 0;            // hidden (gate_up) or inter (down)
+  int n_out = 0;        // inter (gate_up: act columns) or hidden (down)
+  int n_tiles = 0;      // gate_up: inter / 64; down: hidden / 128
+  int fp8_block = 128;  // FP8Block scale block edge, a multiple of 64
+  int fp8_scols = 0;    // FP8Block scale columns: ceil(k / fp8_block)
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -111,15 +113,22 @@ using tc::mma_bf16;
 using moe_dev::e2m1x8_to_bf16;
 using moe_dev::fp8_e4m3_value;
 
+// Weight stage as stored (moe_mma_w_stage_bytes): BF16 the swizzled [128][64] bf16 tile; NVFP4 [128][32]
+// packed bytes then [128][4] e4m3 scales; FP8Block [128][64] e4m3 in moe_dev::fp8_raw_offset's piece order
+// then one f32 scale per 64-row group (2 used of 4 slots).
 template <int BM, int STAGES, MoeMmaFormat F>
 struct Layout {
   static constexpr int kAStage = BM * kRowBytes;
-  static constexpr int kWData = F == MoeMmaFormat::BF16 ? kBN * kRowBytes : kBN * (kBK / 2);
-  static constexpr int kWStage = F == MoeMmaFormat::BF16 ? kWData : kWData + kBN * (kBK / 16);
+  static constexpr int kWData = F == MoeMmaFormat::BF16    ? kBN * kRowBytes
+                                : F == MoeMmaFormat::NVFP4 ? kBN * (kBK / 2)
+                                                           : kBN * kBK;
+  static constexpr int kWStage = F == MoeMmaFormat::BF16    ? kWData
+                                 : F == MoeMmaFormat::NVFP4 ? kWData + kBN * (kBK / 16)
+                                                            : kWData + 16;
   static constexpr int kA = 0;
   static constexpr int kW = kA + STAGES * kAStage;
-  static constexpr int kDecoded = kW + STAGES * kWStage;  // NVFP4 only
-  static constexpr int kTable = kDecoded + (F == MoeMmaFormat::NVFP4 ? kBN * kRowBytes : 0);
+  static constexpr int kDecoded = kW + STAGES * kWStage;  // NVFP4, FP8Block
+  static constexpr int kTable = kDecoded + (F != MoeMmaFormat::BF16 ? kBN * kRowBytes : 0);
 };
 
 template <int BM, int STAGES, MoeMmaFormat F, bool kGateUp>
@@ -223,6 +232,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(const MmaParams p)
       }
       if constexpr (F == MoeMmaFormat::BF16) {
         data = static_cast<const uint8_t*>(data) + row * p.k * 2;
+      } else if constexpr (F == MoeMmaFormat::FP8Block) {
+        // The scale row of the row's block (a 64-row group starting at a multiple of 64 lies in one block).
+        data = static_cast<const uint8_t*>(data) + row * p.k;
+        scale = static_cast<const float*>(scale) + (row / p.fp8_block) * p.fp8_scols;
       } else {
         data = static_cast<const uint8_t*>(data) + row * (p.k / 2);
         scale = static_cast<const uint8_t*>(scale) + row * (p.k / 16);
@@ -231,7 +244,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(const MmaParams p)
     // BF16: rows tid / 8 + 32 i (i < 4), chunk tid % 8. NVFP4: data row tid / 2, 16-byte half tid % 2;
     // scales of row tid (tid < 128), 4 bytes (4 groups of 16 k) a stage. Also the decode role: row tid / 2,
     // k half tid % 2.
-    constexpr int WR = F == MoeMmaFormat::BF16 ? 4 : 1;
+    // FP8Block: data rows tid / 4 + 64 i (i < 2), 16-byte piece tid % 4; the scale of 64-row group tid
+    // (tid < 2); the decode role as NVFP4's (row tid / 2, k half tid % 2).
+    constexpr int WR = F == MoeMmaFormat::BF16 ? 4 : F == MoeMmaFormat::FP8Block ? 2 : 1;
     const uint8_t* w_src[WR];
     const uint8_t* s_src = nullptr;
     float s2 = 1.0f;
@@ -244,6 +259,16 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(const MmaParams p)
         for (int i = 0; i < 4; ++i) {
           w_row((tid >> 3) + 32 * i, d, sc, s2r);
           w_src[i] = static_cast<const uint8_t*>(d) + (tid & 7) * 16;
+        }
+      } else if constexpr (F == MoeMmaFormat::FP8Block) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          w_row((tid >> 2) + 64 * i, d, sc, s2r);
+          w_src[i] = static_cast<const uint8_t*>(d) + (tid & 3) * 16;
+        }
+        if (tid < kBN / 64) {
+          w_row(64 * tid, d, sc, s2r);
+          s_src = static_cast<const uint8_t*>(sc);
         }
       } else {
         w_row(tid >> 1, d, sc, s2r);
@@ -271,6 +296,14 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(const MmaParams p)
           const int r = (tid >> 3) + 32 * i;
           cp_async16(w_base + swz(r, tid & 7), w_src[i] + static_cast<int64_t>(kc) * kRowBytes, true);
         }
+      } else if constexpr (F == MoeMmaFormat::FP8Block) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          cp_async16(w_base + moe_dev::fp8_raw_offset((tid >> 2) + 64 * i, tid & 3),
+                     w_src[i] + static_cast<int64_t>(kc) * kBK, true);
+        if (tid < kBN / 64)
+          cp_async4(w_base + L::kWData + tid * 4,
+                    reinterpret_cast<const float*>(s_src) + (kc * kBK) / p.fp8_block);
       } else {
         cp_async16(w_base + tid * 16, w_src[0] + kc * (kBK / 2), true);
         if (tid < kBN) cp_async4(w_base + L::kWData + tid * 4, s_src + kc * (kBK / 16));
@@ -312,12 +345,26 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(const MmaParams p)
         *reinterpret_cast<uint4*>(dec + swz(r, half * 4 + 2)) = e2m1x8_to_bf16(q4.z, sb);
         *reinterpret_cast<uint4*>(dec + swz(r, half * 4 + 3)) = e2m1x8_to_bf16(q4.w, sb);
         b_base = smem_base + L::kDecoded;
+      } else if constexpr (F == MoeMmaFormat::FP8Block) {
+        // Row tid / 2, pieces 2 half, 2 half + 1 (k 32 half .. 32 half + 31) = bf16 chunks 4 half .. + 3.
+        const unsigned char* raw = smem + L::kW + st * L::kWStage;
+        const int r = tid >> 1, half = tid & 1;
+        const float sc = *reinterpret_cast<const float*>(raw + L::kWData + (r >> 6) * 4);
+        unsigned char* dec = smem + L::kDecoded;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int piece = 2 * half + i;
+          const uint4 v = *reinterpret_cast<const uint4*>(raw + moe_dev::fp8_raw_offset(r, piece));
+          *reinterpret_cast<uint4*>(dec + swz(r, 2 * piece)) = moe_dev::e4m3x8_to_bf16(v.x, v.y, sc);
+          *reinterpret_cast<uint4*>(dec + swz(r, 2 * piece + 1)) = moe_dev::e4m3x8_to_bf16(v.z, v.w, sc);
+        }
+        b_base = smem_base + L::kDecoded;
       } else {
         b_base = smem_base + L::kW + st * L::kWStage;
       }
       if (kc + STAGES - 1 < nk) load_stage(kc + STAGES - 1);
       cp_async_commit();
-      if constexpr (F == MoeMmaFormat::NVFP4) __syncthreads();
+      if constexpr (F != MoeMmaFormat::BF16) __syncthreads();
 
       const uint32_t a_base = smem_base + L::kA + st * L::kAStage;
 #pragma unroll
@@ -405,11 +452,13 @@ __global__ void __launch_bounds__(256)
 }
 
 MoeMmaFormat mma_format(MoeWeightFormat f) {
-  return f == MoeWeightFormat::BF16 ? MoeMmaFormat::BF16 : MoeMmaFormat::NVFP4;
+  return f == MoeWeightFormat::BF16       ? MoeMmaFormat::BF16
+         : f == MoeWeightFormat::FP8Block ? MoeMmaFormat::FP8Block
+                                          : MoeMmaFormat::NVFP4;
 }
 
 MoeMmaShape mma_shape(const MoeExpertsParams& p) {
-  return {mma_format(p.format), p.m, p.top_k, p.n_experts, p.hidden, p.inter};
+  return {mma_format(p.format), p.m, p.top_k, p.n_experts, p.hidden, p.inter, p.fp8_block};
 }
 
 size_t align256(size_t b) {
@@ -450,15 +499,25 @@ void launch_gemm(const MmaParams& mp, const MoeExpertsParams& p, const MoeMmaCon
                  const DeviceCaps& caps, cudaStream_t stream) {
   if (p.format == MoeWeightFormat::BF16) {
     launch_cfg<MoeMmaFormat::BF16, kGateUp>(mp, p, cfg, caps, stream);
+  } else if (p.format == MoeWeightFormat::FP8Block) {
+    launch_cfg<MoeMmaFormat::FP8Block, kGateUp>(mp, p, cfg, caps, stream);
   } else {
     launch_cfg<MoeMmaFormat::NVFP4, kGateUp>(mp, p, cfg, caps, stream);
   }
 }
 
+// Scale columns of an FP8Block matrix whose rows are k wide (0 for the other formats, whose fp8_block is
+// not checked and may be anything).
+int fp8_scale_cols(const MoeExpertsParams& p, int k) {
+  return p.format == MoeWeightFormat::FP8Block ? (k + p.fp8_block - 1) / p.fp8_block : 0;
+}
+
 }  // namespace
 
 bool moe_experts_mma_supported(const MoeExpertsParams& p) {
-  if (p.format != MoeWeightFormat::BF16 && p.format != MoeWeightFormat::NVFP4) return false;
+  if (p.format != MoeWeightFormat::BF16 && p.format != MoeWeightFormat::NVFP4 &&
+      p.format != MoeWeightFormat::FP8Block)
+    return false;
   return !moe_mma_shape_unsupported(mma_shape(p)).has_value();
 }
 
@@ -496,11 +555,10 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
   MoeExpertsParams p = p_in;
   if (p.act == nullptr) p.act = static_cast<float*>(workspace);
   moe_experts_check(p);
-  MS_CHECK(
-      moe_experts_mma_supported(p),
-      "moe_experts_mma: format {} hidden {} inter {} n_experts {} is not supported (NVFP4 or BF16, hidden "
-      "% 128 == 0, inter % 64 == 0, n_experts <= 1024)",
-      static_cast<int>(p.format), p.hidden, p.inter, p.n_experts);
+  MS_CHECK(moe_experts_mma_supported(p),
+           "moe_experts_mma: format {} hidden {} inter {} n_experts {} fp8_block {} is not supported (NVFP4, "
+           "FP8Block or BF16, hidden % 128 == 0, inter % 64 == 0, n_experts <= 1024, fp8_block % 64 == 0)",
+           static_cast<int>(p.format), p.hidden, p.inter, p.n_experts, p.fp8_block);
   if (p.m == 0) return;
   MS_CHECK(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
            "moe_experts_mma: workspace is null or not 256-byte aligned");
@@ -540,6 +598,7 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
   mp.experts = p.experts;
   mp.top_k = p.top_k;
   mp.n_experts = p.n_experts;
+  mp.fp8_block = p.fp8_block;
 
   MmaParams gu = mp;
   gu.a = xb;
@@ -548,6 +607,7 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
   gu.k = p.hidden;
   gu.n_out = p.inter;
   gu.n_tiles = p.inter / (kBN / 2);
+  gu.fp8_scols = fp8_scale_cols(p, p.hidden);
   launch_gemm<true>(gu, p, *cfg, caps, stream);
 
   MmaParams dn = mp;
@@ -557,6 +617,7 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
   dn.k = p.inter;
   dn.n_out = p.hidden;
   dn.n_tiles = p.hidden / kBN;
+  dn.fp8_scols = fp8_scale_cols(p, p.inter);
   launch_gemm<false>(dn, p, *cfg, caps, stream);
 
   moe_experts_combine(p, stream);

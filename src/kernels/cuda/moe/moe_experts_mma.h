@@ -7,10 +7,11 @@
 //   deterministic)
 // One launch per projection covers every expert: a fixed grid walks the (expert, N tile, M tile) work items
 // that each block derives from the device-resident counts, so the chain is graph-capturable; experts with no
-// token have no work item and their weights are never read. Weights (NVFP4 or BF16) are copied as stored
-// into shared memory by cp.async (a multi-stage pipeline), NVFP4 is expanded there to BF16, and the math is
-// mma.sync m16n8k16 bf16 -> f32. Accuracy against the f32 CPU reference: activations, act and the NVFP4
-// weights (code times scale) are rounded to bf16, so results agree to ~1e-2 relative, not bit for bit.
+// token have no work item and their weights are never read. Weights (NVFP4, FP8Block or BF16) are copied as
+// stored into shared memory by cp.async (a multi-stage pipeline), NVFP4 and FP8Block are expanded there to
+// BF16 (FP8Block: bf16(e4m3 x its 128x128 block's f32 scale)), and the math is mma.sync m16n8k16 bf16 -> f32.
+// Accuracy against the f32 CPU reference: activations, act and the NVFP4 / FP8Block weights (value times
+// scale) are rounded to bf16, so results agree to ~1e-2 relative, not bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,8 +23,9 @@
 
 namespace ms::cuda {
 
-// Whether the tensor-core kernels take p: format NVFP4 or BF16, hidden a multiple of 128, inter of 64,
-// n_experts <= 1024. Says nothing about the regime (moe_experts_prefill_regime) or the device.
+// Whether the tensor-core kernels take p: format NVFP4, FP8Block (fp8_block a multiple of 64) or BF16,
+// hidden a multiple of 128, inter of 64, n_experts <= 1024. Says nothing about the regime
+// (moe_experts_prefill_regime) or the device.
 bool moe_experts_mma_supported(const MoeExpertsParams& p);
 
 // Workspace of moe_experts_mma for up to m tokens: xb [m, hidden] bf16 and act [m * top_k, inter] bf16, each

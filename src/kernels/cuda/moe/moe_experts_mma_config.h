@@ -13,8 +13,13 @@
 
 namespace ms::cuda {
 
-// Weight formats the tensor-core path decodes (the others stay on the CUDA-core kernels).
-enum class MoeMmaFormat : int { BF16, NVFP4 };
+// Weight formats the tensor-core path decodes (F32 stays on the CUDA-core kernels). FP8Block: e4m3 weights
+// with one f32 scale per block x block tile (DeepSeek's weight_scale_inv), expanded to bf16 times the scale.
+enum class MoeMmaFormat : int { BF16, NVFP4, FP8Block };
+
+// FP8Block weights on the tensor-core kernels: every 64-k stage and every 64-row group of a weight tile must
+// lie in one scale block (one scale per group and stage), so the block edge must be a multiple of 64.
+constexpr int kMoeMmaFp8BlockQuantum = 64;
 
 // Fixed by the kernel: 256 threads (8 warps as 2 x 4), 128 weight rows x 64 k per stage. gate_up: the 128
 // weight rows are 64 gate and the 64 matching up rows, so a block writes 64 act columns; down: 128 output
@@ -27,6 +32,7 @@ struct MoeMmaShape {
   MoeMmaFormat format = MoeMmaFormat::NVFP4;
   int m = 0;  // tokens of the step
   int top_k = 0, n_experts = 0, hidden = 0, inter = 0;
+  int fp8_block = 128;  // FP8Block scale block edge (other formats ignore it)
 };
 
 struct MoeMmaConfig {
@@ -35,14 +41,27 @@ struct MoeMmaConfig {
   size_t smem = 0;  // dynamic shared memory per block, bytes
 };
 
-// Shared memory of one block: A stages [stages][bm][64] bf16; weight stages as stored (BF16: [128][64] bf16;
-// NVFP4: [128][32] packed bytes + [128][4] e4m3 scales); NVFP4 adds the decoded [128][64] bf16 tile; then the
-// per-expert tile prefix [n_experts + 1] i32 and 8 warp sums.
+// Bytes of one weight stage of the mma.sync kernel as stored: BF16 [128][64] bf16; NVFP4 [128][32] packed
+// bytes + [128][4] e4m3 scales; FP8Block [128][64] e4m3 + 4 f32 scale slots (one per 64-row group, 2 used).
+inline size_t moe_mma_w_stage_bytes(MoeMmaFormat f) {
+  switch (f) {
+    case MoeMmaFormat::BF16:
+      return size_t{kMoeMmaBN} * kMoeMmaBK * 2;
+    case MoeMmaFormat::NVFP4:
+      return size_t{kMoeMmaBN} * (kMoeMmaBK / 2 + kMoeMmaBK / 16);
+    case MoeMmaFormat::FP8Block:
+      return size_t{kMoeMmaBN} * kMoeMmaBK + 16;
+  }
+  return 0;
+}
+
+// Shared memory of one block: A stages [stages][bm][64] bf16; weight stages as stored
+// (moe_mma_w_stage_bytes); NVFP4 and FP8Block add the decoded [128][64] bf16 tile; then the per-expert tile
+// prefix [n_experts + 1] i32 and 8 warp sums.
 inline size_t moe_mma_smem_bytes(MoeMmaFormat f, int bm, int stages, int n_experts) {
   const size_t a = static_cast<size_t>(stages) * bm * kMoeMmaBK * 2;
-  const size_t w_stage = f == MoeMmaFormat::BF16 ? size_t{kMoeMmaBN} * kMoeMmaBK * 2
-                                                 : size_t{kMoeMmaBN} * (kMoeMmaBK / 2 + kMoeMmaBK / 16);
-  const size_t decoded = f == MoeMmaFormat::NVFP4 ? size_t{kMoeMmaBN} * kMoeMmaBK * 2 : 0;
+  const size_t w_stage = moe_mma_w_stage_bytes(f);
+  const size_t decoded = f != MoeMmaFormat::BF16 ? size_t{kMoeMmaBN} * kMoeMmaBK * 2 : 0;
   const size_t table = (static_cast<size_t>(n_experts) + 1 + 8) * 4;
   return a + static_cast<size_t>(stages) * w_stage + decoded + (table + 127) / 128 * 128;
 }
@@ -56,6 +75,9 @@ inline std::optional<std::string> moe_mma_shape_unsupported(const MoeMmaShape& s
     return fmt::format("moe_experts_mma: hidden {} must be a multiple of {} and inter {} of {}", s.hidden,
                        kMoeMmaBN, s.inter, kMoeMmaBK);
   if (s.n_experts > 1024) return fmt::format("moe_experts_mma: n_experts {} > 1024", s.n_experts);
+  if (s.format == MoeMmaFormat::FP8Block && (s.fp8_block <= 0 || s.fp8_block % kMoeMmaFp8BlockQuantum != 0))
+    return fmt::format("moe_experts_mma: fp8_block {} must be a positive multiple of {}", s.fp8_block,
+                       kMoeMmaFp8BlockQuantum);
   return std::nullopt;
 }
 

@@ -25,6 +25,15 @@
 // before they arrived at the barrier of stage q - 1. MoeWgExpand::Producer keeps the earlier layout below
 // (MOESERVE_MOE_WGMMA_EXPAND=producer) for A/B timing.
 //
+// FP8Block (always consumer expansion): the raw stage is [BN][64] e4m3 (16-byte pieces of a row rotated by
+// moe_dev::fp8_raw_offset against bank conflicts), then one f32 scale per 64-row group of the tile (BN / 64
+// of them, copied by producer threads 0 .. BN / 64 - 1): a 64-row group starts at a multiple of 64 of its
+// matrix (gate_up halves at nt * BN / 2, down halves at nt * BN and + BN / 2) and a 64-k stage at a multiple
+// of 64, so with fp8_block % 64 == 0 each group lies in one scale block for the whole stage. A 256-row tile
+// spans two 128-row blocks (down) or two matrices (gate_up); its groups take their own block's scale. The
+// consumer thread of row r expands it as bf16(e4m3 * scale of group r / 64): 64 + 16 bytes copied a row and
+// stage instead of 128, S = 4 at bn 256 (H200, 256 experts) as the bf16 ring.
+//
 // NVFP4, producer expansion / BF16: weights in the bf16 ring; NVFP4 lands first in a raw ring of S - 1
 // stages and the producer expands it into the W tile.
 //
@@ -75,6 +84,7 @@ constexpr int kBK = kMoeWgBK;
 constexpr int kRowBytes = kBK * 2;   // one bf16 tile row: 128 bytes, the swizzle width
 constexpr int kRawRow = kBK / 2;     // packed NVFP4 bytes of one row per stage
 constexpr int kRawScale = kBK / 16;  // e4m3 scale bytes of one row per stage
+constexpr int kFp8Row = kBK;         // e4m3 bytes of one FP8Block row per stage
 constexpr int kEmptyArrivals = 8;    // one per consumer warp
 constexpr int kFullArrivals = 128;   // every producer thread
 static_assert(kThreads == 384 && kBM == 128 && kBK == 64, "the thread mappings below assume these");
@@ -89,10 +99,12 @@ struct WgParams {
   __nv_bfloat16* __restrict__ act;               // gate_up out: [slots, inter], row = grouped position
   float* __restrict__ slot_out;                  // down out: [slots, hidden], row = slot
   int top_k = 0, n_experts = 0;
-  int k = 0;        // hidden (gate_up) or inter (down)
-  int n_out = 0;    // inter (gate_up: act columns) or hidden (down)
-  int n_tiles = 0;  // gate_up: inter / (BN / 2); down: hidden / BN
-  int stages = 0;   // ring depth S, kMoeWgMinStages .. kMoeWgMaxStages
+  int k = 0;            // hidden (gate_up) or inter (down)
+  int n_out = 0;        // inter (gate_up: act columns) or hidden (down)
+  int n_tiles = 0;      // gate_up: inter / (BN / 2); down: hidden / BN
+  int stages = 0;       // ring depth S, kMoeWgMinStages .. kMoeWgMaxStages
+  int fp8_block = 128;  // FP8Block scale block edge, a multiple of 64
+  int fp8_scols = 0;    // FP8Block scale columns: ceil(k / fp8_block)
 };
 
 // Byte offsets inside the 1024-aligned dynamic window (moe_wgmma_smem_bytes sizes the same).
@@ -101,17 +113,19 @@ struct WgLayout {
   uint32_t a_stage, w_stage, raw_stage;
 };
 
-// cx: NVFP4 expanded by the consumers (3 W buffers, a raw ring of `stages`); else the bf16 ring of `stages`
-// and, for NVFP4, a raw ring of stages - 1.
-__device__ __forceinline__ WgLayout wg_layout(int bn, int stages, bool nvfp4, bool cx) {
+// cx: expanded by the consumers (3 W buffers, a raw ring of `stages`); else the bf16 ring of `stages` and,
+// for NVFP4, a raw ring of stages - 1. Raw stages: NVFP4 bn x 36 bytes, FP8Block bn x 64 + 128
+// (moe_wgmma_raw_stage_bytes).
+__device__ __forceinline__ WgLayout wg_layout(int bn, int stages, MoeMmaFormat f, bool cx) {
   WgLayout L;
   L.a_stage = kBM * kRowBytes;
   L.w_stage = static_cast<uint32_t>(bn) * kRowBytes;
-  L.raw_stage = static_cast<uint32_t>(bn) * (kRawRow + kRawScale);
+  L.raw_stage = f == MoeMmaFormat::FP8Block ? static_cast<uint32_t>(bn) * kFp8Row + 128
+                                            : static_cast<uint32_t>(bn) * (kRawRow + kRawScale);
   L.a = 0;
   L.w = L.a + stages * L.a_stage;
   L.raw = L.w + (cx ? kMoeWgConsumerWBufs : stages) * L.w_stage;
-  const uint32_t raw_bytes = nvfp4 ? (cx ? stages : stages - 1) * L.raw_stage : 0;
+  const uint32_t raw_bytes = f != MoeMmaFormat::BF16 ? (cx ? stages : stages - 1) * L.raw_stage : 0;
   L.bars = L.raw + (raw_bytes + 127) / 128 * 128;
   L.table = L.bars + (2 * stages * 8 + 127) / 128 * 128;
   return L;
@@ -144,6 +158,22 @@ __device__ __forceinline__ void expand_row(const unsigned char* raw, unsigned ch
   *reinterpret_cast<uint4*>(row + ((5 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.y, s[2]);
   *reinterpret_cast<uint4*>(row + ((6 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.z, s[3]);
   *reinterpret_cast<uint4*>(row + ((7 ^ x) << 4)) = moe_dev::e2m1x8_to_bf16(q1.w, s[3]);
+}
+
+// Expands row r of a raw FP8Block stage (bn rows of 64 e4m3 in moe_dev::fp8_raw_offset's piece order, then
+// one f32 scale per 64-row group) into row r of the swizzled bf16 W tile. Piece i holds k 16 i .. 16 i + 15
+// = bf16 chunks 2 i, 2 i + 1.
+template <int BN>
+__device__ __forceinline__ void expand_row_fp8(const unsigned char* raw, unsigned char* wt, int r) {
+  const float s = *reinterpret_cast<const float*>(raw + BN * kFp8Row + (r >> 6) * 4);
+  unsigned char* row = wt + r * kRowBytes;
+  const int x = r & 7;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = *reinterpret_cast<const uint4*>(raw + moe_dev::fp8_raw_offset(r, i));
+    *reinterpret_cast<uint4*>(row + (((2 * i) ^ x) << 4)) = moe_dev::e4m3x8_to_bf16(v.x, v.y, s);
+    *reinterpret_cast<uint4*>(row + (((2 * i + 1) ^ x) << 4)) = moe_dev::e4m3x8_to_bf16(v.z, v.w, s);
+  }
 }
 
 // Named barrier 1 over the two consumer warpgroups (barrier 0 is __syncthreads, used only before the roles
@@ -215,8 +245,11 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
     // nt * BN + BN/2.
     const uint8_t* part_data[2];
     const uint8_t* part_scale[2] = {nullptr, nullptr};
+    const float* fp8_scale = nullptr;  // FP8Block, tid < BN / 64: scale row of 64-row group tid
     {
-      const int64_t row_bytes = F == MoeMmaFormat::BF16 ? int64_t{p.k} * 2 : int64_t{p.k} / 2;
+      const int64_t row_bytes = F == MoeMmaFormat::BF16       ? int64_t{p.k} * 2
+                                : F == MoeMmaFormat::FP8Block ? int64_t{p.k}
+                                                              : int64_t{p.k} / 2;
       const int64_t srow_bytes = p.k / 16;
       int64_t r0, r1;
       const void *d0, *d1, *s0, *s1;
@@ -237,6 +270,16 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
       if constexpr (F == MoeMmaFormat::NVFP4) {
         part_scale[0] = static_cast<const uint8_t*>(s0) + r0 * srow_bytes;
         part_scale[1] = static_cast<const uint8_t*>(s1) + r1 * srow_bytes;
+      }
+      if constexpr (F == MoeMmaFormat::FP8Block) {
+        // Thread tid < BN / 64 copies the scale of 64-row group tid: its rows lie in one scale block (the
+        // group starts at a multiple of 64 of its matrix and fp8_block % 64 == 0), the scale row of that
+        // block, column kc / (fp8_block / 64) at stage kc.
+        if (tid < BN / 64) {
+          const int half = tid < BN / 128 ? 0 : 1;
+          const int64_t grow = (half ? r1 : r0) + tid * 64 - half * (BN / 2);
+          fp8_scale = static_cast<const float*>(half ? s1 : s0) + (grow / p.fp8_block) * p.fp8_scols;
+        }
       }
     }
 
@@ -262,6 +305,21 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
           cp_async16(w_base + wg::sw128_offset(r, chunk),
                      part_data[half] + lr * row_bytes + kc * kRowBytes + chunk * 16);
         }
+      } else if constexpr (F == MoeMmaFormat::FP8Block) {
+        // Four neighbouring threads copy one row's 64 bytes (two whole 32-byte sectors); rows (tid / 4) + 32
+        // j.
+        const uint32_t raw_base = sbase + L.raw + slot * L.raw_stage;
+        const int piece = tid & 3;
+#pragma unroll
+        for (int j = 0; j < BN / 32; ++j) {
+          const int r = (tid >> 2) + 32 * j;
+          const int half = r < BN / 2 ? 0 : 1;
+          const int lr = r - half * (BN / 2);
+          const uint8_t* d =
+              (half ? part_data[1] : part_data[0]) + lr * int64_t{p.k} + kc * kFp8Row + piece * 16;
+          cp_async16(raw_base + moe_dev::fp8_raw_offset(r, piece), d);
+        }
+        if (tid < BN / 64) cp_async4(raw_base + BN * kFp8Row + tid * 4, fp8_scale + (kc * kBK) / p.fp8_block);
       } else {
         const uint32_t raw_base = sbase + L.raw + (kCx ? slot : q % inflight) * L.raw_stage;
         const int64_t row_bytes = p.k / 2, srow_bytes = p.k / 16;
@@ -314,7 +372,8 @@ template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
 __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, uint32_t sbase,
                                          unsigned char* smem, uint64_t* full, uint64_t* empty,
                                          const int* s_mt, int total_items, int cw) {
-  static_assert(!kCx || F == MoeMmaFormat::NVFP4, "consumer expansion is an NVFP4 layout");
+  static_assert(!kCx || F != MoeMmaFormat::BF16, "consumer expansion is an NVFP4 / FP8Block layout");
+  static_assert(kCx || F != MoeMmaFormat::FP8Block, "FP8Block tiles are expanded by the consumers");
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, t4 = lane & 3;
   const int S = p.stages;
@@ -335,7 +394,12 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
       const uint32_t wbuf = kCx ? q % kMoeWgConsumerWBufs : slot;
       if constexpr (kCx) {
         const int ct = threadIdx.x - 128;  // 0 .. 255: row ct of the tile (bn 128: the first warpgroup)
-        if (ct < BN) expand_row<BN>(smem + L.raw + slot * L.raw_stage, smem + L.w + wbuf * L.w_stage, ct);
+        if (ct < BN) {
+          if constexpr (F == MoeMmaFormat::FP8Block)
+            expand_row_fp8<BN>(smem + L.raw + slot * L.raw_stage, smem + L.w + wbuf * L.w_stage, ct);
+          else
+            expand_row<BN>(smem + L.raw + slot * L.raw_stage, smem + L.w + wbuf * L.w_stage, ct);
+        }
         wg::fence_proxy_async();
         consumers_sync();
       }
@@ -399,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
   const uint32_t pad = ((dyn + 1023u) & ~1023u) - dyn;  // the 128-byte swizzle wants 1024-aligned tiles
   unsigned char* smem = smem_dyn + pad;
   const uint32_t sbase = dyn + pad;
-  const WgLayout L = wg_layout(BN, p.stages, F == MoeMmaFormat::NVFP4, kCx);
+  const WgLayout L = wg_layout(BN, p.stages, F, kCx);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* empty = full + p.stages;
   int* s_mt = reinterpret_cast<int*>(smem + L.table);  // [n_experts + 1]
@@ -431,11 +495,17 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
 }
 
 MoeMmaFormat wg_format(MoeWeightFormat f) {
-  return f == MoeWeightFormat::BF16 ? MoeMmaFormat::BF16 : MoeMmaFormat::NVFP4;
+  return f == MoeWeightFormat::BF16       ? MoeMmaFormat::BF16
+         : f == MoeWeightFormat::FP8Block ? MoeMmaFormat::FP8Block
+                                          : MoeMmaFormat::NVFP4;
 }
 
 MoeMmaShape wg_shape(const MoeExpertsParams& p) {
-  return {wg_format(p.format), p.m, p.top_k, p.n_experts, p.hidden, p.inter};
+  return {wg_format(p.format), p.m, p.top_k, p.n_experts, p.hidden, p.inter, p.fp8_block};
+}
+
+bool wg_format_ok(MoeWeightFormat f) {
+  return f == MoeWeightFormat::BF16 || f == MoeWeightFormat::NVFP4 || f == MoeWeightFormat::FP8Block;
 }
 
 // Who expands NVFP4 tiles, read once: MOESERVE_MOE_WGMMA_EXPAND=producer selects the earlier layout (A/B
@@ -461,6 +531,13 @@ template <bool kGateUp>
 void launch_gemm(const WgParams& wp, const MoeExpertsParams& p, const MoeWgmmaGemmConfig& cfg,
                  const DeviceCaps& caps, cudaStream_t stream) {
   const bool nv = p.format == MoeWeightFormat::NVFP4, cx = cfg.expand == MoeWgExpand::Consumer;
+  if (p.format == MoeWeightFormat::FP8Block) {
+    if (cfg.bn == 256)
+      launch_one<256, MoeMmaFormat::FP8Block, kGateUp, true>(wp, p, caps, cfg.smem, stream);
+    else
+      launch_one<128, MoeMmaFormat::FP8Block, kGateUp, true>(wp, p, caps, cfg.smem, stream);
+    return;
+  }
   if (cfg.bn == 256) {
     if (!nv)
       launch_one<256, MoeMmaFormat::BF16, kGateUp, false>(wp, p, caps, cfg.smem, stream);
@@ -478,11 +555,17 @@ void launch_gemm(const WgParams& wp, const MoeExpertsParams& p, const MoeWgmmaGe
   }
 }
 
+// Scale columns of an FP8Block matrix whose rows are k wide (0 for the other formats, whose fp8_block is
+// not checked and may be anything).
+int fp8_scale_cols(const MoeExpertsParams& p, int k) {
+  return p.format == MoeWeightFormat::FP8Block ? (k + p.fp8_block - 1) / p.fp8_block : 0;
+}
+
 }  // namespace
 
 std::optional<std::string> moe_experts_wgmma_unavailable(const MoeExpertsParams& p) {
-  if (p.format != MoeWeightFormat::BF16 && p.format != MoeWeightFormat::NVFP4)
-    return fmt::format("moe_experts_wgmma: weight format {} is not NVFP4 or BF16",
+  if (!wg_format_ok(p.format))
+    return fmt::format("moe_experts_wgmma: weight format {} is not NVFP4, FP8Block or BF16",
                        static_cast<int>(p.format));
   const DeviceCaps caps = current_device_caps();
   std::string why;
@@ -491,8 +574,8 @@ std::optional<std::string> moe_experts_wgmma_unavailable(const MoeExpertsParams&
 }
 
 MoeWgmmaConfig moe_experts_wgmma_config(const MoeExpertsParams& p) {
-  MS_CHECK(p.format == MoeWeightFormat::BF16 || p.format == MoeWeightFormat::NVFP4,
-           "moe_experts_wgmma: weight format {} is not NVFP4 or BF16", static_cast<int>(p.format));
+  MS_CHECK(wg_format_ok(p.format), "moe_experts_wgmma: weight format {} is not NVFP4, FP8Block or BF16",
+           static_cast<int>(p.format));
   const DeviceCaps caps = current_device_caps();
   std::string why;
   const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand());
@@ -520,6 +603,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   wp.experts = p.experts;
   wp.top_k = p.top_k;
   wp.n_experts = p.n_experts;
+  wp.fp8_block = p.fp8_block;
 
   WgParams gu = wp;
   gu.a = static_cast<const __nv_bfloat16*>(xb);
@@ -529,6 +613,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   gu.n_out = p.inter;
   gu.n_tiles = p.inter / (cfg.gate_up.bn / 2);
   gu.stages = cfg.gate_up.stages;
+  gu.fp8_scols = fp8_scale_cols(p, p.hidden);
   launch_gemm<true>(gu, p, cfg.gate_up, caps, stream);
 
   WgParams dn = wp;
@@ -539,6 +624,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   dn.n_out = p.hidden;
   dn.n_tiles = p.hidden / cfg.down.bn;
   dn.stages = cfg.down.stages;
+  dn.fp8_scols = fp8_scale_cols(p, p.inter);
   launch_gemm<false>(dn, p, cfg.down, caps, stream);
 }
 

@@ -2,7 +2,8 @@
 // launches of moe_experts_mma (moe_experts_mma.h) with the same inputs and outputs, chosen by moe_experts_mma
 // where they apply. Warp-specialised: one producer warpgroup fills a shared-memory ring (activation rows
 // gathered through the plan's permutation by cp.async, BF16 weight tiles copied, NVFP4 tiles copied raw and
-// expanded to bf16 by the consumers while the previous stage's MMAs run), two consumer warpgroups of 64 rows
+// expanded to bf16 by the consumers while the previous stage's MMAs run; FP8Block tiles likewise, times their
+// block scale), two consumer warpgroups of 64 rows
 // run wgmma m64nNk16 from the ring; mbarriers full / empty hand stages over. Output semantics as
 // moe_experts_mma: act[pos] = bf16(SiLU(g) * u) and slot_out[slot] = f32 rows, NVFP4 weight_scale_2 applied
 // to the f32 accumulators.

@@ -22,7 +22,8 @@ constexpr int kMoeWgBK = 64;
 constexpr int kMoeWgMaxStages = 6;
 constexpr int kMoeWgMinStages = 3;
 
-// Who expands NVFP4 tiles to bf16 (BF16 weights ignore it). Consumer (the default): the producer only copies
+// Who expands NVFP4 tiles to bf16 (BF16 weights ignore it; FP8Block tiles are always expanded by the
+// consumers). Consumer (the default): the producer only copies
 // (A rows and raw NVFP4 into one ring of `stages`), the 256 consumer threads expand stage q into one of 3
 // bf16 W buffers while the tensor cores run stage q - 1. Producer: the earlier layout, the producer warpgroup
 // copies and expands (bf16 ring of `stages`, raw ring of stages - 1); kept selectable for A/B timing
@@ -37,27 +38,40 @@ struct MoeWgmmaGemmConfig {
   int bn = 256;     // weight rows per block tile: 128 or 256 (gate_up: half gate, half up rows)
   int stages = 4;   // shared-memory ring depth (the producer keeps stages - 1 copies in flight)
   size_t smem = 0;  // dynamic shared memory per block, bytes
-  MoeWgExpand expand = MoeWgExpand::Consumer;  // NVFP4 only
+  MoeWgExpand expand = MoeWgExpand::Consumer;  // NVFP4 only (FP8Block: always Consumer)
 };
 
 struct MoeWgmmaConfig {
   MoeWgmmaGemmConfig gate_up, down;
 };
 
+// Whether the consumers expand the weight tiles (3 bf16 W buffers, a raw ring of `stages`): NVFP4 with
+// MoeWgExpand::Consumer, and FP8Block always.
+inline bool moe_wgmma_consumer_expands(MoeMmaFormat f, MoeWgExpand x) {
+  return f == MoeMmaFormat::FP8Block || (f == MoeMmaFormat::NVFP4 && x == MoeWgExpand::Consumer);
+}
+
+// One raw (as stored) weight stage of bn rows: NVFP4 bn x (32 packed bytes + 4 e4m3 scales); FP8Block bn x 64
+// e4m3, then one f32 scale per 64-row group (at most 4) in a 128-byte slot (keeps the next stage aligned).
+inline size_t moe_wgmma_raw_stage_bytes(MoeMmaFormat f, int bn) {
+  if (f == MoeMmaFormat::FP8Block) return static_cast<size_t>(bn) * kMoeWgBK + 128;
+  return static_cast<size_t>(bn) * (kMoeWgBK / 2 + kMoeWgBK / 16);
+}
+
 // Shared memory of one block, 1024 bytes of slack to align the dynamic window first.
 //   BF16, and NVFP4 with MoeWgExpand::Producer: the bf16 ring [stages] x (A [128][64] + W [bn][64]), each
 //     tile 1024-aligned (the 128-byte swizzle); NVFP4 adds the raw ring [stages - 1] x bn x (32 packed bytes
 //     + 4 e4m3 scales).
-//   NVFP4 with MoeWgExpand::Consumer: A ring [stages] x [128][64] bf16, 3 bf16 W buffers [bn][64], raw ring
-//     [stages] x bn x 36 bytes.
+//   Consumer expansion (NVFP4 with MoeWgExpand::Consumer, FP8Block): A ring [stages] x [128][64] bf16, 3 bf16
+//     W buffers [bn][64], raw ring [stages] x moe_wgmma_raw_stage_bytes.
 // Then 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums.
 inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts,
                                    MoeWgExpand x = MoeWgExpand::Consumer) {
   const size_t a_tile = size_t{kMoeWgBM} * kMoeWgBK * 2, w_tile = static_cast<size_t>(bn) * kMoeWgBK * 2;
-  const size_t raw_stage = static_cast<size_t>(bn) * (kMoeWgBK / 2 + kMoeWgBK / 16);
-  const bool nv = f == MoeMmaFormat::NVFP4, cx = nv && x == MoeWgExpand::Consumer;
+  const size_t raw_stage = moe_wgmma_raw_stage_bytes(f, bn);
+  const bool cx = moe_wgmma_consumer_expands(f, x);
   const size_t ring = static_cast<size_t>(stages) * a_tile + (cx ? kMoeWgConsumerWBufs : stages) * w_tile;
-  const size_t raw = nv ? static_cast<size_t>(cx ? stages : stages - 1) * raw_stage : 0;
+  const size_t raw = f != MoeMmaFormat::BF16 ? static_cast<size_t>(cx ? stages : stages - 1) * raw_stage : 0;
   const size_t bars = static_cast<size_t>(2) * stages * 8;
   const size_t table = (static_cast<size_t>(n_experts) + 1 + 12) * 4;
   return 1024 + ring + (raw + 127) / 128 * 128 + (bars + 127) / 128 * 128 + (table + 127) / 128 * 128;
@@ -79,17 +93,22 @@ inline std::optional<std::string> moe_wgmma_shape_unsupported(const MoeMmaShape&
     return fmt::format("moe_experts_wgmma: hidden {} must be a multiple of 128 and inter {} of 64", s.hidden,
                        s.inter);
   if (s.n_experts > 1024) return fmt::format("moe_experts_wgmma: n_experts {} > 1024", s.n_experts);
+  if (s.format == MoeMmaFormat::FP8Block && (s.fp8_block <= 0 || s.fp8_block % kMoeMmaFp8BlockQuantum != 0))
+    return fmt::format("moe_experts_wgmma: fp8_block {} must be a positive multiple of {}", s.fp8_block,
+                       kMoeMmaFp8BlockQuantum);
   return std::nullopt;
 }
 
-// One projection's configuration: the deepest ring (from kMoeWgMaxStages for bn 128 or NVFP4 with consumer
-// expansion, 4 for bn 256 otherwise, down to kMoeWgMinStages) whose shared memory fits `dev`; nullopt with
-// *why when none does or `dev` is not sm_90 (the kernel is sm_90a code).
+// One projection's configuration: the deepest ring (from kMoeWgMaxStages for bn 128 or consumer expansion,
+// 4 for bn 256 otherwise, down to kMoeWgMinStages) whose shared memory fits `dev`; nullopt with *why when
+// none does or `dev` is not sm_90 (the kernel is sm_90a code). FP8Block always expands in the consumers
+// (the returned expand says so whatever x was asked).
 inline std::optional<MoeWgmmaGemmConfig> choose_moe_wgmma_gemm(MoeMmaFormat f, int bn, int n_experts,
                                                                const DeviceLimits& dev, std::string* why,
                                                                MoeWgExpand x = MoeWgExpand::Consumer) {
   std::string last;
-  const bool cx = f == MoeMmaFormat::NVFP4 && x == MoeWgExpand::Consumer;
+  if (f == MoeMmaFormat::FP8Block) x = MoeWgExpand::Consumer;
+  const bool cx = moe_wgmma_consumer_expands(f, x);
   for (int stages = bn == 256 && !cx ? 4 : kMoeWgMaxStages; stages >= kMoeWgMinStages; --stages) {
     const KernelNeed need{fmt::format("moe_experts_wgmma bn{} stages{}", bn, stages),
                           moe_wgmma_smem_bytes(f, bn, stages, n_experts, x), 90, true};
