@@ -254,7 +254,10 @@ void run_case(const Fp8Experts& xs, int m, int K, Routing routing, uint32_t seed
   double ss = 0, se = 0;
   for (size_t i = 0; i < ref.size(); ++i) ss += (ref[i] - out0[i]) * (ref[i] - out0[i]);
   const double rms = std::sqrt(ss / ref.size());
-  ASSERT_GT(rms, 0.0);
+  if (rms == 0.0) {  // no slot routed (empty-slot routing at m = 1): out must come back untouched
+    EXPECT_EQ(got, out0);
+    return;
+  }
   int bad = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double d = static_cast<double>(got[i]) - ref[i];
