@@ -228,9 +228,9 @@ void mla_attention(const Ctx& ctx, const Tensor& q_cat, const PagedCacheLayer& c
              : be.attention_kernel == "mla_decode_wgmma" ? cuda::MlaAttentionPrefer::WgmmaDecode
                                                          : cuda::MlaAttentionPrefer::Auto;
   // Parity runs (exact linear math) keep the f32 general kernel wherever it was used before the sm90 decode
-  // kernel (bf16 pages, DSA selections): Fp8Decode preference is exactly that earlier choice.
+  // kernel (bf16 pages, DSA selections), and the split-KV fp8 kernel where that applies.
   if (be.exact_linear && s.prefer == cuda::MlaAttentionPrefer::Auto)
-    s.prefer = cuda::MlaAttentionPrefer::Fp8Decode;
+    s.prefer = cuda::MlaAttentionPrefer::Fp8DecodeElseGeneral;
   const cuda::MlaAttentionConfig c = cuda::mla_attention_choose(s, be.caps);
   cuda::MlaAttentionParams p;
   p.q_cat = q_cat.data<float>();

@@ -482,6 +482,14 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
   prefill_sm90.prefer = MlaAttentionPrefer::Sm90Decode;
   EXPECT_EQ(mla_attention_choose(prefill_sm90, caps_of(limits_h200())).kernel,
             mla_attention_choose(prefill, caps_of(limits_h200())).kernel);
+  // Exact-parity runs: the split-KV kernel where it applies, else the f32 general kernel (never a bf16-math
+  // tensor-core kernel).
+  MlaAttentionShape exact_dense = glm, exact_sel = sel, exact_bf16 = glm;
+  exact_dense.prefer = exact_sel.prefer = exact_bf16.prefer = MlaAttentionPrefer::Fp8DecodeElseGeneral;
+  exact_bf16.format = KvFormat::BF16;
+  EXPECT_EQ(mla_attention_choose(exact_dense, caps_of(limits_h200())).kernel, MlaAttentionKernel::Fp8Decode);
+  EXPECT_EQ(mla_attention_choose(exact_sel, caps_of(limits_h200())).kernel, MlaAttentionKernel::General);
+  EXPECT_EQ(mla_attention_choose(exact_bf16, caps_of(limits_h200())).kernel, MlaAttentionKernel::General);
   EXPECT_EQ(mla_decode_kernel_from_env(nullptr), MlaAttentionPrefer::Auto);
   EXPECT_EQ(mla_decode_kernel_from_env("wgmma"), MlaAttentionPrefer::WgmmaDecode);
   EXPECT_EQ(mla_decode_kernel_from_env("split"), MlaAttentionPrefer::Fp8Decode);

@@ -201,6 +201,8 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const De
                            caps.arch() >= 80 && caps.multiprocessors > 0 &&
                            kFp8DecodeSmem <= caps.smem_per_block_optin;
   if (s.prefer == MlaAttentionPrefer::Fp8Decode && !fp8_applies) s.prefer = MlaAttentionPrefer::Auto;
+  if (s.prefer == MlaAttentionPrefer::Fp8DecodeElseGeneral)
+    s.prefer = fp8_applies ? MlaAttentionPrefer::Fp8Decode : MlaAttentionPrefer::General;
   if (s.prefer == MlaAttentionPrefer::Sm90Decode && !(sm90_shape && sm90_batch && caps.arch() >= 80))
     s.prefer = MlaAttentionPrefer::Auto;
   const bool older_fp8_faster = s.prefer == MlaAttentionPrefer::Auto && fast_shape && !s.has_topk &&

@@ -42,7 +42,16 @@ enum class MlaAttentionKernel : uint8_t { General, Fp8Decode, Sm90Decode, WgmmaD
 // What the caller asks for (--attention-backend): Auto takes the fastest kernel that fits. With Auto, the
 // environment variable MOESERVE_MLA_DECODE_KERNEL = split | sm90 | wgmma asks for Fp8Decode, Sm90Decode or
 // WgmmaDecode (for comparing them on one build); a kernel that does not apply falls back as Auto would.
-enum class MlaAttentionPrefer : uint8_t { Auto, General, Fp8Decode, Sm90Decode, WgmmaDecode };
+// A preference for a kernel that cannot take the batch falls back to Auto; Fp8DecodeElseGeneral (exact-parity
+// runs) is the split-KV fp8 kernel where it applies and the f32 general kernel everywhere else.
+enum class MlaAttentionPrefer : uint8_t {
+  Auto,
+  General,
+  Fp8Decode,
+  Sm90Decode,
+  WgmmaDecode,
+  Fp8DecodeElseGeneral
+};
 // The preference named by a MOESERVE_MLA_DECODE_KERNEL value (null or empty: Auto); throws on another value.
 MlaAttentionPrefer mla_decode_kernel_from_env(const char* value);
 const char* mla_attention_kernel_name(MlaAttentionKernel k);
