@@ -7,6 +7,7 @@
 #include "kernels/cuda/mla_decode/mla_decode_sm90_config.h"
 #include "kernels/cuda/mla_decode/mla_decode_wgmma_config.h"
 #include "kernels/cuda/moe/moe_decode_config.h"
+#include "kernels/cuda/moe/moe_decode_fp8_config.h"
 #include "kernels/cuda/moe/moe_experts_mma_config.h"
 #include "kernels/cuda/moe/moe_stream_config.h"
 #include "kernels/cuda/nvfp4_gemv/nvfp4_gemv_config.h"
@@ -204,6 +205,27 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
     if (b.usable) fit(b, dev, why_none, cuda::moe_decode_config::need_gate_up(6144, 1));
     b.smem_bytes = std::max(cuda::moe_decode_config::gate_up_smem(6144, 1),
                             cuda::moe_decode_config::down_smem(cuda::moe_decode_config::kMaxM));
+    out.push_back(b);
+  }
+  {
+    BackendInfo b{
+        "moe",
+        "grouped_decode_fp8",
+        "cuda",
+        "fp8 128x128 blocks",
+        "decode steps of 1 to 64 tokens (m * top_k <= 1024, up to 1024 experts); hidden and intermediate "
+        "multiples of 128; e4m3 weights streamed into registers, converted to f16 by the hardware, tensor "
+        "cores with f16 activations, each 128-k block's partial sum times its scale, down summed in a fixed "
+        "order; used by `grouped` first where it applies (not in exact mode)",
+        "sm_80 or newer",
+        0,
+        false,
+        ""};
+    // DeepSeek-V3's widths at the largest token count (the down kernel's tiles grow with m).
+    fit(b, dev, why_none, cuda::moe_decode_fp8_config::need_down(cuda::moe_decode_fp8_config::kMaxM));
+    if (b.usable) fit(b, dev, why_none, cuda::moe_decode_fp8_config::need_gate_up(7168, 1));
+    b.smem_bytes = std::max(cuda::moe_decode_fp8_config::gate_up_smem(7168, 1),
+                            cuda::moe_decode_fp8_config::down_smem(cuda::moe_decode_fp8_config::kMaxM));
     out.push_back(b);
   }
   {

@@ -555,7 +555,8 @@ TEST(Backends, JudgedAgainstEachTargetPart) {
   EXPECT_NE(not_hopper.why.find("mla_decode_wgmma"), std::string::npos) << not_hopper.why;
   EXPECT_FALSE(find(on_rtx, "mla_decode_wgmma").usable);
   EXPECT_TRUE(find(on_rtx, "cpu").usable);
-  for (const char* moe : {"grouped_stream", "grouped_decode", "grouped_mma"})  // every MoE kernel is listed
+  for (const char* moe : {"grouped_stream", "grouped_decode", "grouped_decode_fp8",
+                          "grouped_mma"})  // every MoE kernel is listed
     EXPECT_TRUE(find(on_h200, moe).usable) << moe << ": " << find(on_h200, moe).why;
   for (const auto& b : on_rtx)
     if (b.usable && b.device == "cuda") {
