@@ -33,32 +33,19 @@
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_experts_decode_fp8.h"
 #include "kernels/cuda/moe/moe_plan.h"
+#include "moe_test_util.h"
 #include "ops/moe_experts.h"
 #include "quant/fp8_block.h"
 
 namespace {
 
+using ms::test::Dev;
+using ms::test::route;
+using ms::test::Routing;
+
 bool have_gpu() {
   return ms::cuda::device_count() > 0;
 }
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 // E experts over P distinct quantized ones (expert e uses pool entry e % P), on the host and the device.
 // Device copies: one allocation per pool matrix (16-byte aligned starts) and one NaN-filled data / scale pair
@@ -153,22 +140,6 @@ struct Fp8Experts {
   }
 };
 
-std::vector<int32_t> route(int m, int K, int E, bool skewed, std::mt19937& rng) {
-  std::vector<int32_t> ids(static_cast<size_t>(m) * K);
-  std::vector<double> pw(E);
-  for (int e = 0; e < E; ++e) pw[e] = skewed ? 1.0 / ((e + 1.0) * (e + 1.0)) : 1.0;
-  for (int t = 0; t < m; ++t) {
-    std::vector<double> w = pw;
-    for (int k = 0; k < K; ++k) {
-      std::discrete_distribution<int> d(w.begin(), w.end());
-      const int e = d(rng);
-      w[e] = 0.0;
-      ids[static_cast<size_t>(t) * K + k] = e;
-    }
-  }
-  return ids;
-}
-
 ms::cuda::MoeExpertsParams base_params(int m, int K, int E, int H, int I) {
   ms::cuda::MoeExpertsParams p;
   p.ldx = H;
@@ -215,8 +186,6 @@ std::vector<float> run_gpu(const Fp8Experts& xs, const std::vector<uint8_t>& poi
   return d_out.get();
 }
 
-enum class Routing { Uniform, Skewed, OneHot, EmptySlots };
-
 void run_case(const Fp8Experts& xs, int m, int K, Routing routing, uint32_t seed, bool poison_untouched) {
   SCOPED_TRACE("routing " + std::to_string(static_cast<int>(routing)) + " E=" + std::to_string(xs.E) +
                " H=" + std::to_string(xs.H) + " I=" + std::to_string(xs.I) + " m=" + std::to_string(m) +
@@ -225,12 +194,7 @@ void run_case(const Fp8Experts& xs, int m, int K, Routing routing, uint32_t seed
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> uw(0.05f, 1.0f);
-  auto ids = route(m, K, xs.E, routing == Routing::Skewed, rng);
-  if (routing == Routing::OneHot)  // every token to experts 0..K-1: one hot expert set, m positions each
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % K);
-  if (routing == Routing::EmptySlots)  // every third slot empty, and token 0 has no expert at all
-    for (size_t i = 0; i < ids.size(); ++i)
-      if (i % 3 == 1 || i < static_cast<size_t>(K)) ids[i] = -1;
+  const auto ids = route(m, K, xs.E, routing, rng);
   std::vector<float> wts(ids.size()), x(static_cast<size_t>(m) * H), out0(x.size());
   for (auto& v : wts) v = uw(rng);
   for (auto& v : x) v = nd(rng);
