@@ -40,6 +40,7 @@
 #include "quant/float_formats.h"
 #include "quant/fp8_block.h"
 #include "quant/nvfp4.h"
+#include "random_weights.h"
 
 namespace {
 
@@ -105,10 +106,12 @@ Stored store(const std::vector<float>& w, int rows, int cols, MoeWeightFormat f)
   Stored s;
   if (f == MoeWeightFormat::BF16) {
     s.data.resize(w.size() * 2);
-    for (size_t i = 0; i < w.size(); ++i) {
-      const uint16_t b = ms::quant::f32_to_bf16(w[i]);
-      std::memcpy(s.data.data() + 2 * i, &b, 2);
-    }
+    ms::test::parallel_for(rows, [&](int64_t r) {
+      for (size_t i = static_cast<size_t>(r) * cols; i < static_cast<size_t>(r + 1) * cols; ++i) {
+        const uint16_t b = ms::quant::f32_to_bf16(w[i]);
+        std::memcpy(s.data.data() + 2 * i, &b, 2);
+      }
+    });
   } else if (f == MoeWeightFormat::FP8Block) {
     // e4m3 [rows, cols], f32 scales [ceil(rows / 128), ceil(cols / 128)] (partial edge blocks where the
     // widths are not multiples of 128).
@@ -154,19 +157,16 @@ class Experts {
  public:
   Experts(int E, int hidden, int inter, MoeWeightFormat f, uint32_t seed)
       : E_(E), hidden_(hidden), inter_(inter), format_(f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    auto matrix = [&](int rows, int cols) {
-      std::vector<float> w(static_cast<size_t>(rows) * cols);
-      const float sd = 1.0f / std::sqrt(static_cast<float>(cols));
-      for (auto& v : w) v = sd * nd(rng);
-      return w;
+    // Matrix k (expert k / 3; gate, up, down) drawn by its own engines, on all cores (random_weights.h).
+    auto matrix = [&](int rows, int cols, int k) {
+      return ms::test::normal_matrix(rows, cols, 1.0f / std::sqrt(static_cast<float>(cols)), seed,
+                                     static_cast<uint64_t>(k));
     };
     stored_.reserve(static_cast<size_t>(E) * 3);
     for (int e = 0; e < E; ++e) {
-      stored_.push_back(store(matrix(inter, hidden), inter, hidden, f));
-      stored_.push_back(store(matrix(inter, hidden), inter, hidden, f));
-      stored_.push_back(store(matrix(hidden, inter), hidden, inter, f));
+      stored_.push_back(store(matrix(inter, hidden, 3 * e), inter, hidden, f));
+      stored_.push_back(store(matrix(inter, hidden, 3 * e + 1), inter, hidden, f));
+      stored_.push_back(store(matrix(hidden, inter, 3 * e + 2), hidden, inter, f));
     }
     for (int e = 0; e < E; ++e) {
       ms::ops::ExpertWeights ew;

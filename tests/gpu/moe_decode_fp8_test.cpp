@@ -36,6 +36,7 @@
 #include "moe_test_util.h"
 #include "ops/moe_experts.h"
 #include "quant/fp8_block.h"
+#include "random_weights.h"
 
 namespace {
 
@@ -61,23 +62,24 @@ struct Fp8Experts {
 
   Fp8Experts(int e, int h, int i, uint32_t seed, int distinct = 0)
       : E(e), P(distinct > 0 ? distinct : e), H(h), I(i) {
-    std::mt19937 rng(seed);
     static constexpr float kBlockFactor[7] = {0.125f, 0.25f, 0.5f, 1.f, 2.f, 4.f, 8.f};
-    auto make = [&](int rows, int cols) {
-      std::uniform_real_distribution<float> u(-1.f, 1.f);
+    // Pool matrix k (entry k / 3; gate, up, down) drawn by its own engines, on all cores (random_weights.h).
+    auto make = [&](int rows, int cols, int k) {
       std::vector<float> w(static_cast<size_t>(rows) * cols);
       const float a = std::sqrt(3.0f / static_cast<float>(cols));  // unit variance per output
       // Each 128x128 block times its own power of two (2^-3 .. 2^3), varying along rows and columns.
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < cols; ++c)
-          w[static_cast<size_t>(r) * cols + c] =
-              a * u(rng) * kBlockFactor[(3 * (r / 128) + 5 * (c / 128)) % 7];
+      ms::test::draw_rows(w.data(), rows, cols, seed, static_cast<uint64_t>(k),
+                          [&](std::mt19937& rng, int64_t r, float* row) {
+                            std::uniform_real_distribution<float> u(-1.f, 1.f);
+                            for (int c = 0; c < cols; ++c)
+                              row[c] = a * u(rng) * kBlockFactor[(3 * (r / 128) + 5 * (c / 128)) % 7];
+                          });
       return ms::quant::fp8_block_quantize(w.data(), rows, cols);
     };
     for (int x = 0; x < P; ++x) {
-      q.push_back(make(I, H));
-      q.push_back(make(I, H));
-      q.push_back(make(H, I));
+      q.push_back(make(I, H, 3 * x));
+      q.push_back(make(I, H, 3 * x + 1));
+      q.push_back(make(H, I, 3 * x + 2));
     }
     auto lw = [](ms::quant::Fp8BlockWeight& m) {
       ms::ops::LinearWeight l;

@@ -3,6 +3,10 @@
 // at 1, 8, 32 and 256 tokens, uniform and skewed routing. Outputs and the act workspace are poisoned with NaN
 // first. Untouched experts point at NaN-filled weights: any read of them would show in the output.
 //
+// Weights are drawn in the stored NVFP4 format (random_weights.h: every E2M1 code, block scales spread over
+// 15x), not quantized from floats: both sides read the same codes and scales, and the full-width set (256
+// experts, 5.4 GB) is made once per process, on all cores, for the three tests that run on it.
+//
 // Tolerance: both sides use the same dequantised NVFP4 weights; the GPU multiplies bf16 weights (exact) by
 // activations split into bf16 hi + lo (~2^-16 relative) with f32 accumulation, in another order. Per element
 // |gpu - cpu| <= 2e-3 * rms(contribution) + 2e-3 * |contribution|, and the relative RMS error <= 5e-4.
@@ -18,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +36,7 @@
 #include "moe_test_util.h"
 #include "ops/moe_experts.h"
 #include "quant/nvfp4.h"
+#include "random_weights.h"
 
 namespace {
 
@@ -42,6 +48,8 @@ bool have_gpu() {
   return ms::cuda::device_count() > 0;
 }
 
+struct DeviceExperts;
+
 // One NVFP4 expert set, stored contiguously per matrix kind so a device copy is three allocations. Experts in
 // `poisoned` get NaN-filled bytes on the device (0xff: code -6 with scale NaN) instead of their weights.
 struct Nvfp4Experts {
@@ -50,19 +58,15 @@ struct Nvfp4Experts {
   std::vector<ms::ops::ExpertWeights> cpu;
 
   Nvfp4Experts(int e, int h, int i, uint32_t seed) : E(e), H(h), I(i) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    auto make = [&](int rows, int cols) {
-      std::vector<float> w(static_cast<size_t>(rows) * cols);
-      const float sd = 1.0f / std::sqrt(static_cast<float>(cols));
-      for (auto& v : w) v = sd * nd(rng);
-      return ms::quant::nvfp4_quantize(w.data(), rows, cols);
-    };
-    for (int x = 0; x < E; ++x) {
-      q.push_back(make(I, H));
-      q.push_back(make(I, H));
-      q.push_back(make(H, I));
-    }
+    // Matrix k (expert k / 3; gate, up, down) drawn in the stored format by its own engine
+    // (random_weights.h), the matrices on all cores; weights of standard deviation 1 / sqrt(cols), as N(0, 1
+    // / cols) would give.
+    q.resize(3 * static_cast<size_t>(E));
+    ms::test::parallel_for(3 * static_cast<int64_t>(E), [&](int64_t k) {
+      const int rows = k % 3 == 2 ? H : I, cols = k % 3 == 2 ? I : H;
+      q[static_cast<size_t>(k)] =
+          ms::test::random_nvfp4(rows, cols, 1.0f / std::sqrt(static_cast<float>(cols)), seed, k);
+    });
     for (int x = 0; x < E; ++x) {
       ms::ops::ExpertWeights w;
       auto lw = [&](ms::quant::Nvfp4Weight& m, int rows, int cols) {
@@ -81,6 +85,16 @@ struct Nvfp4Experts {
       cpu.push_back(std::move(w));
     }
   }
+  Nvfp4Experts(const Nvfp4Experts&) = delete;
+  Nvfp4Experts& operator=(const Nvfp4Experts&) = delete;
+  ~Nvfp4Experts();
+
+  // The device copy with no expert poisoned, made on first use and kept while the set lives (a full-width
+  // set is 5.4 GB: one upload for all its cases).
+  const DeviceExperts& device() const;
+
+ private:
+  mutable std::unique_ptr<DeviceExperts> device_;
 };
 
 struct DeviceExperts {
@@ -115,6 +129,20 @@ struct DeviceExperts {
   DeviceExperts(const DeviceExperts&) = delete;
   DeviceExperts& operator=(const DeviceExperts&) = delete;
 };
+
+Nvfp4Experts::~Nvfp4Experts() = default;
+
+const DeviceExperts& Nvfp4Experts::device() const {
+  if (!device_) device_ = std::make_unique<DeviceExperts>(*this, std::vector<uint8_t>(E, 0));
+  return *device_;
+}
+
+// The full GLM-5 width set (256 experts, hidden 6144, inter 2048), made once per process for every test
+// that runs on it.
+const Nvfp4Experts& glm5_full_width() {
+  static const Nvfp4Experts xs(256, 6144, 2048, 410);
+  return xs;
+}
 
 enum class Path { Old, Stream, Decode };
 
@@ -192,7 +220,9 @@ void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, 
   for (int32_t e : ids)
     if (e >= 0 && e < xs.E) touched[e] = 1;
   for (int e = 0; e < xs.E; ++e) poisoned[e] = poison_untouched && !touched[e];
-  const DeviceExperts dx(xs, poisoned);
+  std::unique_ptr<DeviceExperts> own;
+  if (poison_untouched) own = std::make_unique<DeviceExperts>(xs, poisoned);
+  const DeviceExperts& dx = poison_untouched ? *own : xs.device();
 
   std::vector<float> ref = out0;
   {
@@ -268,7 +298,7 @@ TEST(CudaMoeStream, ScaledDownGlm5MatchesCpu) {
 
 TEST(CudaMoeStream, FullWidthGlm5MatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Nvfp4Experts xs(256, 6144, 2048, 310);
+  const Nvfp4Experts& xs = glm5_full_width();
   for (int m : {1, 8, 32, 256}) {
     run_case(xs, m, 8, false, 311u + m, false);
     run_case(xs, m, 8, true, 312u + m, false);
@@ -358,7 +388,7 @@ TEST(CudaMoeDecode, ScaledDownGlm5MatchesCpu) {
 
 TEST(CudaMoeDecode, FullWidthGlm5MatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Nvfp4Experts xs(256, 6144, 2048, 410);
+  const Nvfp4Experts& xs = glm5_full_width();
   for (int m : {1, 3, 8, 32, 64}) {
     run_case(xs, m, 8, false, 411u + m, false, Path::Decode);
     run_case(xs, m, 8, true, 412u + m, false, Path::Decode);
@@ -423,7 +453,7 @@ TEST(CudaMoeDecodeRing, ScaledDownGlm5MatchesRegistersBitForBit) {
 
 TEST(CudaMoeDecodeRing, FullWidthGlm5MatchesRegistersBitForBit) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Nvfp4Experts xs(256, 6144, 2048, 410);
+  const Nvfp4Experts& xs = glm5_full_width();
   for (int m : {1, 3, 8, 32, 64}) {
     run_case(xs, m, 8, false, 511u + m, false, Path::Decode, Routing::Uniform, 1);
     run_case(xs, m, 8, true, 512u + m, false, Path::Decode, Routing::Skewed, 1);
@@ -448,4 +478,44 @@ TEST(CudaMoeDecodeRing, KernelFromEnvironment) {
   EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env("registers"), 0);
   EXPECT_EQ(ms::cuda::moe_decode_kernel_from_env("ring"), 1);
   EXPECT_THROW(ms::cuda::moe_decode_kernel_from_env("tma"), ms::Error);
+}
+
+// The weights the NVFP4 tests run on (no device needed): every E2M1 code, normal e4m3 scales over the whole
+// stated range, the asked standard deviation, and the same bytes on a second draw.
+TEST(RandomNvfp4Weights, EveryCodeNormalScalesAskedSpread) {
+  const int rows = 64, cols = 2048;
+  const float sd = 1.0f / std::sqrt(static_cast<float>(cols));
+  const auto q = ms::test::random_nvfp4(rows, cols, sd, 7, 3);
+  ASSERT_EQ(q.packed.size(), static_cast<size_t>(rows) * cols / 2);
+  ASSERT_EQ(q.scales.size(), static_cast<size_t>(rows) * cols / 16);
+  std::vector<int> codes(16, 0);
+  for (uint8_t b : q.packed) {
+    ++codes[b & 15];
+    ++codes[b >> 4];
+  }
+  for (int c = 0; c < 16; ++c) EXPECT_GT(codes[c], rows * cols / 32) << "code " << c;
+  float smin = 1e30f, smax = 0.f;
+  for (uint8_t s : q.scales) {
+    EXPECT_GE(s >> 3, 1) << "e4m3 scale not normal: " << int{s};
+    EXPECT_LT(s, 0x7f) << "e4m3 scale NaN or negative: " << int{s};
+    smin = std::min(smin, ms::quant::fp8_e4m3_to_f32(s));
+    smax = std::max(smax, ms::quant::fp8_e4m3_to_f32(s));
+  }
+  EXPECT_EQ(smin, 0.5f);
+  EXPECT_EQ(smax, 7.5f);
+  double ss = 0;
+  std::vector<float> row(cols);
+  for (int r = 0; r < rows; ++r) {
+    ms::quant::nvfp4_dequantize_row(q.packed.data() + static_cast<size_t>(r) * cols / 2,
+                                    q.scales.data() + static_cast<size_t>(r) * cols / 16, q.scale2, cols,
+                                    row.data());
+    for (float v : row) ss += static_cast<double>(v) * v;
+  }
+  EXPECT_NEAR(std::sqrt(ss / (static_cast<double>(rows) * cols)) / sd, 1.0, 0.02);
+  const auto again = ms::test::random_nvfp4(rows, cols, sd, 7, 3);
+  EXPECT_EQ(again.packed, q.packed);
+  EXPECT_EQ(again.scales, q.scales);
+  EXPECT_NE(ms::test::random_nvfp4(rows, cols, sd, 7, 4).packed, q.packed);  // another stream
+  // Row chunks on all cores: the same values on every draw.
+  EXPECT_EQ(ms::test::normal_matrix(300, 77, 1.f, 9, 1), ms::test::normal_matrix(300, 77, 1.f, 9, 1));
 }
