@@ -254,8 +254,9 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
   EXPECT_FALSE(c::choose({true, 6144, 1408, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 5120 + 512, 2048, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 6144, 2048, 8, 8, 2048}, limits_h200()).use);
-  // A device with little shared memory refuses with the kernel's name.
-  const DeviceLimits tiny{"tiny", 90, 40 * 1024, 16};
+  // A device with little shared memory refuses with the kernel's name (gate_up: one staged x row of 6144 in
+  // f16 beside its reduction tiles and work list needs ~26 KB).
+  const DeviceLimits tiny{"tiny", 90, 20 * 1024, 16};
   const c::Config t = c::choose({true, 6144, 2048, 8, 8, 256}, tiny);
   EXPECT_FALSE(t.use);
   EXPECT_NE(t.why.find("moe_decode"), std::string::npos) << t.why;
@@ -301,20 +302,26 @@ TEST(KernelFit, MoeDecodeRingChoosesOnlyWhatFits) {
       EXPECT_GE(cfg.ring_depth_gate_up, 3) << dev.name << " m" << m;
       EXPECT_GE(cfg.ring_depth_down, 3) << dev.name << " m" << m;
     }
-  // sm_120 (99 KB per block): a gate_up ring of three steps beside the table and a staged x row of 6144 does
-  // not fit; the register kernels run.
+  // sm_120 (99 KB per block): the gate_up ring fits only as one block a multiprocessor (three steps of 20 KB
+  // beside two staged x rows of 6144); a hidden so wide that no ring fits beside one staged row is refused
+  // with the kernel named, and the register kernels run.
   const c::Config rtx = c::choose({true, 6144, 2048, 8, 8, 256}, limits_rtx_pro_6000());
   EXPECT_TRUE(rtx.use);
-  EXPECT_FALSE(rtx.ring);
-  EXPECT_NE(rtx.ring_why.find("moe_decode_"), std::string::npos) << rtx.ring_why;
+  EXPECT_TRUE(rtx.ring) << rtx.ring_why;
+  EXPECT_EQ(rtx.grid_gate_up_ring, limits_rtx_pro_6000().multiprocessors);
+  EXPECT_LE(rtx.smem_gate_up_ring + c::kStaticSmem, limits_rtx_pro_6000().smem_per_block_optin);
+  const c::Config wide = c::choose({true, 20480, 2048, 8, 8, 256}, limits_rtx_pro_6000());
+  EXPECT_TRUE(wide.use) << wide.why;
+  EXPECT_FALSE(wide.ring);
+  EXPECT_NE(wide.ring_why.find("moe_decode_gate_up_ring"), std::string::npos) << wide.ring_why;
   // The depth choice itself: the most steps in flight per multiprocessor, two blocks on a tie, nothing when
   // kRingMinDepth steps do not fit.
   const DeviceLimits dev{"d", 90, 100 * 1024, 10};
   const size_t step = 10 * 1024;
-  const c::RingFit two = c::ring_fit(10 * 1024, step, dev);  // 2 blocks: ~38 KB each -> 3; 1 block: 8
+  const c::RingFit two = c::ring_fit(10 * 1024, step, dev, 2);  // 2 blocks: ~38 KB each -> 3; 1 block: 8
   EXPECT_EQ(two.blocks, 1);
   EXPECT_EQ(two.depth, c::kRingMaxDepth);
-  const c::RingFit none = c::ring_fit(90 * 1024, step, dev);
+  const c::RingFit none = c::ring_fit(90 * 1024, step, dev, 2);
   EXPECT_EQ(none.depth, 0);
 }
 

@@ -15,7 +15,6 @@
 namespace ms::cuda::moe_decode_config {
 
 using moe_decode_common::blocks_per_sm;
-using moe_decode_common::kLutBytes;
 using moe_decode_common::kMaxExperts;
 using moe_decode_common::Shape;
 
@@ -27,8 +26,14 @@ constexpr int kMaxEc = 1536;     // (expert, chunk) pairs: <= min(E, slots) + sl
 constexpr int kChunk = 8;        // positions of one expert per pass (one mma n-tile)
 constexpr int kGuIdx = 16;       // gate_up: intermediate indices per work item (16 gate + 16 up rows)
 constexpr int kDownRows = 16;    // down: output rows per block
-constexpr int kDownKr = 512;     // down: k of one (expert, k-range) piece; a lane streams 128 of it
-constexpr int kGuUnroll = 3;     // gate_up: 32-k steps whose weights a lane loads before using them
+// down: 4 warps a block and up to 3 blocks a multiprocessor (registers: <= 170 a thread), so that the
+// hidden / 16 blocks of a GLM-5 or DeepSeek-V3 layer (384, 448) are all resident at once on an H200 (132 x 3
+// slots) instead of running in two waves of 8-warp blocks, the second half empty.
+constexpr int kDownWarps = 4;
+constexpr int kDownThreads = 32 * kDownWarps;
+constexpr int kDownMinBlocks = 3;
+constexpr int kDownKr = 512;  // down: k of one (expert, k-range) piece; a lane streams 128 of it
+constexpr int kGuUnroll = 3;  // gate_up: 32-k steps whose weights a lane loads before using them
 
 // The cp.async ring variant (decode_ring): each lane copies its own weight and scale bytes of a step into its
 // own slots of a per-warp ring in shared memory, `depth` steps ahead of its math and across work items, and
@@ -40,14 +45,16 @@ constexpr int kRingMinTokens = 8;
 constexpr int kRingMinDepth = 3;  // fewer steps in flight than the register kernels keep: not worth a ring
 constexpr int kRingMaxDepth = 8;  // the kernels' cp.async.wait_group switch covers 0 .. kRingMaxDepth - 1
 constexpr int kGuRingRows = 4, kDownRingRows = 2;
-constexpr size_t ring_step_bytes(int rows) {  // one step of the block: [8 warps] x rows x 32 lanes x (16 + 4)
-  return static_cast<size_t>(kWarps) * rows * 32 * (16 + 4);
+constexpr size_t ring_step_bytes(int rows,
+                                 int warps) {  // one step of the block: warps x rows x 32 lanes x 20
+  return static_cast<size_t>(warps) * rows * 32 * (16 + 4);
 }
 
-// gate_up stages the chunk's x rows as bf16 in shared memory, in k order, rows hidden + 16 elements apart (32
-// bytes past a multiple of 128), with the four 16-byte pieces of every 64-byte group g stored in the order
-// q ^ ((g >> 1) & 1): the 16-byte B reads of one quarter-warp (rows r, r + 1; lane quarters t = 0..3 reading
-// the same piece of groups 4 s + t) then fall in eight distinct 16-byte bank groups.
+// gate_up stages the chunk's x rows as f16 in shared memory, in B order (moe_decode_math.cuh: b_order), rows
+// hidden + 16 elements apart (32 bytes past a multiple of 128), with the four 16-byte pieces of every 64-byte
+// group g stored in the order q ^ ((g >> 1) & 1): the 16-byte B reads of one quarter-warp (rows r, r + 1;
+// lane quarters t = 0..3 reading the same piece of groups 4 s + t) then fall in eight distinct 16-byte bank
+// groups.
 constexpr int64_t xs_ld(int hidden) {
   return hidden + 16;
 }
@@ -57,24 +64,24 @@ constexpr size_t gate_up_red_bytes() {  // [8 warps][2 gate/up][8 positions][16 
 constexpr size_t ec_bytes() {
   return static_cast<size_t>(kMaxEc) * sizeof(int32_t);
 }
-// Layouts: lut | xs [x_rows][xs_ld] bf16 | red | ec.
+// Layouts: xs [x_rows][xs_ld] f16 | red | ec.
 constexpr size_t gate_up_smem(int hidden, int x_rows) {
-  return kLutBytes + static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 + gate_up_red_bytes() + ec_bytes();
+  return static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 + gate_up_red_bytes() + ec_bytes();
 }
-// Layouts: lut | out_w [8 warps][m][16] f32 | scratch [8 warps][8 positions][16] f32 | ec.
+// Layouts: out_w [4 warps][m][16] f32 | scratch [4 warps][8 positions][16] f32 | ec.
 constexpr size_t down_smem(int m) {
-  return kLutBytes + static_cast<size_t>(kWarps) * m * kDownRows * sizeof(float) +
-         static_cast<size_t>(kWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
+  return static_cast<size_t>(kDownWarps) * m * kDownRows * sizeof(float) +
+         static_cast<size_t>(kDownWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
 }
 
-// Ring layouts: the register kernels' layout, then the ring [8 warps][depth][rows][32 lanes] 16-byte weight
-// slots followed by [8 warps][depth][rows][32 lanes] 4-byte scale slots (a warp's 16-byte copies and reads of
+// Ring layouts: the register kernels' layout, then the ring [warps][depth][rows][32 lanes] 16-byte weight
+// slots followed by [warps][depth][rows][32 lanes] 4-byte scale slots (a warp's 16-byte copies and reads of
 // one row fill 512 contiguous bytes: four conflict-free wavefronts; its scale words 128 bytes: one).
 constexpr size_t gate_up_ring_smem(int hidden, int x_rows, int depth) {
-  return gate_up_smem(hidden, x_rows) + static_cast<size_t>(depth) * ring_step_bytes(kGuRingRows);
+  return gate_up_smem(hidden, x_rows) + static_cast<size_t>(depth) * ring_step_bytes(kGuRingRows, kWarps);
 }
 constexpr size_t down_ring_smem(int m, int depth) {
-  return down_smem(m) + static_cast<size_t>(depth) * ring_step_bytes(kDownRingRows);
+  return down_smem(m) + static_cast<size_t>(depth) * ring_step_bytes(kDownRingRows, kDownWarps);
 }
 
 struct Config {
@@ -109,13 +116,13 @@ inline KernelNeed need_down_ring(int m, int depth) {
 
 // The ring depth for a kernel whose ring-less layout takes `base` bytes and whose ring takes `step` bytes a
 // step: of one or two blocks per multiprocessor, the choice with the most steps in flight per multiprocessor,
-// blocks x (depth - 1) (two blocks on a tie: more warps to hide the math); {0, 0} when no depth fits.
+// blocks x (depth - 1) (more blocks on a tie: more warps to hide the math); {0, 0} when no depth fits.
 struct RingFit {
   int depth = 0, blocks = 0;
 };
-inline RingFit ring_fit(size_t base, size_t step, const DeviceLimits& dev) {
+inline RingFit ring_fit(size_t base, size_t step, const DeviceLimits& dev, int max_blocks) {
   RingFit best;
-  for (int bps = 2; bps >= 1; --bps) {
+  for (int bps = max_blocks; bps >= 1; --bps) {
     const int64_t budget =
         std::min<int64_t>(static_cast<int64_t>(dev.smem_per_block_optin + 1024) / bps - 1024,
                           static_cast<int64_t>(dev.smem_per_block_optin)) -
@@ -155,14 +162,14 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
   c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
   c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
-  const RingFit gu = ring_fit(c.smem_gate_up, ring_step_bytes(kGuRingRows), dev);
-  const RingFit dn = ring_fit(c.smem_down, ring_step_bytes(kDownRingRows), dev);
+  const RingFit gu = ring_fit(c.smem_gate_up, ring_step_bytes(kGuRingRows, kWarps), dev, 2);
+  const RingFit dn = ring_fit(c.smem_down, ring_step_bytes(kDownRingRows, kDownWarps), dev, kDownMinBlocks);
   if (gu.depth == 0 || dn.depth == 0) {
     c.ring_why =
         fmt::format("the cp.async ring of {} needs {} bytes of shared memory per block but {} allows {}",
                     gu.depth == 0 ? "moe_decode_gate_up_ring" : "moe_decode_down_ring",
-                    gu.depth == 0 ? c.smem_gate_up + kRingMinDepth * ring_step_bytes(kGuRingRows)
-                                  : c.smem_down + kRingMinDepth * ring_step_bytes(kDownRingRows),
+                    gu.depth == 0 ? c.smem_gate_up + kRingMinDepth * ring_step_bytes(kGuRingRows, kWarps)
+                                  : c.smem_down + kRingMinDepth * ring_step_bytes(kDownRingRows, kDownWarps),
                     dev.name, dev.smem_per_block_optin);
     return c;
   }

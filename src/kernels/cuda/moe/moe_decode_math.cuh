@@ -1,72 +1,82 @@
 // The NVFP4 decode math the decode paths of the routed experts share (moe_experts_decode.cu: register and
-// cp.async ring variants; moe_experts_decode_bulk.cu: the bulk-copy ring): one 32-k step of a 16-row mma
-// tile, e2m1 codes looked up in the per-lane table (moe_dev::build_e2m1_lut with kLutScale) and multiplied by
-// the e4m3 block scales as bf16. The k order of a lane's 32 values and the fragment layout are described in
-// moe_experts_decode.cu.
+// cp.async ring variants): one 32-k step of a 16-row mma tile in f16, the e2m1 codes turned into f16 by
+// integer operations and the hardware's e4m3 conversion (no table), the e4m3 block scales applied in f32
+// after the mmas of their 16-k group. The k order of a lane's 32 values and the fragment layout are described
+// in moe_experts_decode.cu.
 #pragma once
 
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/common/mma_sm80.cuh"
 #include "kernels/cuda/moe/moe_device_common.cuh"
 
 namespace ms::cuda::moe_decode_dev {
-
-using moe_dev::mma_bf16;
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// Two e4m3 scale bytes (s0 | s1 << 8) -> (s_h, s_h) as bf16 bits x 2^-120 for h = 0, 1 (sign ignored).
-__device__ __forceinline__ uint32_t scale_pair(uint32_t two, int h) {
-  const uint32_t z = __byte_perm(two, 0u, h == 0 ? 0x4040u : 0x4141u);  // b | b << 16
-  return (z & 0x007f007fu) << 4;
-}
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// The e2m1 table (moe_dev::build_e2m1_lut) holds values x 2^120 (exact: the largest, 6 x 2^120, is far below
-// bf16's range); one bf16 multiply by scale_pair's e4m3 x 2^-120 then gives the weight.
-constexpr float kLutScale = 1.329227995784916e36f;  // 2^120
-
-// lane_addr: shared-space address of the lane's column of the table (table base + 4 lane). PRMT + LEA + LDS.
-__device__ __forceinline__ uint32_t lut_at(uint32_t lane_addr, uint32_t word, int byte) {
-  const uint32_t a = lane_addr + (__byte_perm(word, 0u, 0x4440u + byte) << 7);
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
-  return v;
+__device__ __forceinline__ float2 f16x2_to_float2(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
-// One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), scale pairs s0, s1, B pieces b[4]
-// (16 bytes each: mma 2 j2 and 2 j2 + 1).
+// Every e2m1 value w (s e1 e0 m) is the e4m3 byte s << 7 | e1 e0 m << 2 times 2^6: the e2m1 exponent field
+// lands in the low bits of e4m3's (bias 7 instead of 1) and the subnormal code (0.5) in e4m3's subnormals,
+// so w x 2^-6 is exact and a normal f16 after the conversion. kCodeScale undoes the 2^-6 in the epilogues.
+constexpr float kCodeScale = 64.f;
+
+// The eight e2m1 codes of a weight word (code i in bits 4 i .. 4 i + 3) -> e4m3 bytes: lo holds codes 0, 2,
+// 4, 6 (the low nibbles) in bytes 0..3, hi codes 1, 3, 5, 7. Seven integer operations a word.
+__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  hi = (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu);
+  lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);
+}
+
+// One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), the rows' two e4m3 scale bytes sc0,
+// sc1 (scale group h in byte h), B pieces b[4] (16 bytes each: mma 2 j2 and 2 j2 + 1, f16 in the order
+// x0 x2 x1 x3 x4 x6 x5 x7 of their 8 k). Word j2 of a row gives mma 2 j2 (codes 0, 2 | 1, 3) and 2 j2 + 1
+// (codes 4, 6 | 5, 7); the four mmas of a scale group accumulate into a zeroed fragment that is then added,
+// times the rows' f32 scales, to acc (values x 2^-6, see kCodeScale).
 __device__ __forceinline__ void tile_step(float (&acc)[4], const uint4& w0, const uint4& w1, uint32_t sc0,
-                                          uint32_t sc1, const uint4 (&b)[4], uint32_t lut_lane) {
+                                          uint32_t sc1, const uint4 (&b)[4]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // scale group: mma 0..3, 4..7
-    const uint32_t s0 = scale_pair(sc0, h), s1 = scale_pair(sc1, h);
+  for (int h = 0; h < 2; ++h) {  // scale group: words 2 h, 2 h + 1 = mma 4 h .. 4 h + 3
+    float tmp[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const int j = 4 * h + jj, j2 = j >> 1, sub = j & 1;
-      const uint32_t r0 = word_of(w0, j2), r1 = word_of(w1, j2);
-      const uint32_t a0 = bf16x2_mul(lut_at(lut_lane, r0, 2 * sub), s0);
-      const uint32_t a2 = bf16x2_mul(lut_at(lut_lane, r0, 2 * sub + 1), s0);
-      const uint32_t a1 = bf16x2_mul(lut_at(lut_lane, r1, 2 * sub), s1);
-      const uint32_t a3 = bf16x2_mul(lut_at(lut_lane, r1, 2 * sub + 1), s1);
-      mma_bf16(acc, a0, a1, a2, a3, sub == 0 ? b[j2].x : b[j2].z, sub == 0 ? b[j2].y : b[j2].w);
+    for (int q = 0; q < 2; ++q) {
+      const int j2 = 2 * h + q;
+      uint32_t lo0, hi0, lo1, hi1;
+      e2m1x8_to_e4m3(word_of(w0, j2), lo0, hi0);
+      e2m1x8_to_e4m3(word_of(w1, j2), lo1, hi1);
+      const uint32_t a[4] = {tc::fp8x2_to_f16x2(lo0), tc::fp8x2_to_f16x2(lo1), tc::fp8x2_to_f16x2(hi0),
+                             tc::fp8x2_to_f16x2(hi1)};
+      tc::mma_f16(tmp, a, b[j2].x, b[j2].y);
+      const uint32_t a2[4] = {tc::fp8x2_to_f16x2(lo0 >> 16), tc::fp8x2_to_f16x2(lo1 >> 16),
+                              tc::fp8x2_to_f16x2(hi0 >> 16), tc::fp8x2_to_f16x2(hi1 >> 16)};
+      tc::mma_f16(tmp, a2, b[j2].z, b[j2].w);
     }
+    // The group's scales of rows g and g + 8 (byte h of each) as one e4m3 pair -> f16x2 -> f32.
+    const float2 sg = f16x2_to_float2(tc::fp8x2_to_f16x2(__byte_perm(sc0, sc1, h == 0 ? 0x0040u : 0x0051u)));
+    const float g0 = sg.x, g8 = sg.y;
+    acc[0] = fmaf(tmp[0], g0, acc[0]);
+    acc[1] = fmaf(tmp[1], g0, acc[1]);
+    acc[2] = fmaf(tmp[2], g8, acc[2]);
+    acc[3] = fmaf(tmp[3], g8, acc[3]);
   }
 }
 
-// Stages `rows` x rows of one expert chunk (grouped positions pos0 ..) as bf16 in shared memory, rows xld
-// elements apart, in k order with the 16-byte pieces of every 64-byte group g in the order
+// Index of element i of a k range in the B order of tile_step: within every 4 elements, 1 and 2 trade places
+// (an involution: the same function maps back).
+__host__ __device__ constexpr int b_order(int i) {
+  return (i & ~3) | ((i & 1) << 1) | ((i >> 1) & 1);
+}
+
+// Stages `rows` x rows of one expert chunk (grouped positions pos0 ..) as f16 (saturated) in shared memory,
+// rows xld elements apart, in B order (b_order) with the 16-byte pieces of every 64-byte group g in the order
 // q ^ ((g >> 1) & 1) (moe_decode_config.h: xs_ld); threads tid = 0 .. nthreads - 1 take 4 k each a pass.
-__device__ __forceinline__ void stage_x_rows(const MoeExpertsParams& p, int pos0, int rows, __nv_bfloat16* xs,
+__device__ __forceinline__ void stage_x_rows(const MoeExpertsParams& p, int pos0, int rows, __half* xs,
                                              int64_t xld, int tid, int nthreads) {
   const int row_quads = p.hidden / 4;
   for (int i = tid; i < rows * row_quads; i += nthreads) {
@@ -74,9 +84,8 @@ __device__ __forceinline__ void stage_x_rows(const MoeExpertsParams& p, int pos0
     const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
     const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
     const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
-    __nv_bfloat162 pr[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-    *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) =
-        *reinterpret_cast<const uint2*>(pr);
+    const uint2 pr = make_uint2(tc::pack_f16_sat(v.x, v.z), tc::pack_f16_sat(v.y, v.w));  // x0 x2 x1 x3
+    *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) = pr;
   }
 }
 

@@ -1,37 +1,31 @@
 // Register-streamed NVFP4 experts for decode (see moe_experts_decode.h).
 //
-// Warp tile: 16 weight rows x one k-range, mma.sync m16n8k16 (weights as A, up to 8 positions as the n8 B
-// tile, f32 accumulation). Lane (g = lane / 4, t = lane % 4) owns rows g and g + 8; a step of the warp covers
-// 128 k of its range, of which lane t takes the 32 k from 32 t: one 16-byte load per row (bytes of k .. k +
-// 31, so the four lanes of a quad read 64 contiguous bytes of the row: whole 32-byte sectors per load
+// Warp tile: 16 weight rows x one k-range, mma.sync m16n8k16 in f16 (weights as A, up to 8 positions as the
+// n8 B tile, f32 accumulation). Lane (g = lane / 4, t = lane % 4) owns rows g and g + 8; a step of the warp
+// covers 128 k of its range, of which lane t takes the 32 k from 32 t: one 16-byte load per row (bytes of k
+// .. k + 31, so the four lanes of a quad read 64 contiguous bytes of the row: whole 32-byte sectors per load
 // instruction) and one 2-byte load of the row's two e4m3 scales. The k order inside a lane's 32 is permuted
-// (a dot product does not care), identically for A and B:
-//   mma j (0..7) of a step at k (lane's physical k) uses k + 4 j .. k + 4 j + 3:
-//     a0 = row g    (k + 4j, k + 4j + 1) = weight byte 2j,     a2 = row g    (k + 4j + 2, +3) = byte 2j + 1
-//     a1 = row g+8  (k + 4j, k + 4j + 1),                      a3 = row g+8  (k + 4j + 2, +3)
-//     b0 = position g (k + 4j, k + 4j + 1) as bf16,            b1 = position g (k + 4j + 2, +3)
-//   i.e. logical k (2t, 2t + 1, 2t + 8, 2t + 9) of the mma <- physical (k_t + 4j .. k_t + 4j + 3): the four
-//   lanes of a group cover four different quarters, each consistently in A and B. B of mma j and j + 1 is one
-//   16-byte piece of the position's bf16 row in natural k order.
-// Decode: a 256-entry table byte -> bf16x2 (low nibble, high nibble) x 2^120, replicated per lane in shared
-// memory (entry e of lane l at word e * 32 + l: conflict-free), one LDS per weight byte, times the group's
-// e4m3 scale read as bf16 bits ((b & 0x7f) << 4 = the value x 2^-120): exact for every normal scale. The
-// H200's bf16 multiplies flush subnormal inputs, so a subnormal e4m3 scale (below 2^-6, a block whose largest
-// weight is under ~1/30000 of the tensor's) reads as zero (measured: a decode that put the codes of 0.5 on
-// bf16 subnormals lost them all). No shared-memory staging of weights and no barrier inside a work item's k
-// loop; each lane has its loads for kGuUnroll steps (gate_up: 12 x 16 bytes) or the next piece (down: 8 x 16
-// bytes, one piece ahead of the math in a second register buffer) in flight.
+// (a dot product does not care), identically for A and B: word j2 (0..3) of a row's 16 bytes holds the codes
+// of its k + 8 j2 .. + 7 (code i in bits 4 i .. 4 i + 3); mma 2 j2 takes codes (0, 2) as a0 / a1 and (1, 3)
+// as a2 / a3 (rows g / g + 8), mma 2 j2 + 1 codes (4, 6) and (5, 7), and B of both is the position's 8
+// values in the order x0 x2 x1 x3 x4 x6 x5 x7 (moe_decode_math.cuh: b_order), one 16-byte piece.
+// Decode (moe_decode_math.cuh): seven integer operations turn a word's eight e2m1 codes into e4m3 bytes of
+// the same values x 2^-6, one hardware conversion per pair gives exact f16; the 16-k group's four mmas sum
+// into a zeroed fragment that is added times the rows' e4m3 scales in f32 (subnormal scales included). No
+// shared-memory table, no staging of weights and no barrier inside a work item's k loop; each lane has its
+// loads for kGuUnroll steps (gate_up: 3 x 4 rows x 16 bytes) or the next piece (down: 4 x 2 rows x 16 bytes,
+// one piece ahead of the math in a second register buffer) in flight.
 //
 // gate_up: work item = (expert chunk of <= x_rows positions, 16 indices = 16 gate + 16 up rows); block b of
 // the persistent grid takes a contiguous run of items (so consecutive tiles of one chunk reuse its staged x
 // rows). Warp w takes k [w H / 8, (w + 1) H / 8) of both tiles (one B fragment feeds both). The chunk's x
-// rows are staged as bf16 in shared memory (moe_decode_config.h: xs layout) while the first weight loads are
+// rows are staged as f16 in shared memory (moe_decode_config.h: xs layout) while the first weight loads are
 // in flight; warps' partial sums meet in shared memory in warp order. down: block = 16 output rows; pieces
 // (expert chunk of <= 8 positions, k-range of 512) in ascending order, warp w takes a contiguous run of them
 // and keeps its sum in registers while the chunk stays the same; at a chunk change it adds the chunk's rows x
 // down_scale2 into its own tile out_w[warp][token][16] (positions in order); the block then sums the 8 tiles
 // in warp order and adds to out once.
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -52,7 +46,8 @@ using namespace moe_decode_config;
 
 using dev::ld_stream16;
 using dev::ld_stream2;
-using moe_decode_dev::kLutScale;
+using moe_decode_dev::b_order;
+using moe_decode_dev::kCodeScale;
 using moe_decode_dev::tile_step;
 
 // ---- gate_up --------------------------------------------------------------------------------------------
@@ -62,13 +57,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
   const int64_t xld = xs_ld(H);
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + kLutBytes);
-  float* red = reinterpret_cast<float*>(smem + kLutBytes + static_cast<size_t>(x_rows) * xld * 2);
+  __half* xs = reinterpret_cast<__half*>(smem);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
   int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
   __shared__ int s_nec;
 
-  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
   moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -79,12 +72,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   // a quad read 64 contiguous weight bytes of their row per step.
   const int k_lane = warp * (H / 8) + 32 * t;
   const int64_t row_bytes = H / 2, srow_bytes = H / 16;
-  const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
   // The lane's B row (x row g), at its 64-byte group k_lane / 32; pieces are swizzled by bit 1 of the group
   // index, which is t >> 1 for every step (H / 256 and 4 s are multiples of 4).
-  const __nv_bfloat16* xs_lane = xs + g * xld + k_lane;
+  const __half* xs_lane = xs + g * xld + k_lane;
   const int sw = (t >> 1) & 1;
-  __nv_bfloat16* actb = reinterpret_cast<__nv_bfloat16*>(p.act);
+  uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
   // Block b takes the contiguous items [it0, it1): consecutive tiles of one (expert, chunk) share the staged
   // x rows.
   const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
@@ -141,8 +133,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int j2 = 0; j2 < 4; ++j2)
           b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + (s0 + u) * 128 + 8 * (j2 ^ sw))
                            : make_uint4(0u, 0u, 0u, 0u);
-        tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b, lut_lane);
-        tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b, lut_lane);
+        tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
+        tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
       }
     }
     // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
@@ -163,10 +155,12 @@ __global__ void __launch_bounds__(kThreads, 2)
         gs += red[(w2 * 2 * kChunk + r) * 16 + i];
         us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
       }
-      const float gv = gs * ew.gate_scale2, uv = us * ew.up_scale2;
+      const float gv = gs * (ew.gate_scale2 * kCodeScale), uv = us * (ew.up_scale2 * kCodeScale);
       const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
       const float v = gv / (1.0f + expf(-gv)) * uv * wt;
-      actb[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + i] = __float2bfloat16_rn(v);
+      // act in f16 (saturated), each 4 in B order: down's 16-byte B pieces come straight from global memory.
+      acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] =
+          static_cast<uint16_t>(tc::pack_f16_sat(v, 0.f) & 0xffffu);
     }
     // red is rewritten only after the next item's staging barrier, which every reader above has passed.
   }
@@ -174,28 +168,26 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- down (+ routing weight, already in act, + combine) --------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeExpertsParams p) {
+__global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
+    moe_decode_down_kernel(const MoeExpertsParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
-  float* out_w = reinterpret_cast<float*>(smem + kLutBytes);  // [8 warps][m][16]
-  float* scr = out_w + kWarps * m * kDownRows;                // [8 warps][8 positions][16]
-  int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
+  float* out_w = reinterpret_cast<float*>(smem);    // [warps][m][16]
+  float* scr = out_w + kDownWarps * m * kDownRows;  // [warps][8 positions][16]
+  int32_t* ec = reinterpret_cast<int32_t*>(scr + kDownWarps * kChunk * kDownRows);
   __shared__ int s_nec;
 
-  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
-  for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kThreads) out_w[i] = 0.f;
+  for (int i = threadIdx.x; i < kDownWarps * m * kDownRows; i += kDownThreads) out_w[i] = 0.f;
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kDownRows;
   const int ks_per = p.inter / kDownKr;
   const int pieces = s_nec * ks_per;
-  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kWarps);
-  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kWarps);
+  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kDownWarps);
+  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kDownWarps);
   const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
-  const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
-  const __nv_bfloat16* actb = reinterpret_cast<const __nv_bfloat16*>(p.act);
+  const __half* acth = reinterpret_cast<const __half*>(p.act);
   float* scr_w = scr + warp * kChunk * kDownRows;
   float* out_ww = out_w + warp * m * kDownRows;
 
@@ -247,11 +239,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
       const int count = p.expert_counts[e];
       rows = min(kChunk, count - chunk * kChunk);
       pos0 = p.expert_offsets[e] + chunk * kChunk;
-      s2 = p.experts[e].down_scale2;
+      s2 = p.experts[e].down_scale2 * kCodeScale;
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] = 0.f;
     }
-    const __nv_bfloat16* arow = actb + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
+    const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       uint4 b[4];
@@ -259,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
       for (int j2 = 0; j2 < 4; ++j2)
         b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
                          : make_uint4(0u, 0u, 0u, 0u);
-      tile_step(acc, w[st][0], w[st][1], sc[st][0], sc[st][1], b, lut_lane);
+      tile_step(acc, w[st][0], w[st][1], sc[st][0], sc[st][1], b);
     }
   };
   uint4 wa[kSteps][2], wb2[kSteps][2];
@@ -274,10 +266,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_down_kernel(const MoeE
   }
   if (cur >= 0) flush();
   __syncthreads();
-  for (int i = tid; i < m * kDownRows; i += kThreads) {
+  for (int i = tid; i < m * kDownRows; i += kDownThreads) {
     float sum = 0.f;
 #pragma unroll
-    for (int w2 = 0; w2 < kWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
+    for (int w2 = 0; w2 < kDownWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
     float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
     *o += sum;
   }
@@ -320,14 +312,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
   const int64_t xld = xs_ld(H);
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + kLutBytes);
-  float* red = reinterpret_cast<float*>(smem + kLutBytes + static_cast<size_t>(x_rows) * xld * 2);
+  __half* xs = reinterpret_cast<__half*>(smem);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
   int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
   uint8_t* ring = reinterpret_cast<uint8_t*>(ec + kMaxEc);  // moe_decode_config.h: gate_up_ring_smem
   __shared__ int s_nec;
 
-  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
   moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -336,10 +326,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int steps = H / 1024;
   const int k_lane = warp * (H / 8) + 32 * t;
   const int64_t row_bytes = H / 2, srow_bytes = H / 16;
-  const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
-  const __nv_bfloat16* xs_lane = xs + g * xld + k_lane;
+  const __half* xs_lane = xs + g * xld + k_lane;
   const int sw = (t >> 1) & 1;
-  __nv_bfloat16* actb = reinterpret_cast<__nv_bfloat16*>(p.act);
+  uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
   const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
   const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
 
@@ -420,8 +409,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int j2 = 0; j2 < 4; ++j2)
         b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
                          : make_uint4(0u, 0u, 0u, 0u);
-      tile_step(acc[0], w[0], w[1], sc[0], sc[1], b, lut_lane);
-      tile_step(acc[1], w[2], w[3], sc[2], sc[3], b, lut_lane);
+      tile_step(acc[0], w[0], w[1], sc[0], sc[1], b);
+      tile_step(acc[1], w[2], w[3], sc[2], sc[3], b);
     }
     float* rw = red + warp * 2 * kChunk * 16;
 #pragma unroll
@@ -440,46 +429,45 @@ __global__ void __launch_bounds__(kThreads, 2)
         gs += red[(w2 * 2 * kChunk + r) * 16 + i];
         us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
       }
-      const float gv = gs * ew.gate_scale2, uv = us * ew.up_scale2;
+      const float gv = gs * (ew.gate_scale2 * kCodeScale), uv = us * (ew.up_scale2 * kCodeScale);
       const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
       const float v = gv / (1.0f + expf(-gv)) * uv * wt;
-      actb[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + i] = __float2bfloat16_rn(v);
+      // act in f16 (saturated), each 4 in B order: down's 16-byte B pieces come straight from global memory.
+      acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] =
+          static_cast<uint16_t>(tc::pack_f16_sat(v, 0.f) & 0xffffu);
     }
   }
   cp_async_wait<0>();  // nothing real is pending (every issued step was read); leave no copy behind
 }
 
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
     moe_decode_down_ring_kernel(const MoeExpertsParams p, int depth) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
-  float* out_w = reinterpret_cast<float*>(smem + kLutBytes);
-  float* scr = out_w + kWarps * m * kDownRows;
-  int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
+  float* out_w = reinterpret_cast<float*>(smem);
+  float* scr = out_w + kDownWarps * m * kDownRows;
+  int32_t* ec = reinterpret_cast<int32_t*>(scr + kDownWarps * kChunk * kDownRows);
   uint8_t* ring = reinterpret_cast<uint8_t*>(ec + kMaxEc);  // moe_decode_config.h: down_ring_smem
   __shared__ int s_nec;
 
-  moe_dev::build_e2m1_lut<kThreads>(lut, kLutScale);
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
-  for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kThreads) out_w[i] = 0.f;
+  for (int i = threadIdx.x; i < kDownWarps * m * kDownRows; i += kDownThreads) out_w[i] = 0.f;
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kDownRows;
   const int ks_per = p.inter / kDownKr;
   const int pieces = s_nec * ks_per;
-  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kWarps);
-  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kWarps);
+  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kDownWarps);
+  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kDownWarps);
   const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
-  const uint32_t lut_lane = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + 4u * lane;
-  const __nv_bfloat16* actb = reinterpret_cast<const __nv_bfloat16*>(p.act);
+  const __half* acth = reinterpret_cast<const __half*>(p.act);
   float* scr_w = scr + warp * kChunk * kDownRows;
   float* out_ww = out_w + warp * m * kDownRows;
   constexpr int kSteps = kDownKr / 128;
 
   const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t ring_w = ring0 + static_cast<uint32_t>((warp * depth * kDownRingRows * 32 + lane) * 16);
-  const uint32_t ring_s = ring0 + static_cast<uint32_t>(kWarps * depth * kDownRingRows * 32 * 16) +
+  const uint32_t ring_s = ring0 + static_cast<uint32_t>(kDownWarps * depth * kDownRingRows * 32 * 16) +
                           static_cast<uint32_t>((warp * depth * kDownRingRows * 32 + lane) * 4);
   const int half = 16 * (t & 1);
 
@@ -541,11 +529,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int count = p.expert_counts[e];
       rows = min(kChunk, count - chunk * kChunk);
       pos0 = p.expert_offsets[e] + chunk * kChunk;
-      s2 = p.experts[e].down_scale2;
+      s2 = p.experts[e].down_scale2 * kCodeScale;
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] = 0.f;
     }
-    const __nv_bfloat16* arow = actb + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
+    const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       issue_next();
@@ -559,16 +547,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int j2 = 0; j2 < 4; ++j2)
         b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
                          : make_uint4(0u, 0u, 0u, 0u);
-      tile_step(acc, w0, w1, sc0, sc1, b, lut_lane);
+      tile_step(acc, w0, w1, sc0, sc1, b);
     }
   }
   if (cur >= 0) flush();
   cp_async_wait<0>();
   __syncthreads();
-  for (int i = tid; i < m * kDownRows; i += kThreads) {
+  for (int i = tid; i < m * kDownRows; i += kDownThreads) {
     float sum = 0.f;
 #pragma unroll
-    for (int w2 = 0; w2 < kWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
+    for (int w2 = 0; w2 < kDownWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
     float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
     *o += sum;
   }
@@ -637,7 +625,8 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
     moe_decode_gate_up_ring_kernel<<<c.grid_gate_up_ring, kThreads, c.smem_gate_up_ring, stream>>>(
         p, c.x_rows, c.ring_depth_gate_up);
     CUDA_CHECK(cudaGetLastError());
-    moe_decode_down_ring_kernel<<<c.grid_down, kThreads, c.smem_down_ring, stream>>>(p, c.ring_depth_down);
+    moe_decode_down_ring_kernel<<<c.grid_down, kDownThreads, c.smem_down_ring, stream>>>(p,
+                                                                                         c.ring_depth_down);
     CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -649,7 +638,7 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
                                   static_cast<int>(c.smem_down)));
   moe_decode_gate_up_kernel<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
   CUDA_CHECK(cudaGetLastError());
-  moe_decode_down_kernel<<<c.grid_down, kThreads, c.smem_down, stream>>>(p);
+  moe_decode_down_kernel<<<c.grid_down, kDownThreads, c.smem_down, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,23 +1,24 @@
 // The decode regime of the routed NVFP4 experts (1 to 64 tokens a step), weights streamed from global memory
 // straight into registers (or, in the opt-in ring variant, per lane through a cp.async ring in shared memory:
 // the same math, bit-identical outputs), in two launches over the grouping plan (moe_plan.h):
-//   gate_up: act[pos] = bf16(w[slot(pos)] * SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T))  (act as bf16
-//            [m * top_k, inter] in the first half of p.act)
+//   gate_up: act[pos] = f16(w[slot(pos)] * SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T))  (act as f16
+//            [m * top_k, inter] in the first half of p.act, saturated, each 4 values in the kernels' B order)
 //   down:    out[t] += sum over the touched experts e of token t of (act @ down_e^T): one block owns 16
 //            output rows for every token and writes them once (no slot_out, no combine launch, no atomics)
 // Both kernels read the plan's per-expert counts and offsets from device memory (graph-safe: fixed grids);
 // untouched experts are neither visited nor read. Deterministic: fixed summation orders, bit-identical
 // reruns.
 //
-// Precision: weights are exact (e2m1 x e4m3 fits bf16); activations (x, and act between the two kernels) are
-// rounded to bf16 once, one mma per product, f32 accumulation: the precision of the cuBLASLt bf16 path the
-// rest of the GPU engine uses (~3e-3 relative per product, ~1e-3 relative RMS on a layer's output). Callers
+// Precision: weights are exact (e2m1 codes in f16, block scales applied in f32); activations (x, and act
+// between the two kernels) are rounded to f16 once (saturated at 65504), one mma per product, f32
+// accumulation: finer than the cuBLASLt bf16 path the rest of the GPU engine uses (2^-11 against 2^-8
+// relative per activation). Callers
 // that need f32-exact activations set p.disable_decode (the executor's exact_linear mode does): they get the
 // streamed hi/lo kernels (moe_experts_stream.h) or the f32 kernels.
 //
 // Preconditions beyond moe_experts_check: format NVFP4, moe_decode_config::choose(...).use, every data and
 // scale pointer of the touched experts 16-byte aligned (p.experts_aligned16), x 16-byte aligned with
-// ldx % 4 == 0, act 16-byte aligned, block scales non-negative (NVFP4 scales are; the sign bit is ignored).
+// ldx % 4 == 0, act 16-byte aligned.
 #pragma once
 
 #include <cuda_runtime.h>
