@@ -1,7 +1,7 @@
 // The NVFP4 decode math the decode paths of the routed experts share (moe_experts_decode.cu: register and
 // cp.async ring variants): one 32-k step of a 16-row mma tile in f16, the e2m1 codes turned into f16 by
-// integer operations and the hardware's e4m3 conversion (no table), the e4m3 block scales applied in f32
-// after the mmas of their 16-k group. The k order of a lane's 32 values and the fragment layout are described
+// integer operations and the hardware's e4m3 conversion (no table), times the e4m3 block scales in f16
+// (exact). The k order of a lane's 32 values and the fragment layout are described
 // in moe_experts_decode.cu.
 #pragma once
 
@@ -18,8 +18,10 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-__device__ __forceinline__ float2 f16x2_to_float2(uint32_t v) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
 }
 
 // Every e2m1 value w (s e1 e0 m) is the e4m3 byte s << 7 | e1 e0 m << 2 times 2^6: the e2m1 exponent field
@@ -34,36 +36,37 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_
   lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);
 }
 
+// Byte h of two e4m3 scale bytes -> (s, s) as f16x2 (exact: every e4m3 value is an f16).
+__device__ __forceinline__ uint32_t scale_f16x2(uint32_t two, int h) {
+  return tc::fp8x2_to_f16x2(__byte_perm(two, 0u, h == 0 ? 0x0000u : 0x1111u));
+}
+
 // One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), the rows' two e4m3 scale bytes sc0,
 // sc1 (scale group h in byte h), B pieces b[4] (16 bytes each: mma 2 j2 and 2 j2 + 1, f16 in the order
 // x0 x2 x1 x3 x4 x6 x5 x7 of their 8 k). Word j2 of a row gives mma 2 j2 (codes 0, 2 | 1, 3) and 2 j2 + 1
-// (codes 4, 6 | 5, 7); the four mmas of a scale group accumulate into a zeroed fragment that is then added,
-// times the rows' f32 scales, to acc (values x 2^-6, see kCodeScale).
+// (codes 4, 6 | 5, 7). The scale multiplies A before the mma (the four lanes of a quad hold different
+// 16-k groups, so an mma's sum spans four scales): code x 2^-6 (two significant bits, exponent >= -7) times
+// an e4m3 scale (four bits, exponent >= -9) has its lowest bit at or above 2^-20 and stays below 43, so the
+// f16 product is exact, subnormal scales included (values x 2^-6, see kCodeScale).
 __device__ __forceinline__ void tile_step(float (&acc)[4], const uint4& w0, const uint4& w1, uint32_t sc0,
                                           uint32_t sc1, const uint4 (&b)[4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // scale group: words 2 h, 2 h + 1 = mma 4 h .. 4 h + 3
-    float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t s0 = scale_f16x2(sc0, h), s1 = scale_f16x2(sc1, h);
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int j2 = 2 * h + q;
       uint32_t lo0, hi0, lo1, hi1;
       e2m1x8_to_e4m3(word_of(w0, j2), lo0, hi0);
       e2m1x8_to_e4m3(word_of(w1, j2), lo1, hi1);
-      const uint32_t a[4] = {tc::fp8x2_to_f16x2(lo0), tc::fp8x2_to_f16x2(lo1), tc::fp8x2_to_f16x2(hi0),
-                             tc::fp8x2_to_f16x2(hi1)};
-      tc::mma_f16(tmp, a, b[j2].x, b[j2].y);
-      const uint32_t a2[4] = {tc::fp8x2_to_f16x2(lo0 >> 16), tc::fp8x2_to_f16x2(lo1 >> 16),
-                              tc::fp8x2_to_f16x2(hi0 >> 16), tc::fp8x2_to_f16x2(hi1 >> 16)};
-      tc::mma_f16(tmp, a2, b[j2].z, b[j2].w);
+      const uint32_t a[4] = {f16x2_mul(tc::fp8x2_to_f16x2(lo0), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1), s1),
+                             f16x2_mul(tc::fp8x2_to_f16x2(hi0), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1), s1)};
+      tc::mma_f16(acc, a, b[j2].x, b[j2].y);
+      const uint32_t a2[4] = {
+          f16x2_mul(tc::fp8x2_to_f16x2(lo0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1 >> 16), s1),
+          f16x2_mul(tc::fp8x2_to_f16x2(hi0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1 >> 16), s1)};
+      tc::mma_f16(acc, a2, b[j2].z, b[j2].w);
     }
-    // The group's scales of rows g and g + 8 (byte h of each) as one e4m3 pair -> f16x2 -> f32.
-    const float2 sg = f16x2_to_float2(tc::fp8x2_to_f16x2(__byte_perm(sc0, sc1, h == 0 ? 0x0040u : 0x0051u)));
-    const float g0 = sg.x, g8 = sg.y;
-    acc[0] = fmaf(tmp[0], g0, acc[0]);
-    acc[1] = fmaf(tmp[1], g0, acc[1]);
-    acc[2] = fmaf(tmp[2], g8, acc[2]);
-    acc[3] = fmaf(tmp[3], g8, acc[3]);
   }
 }
 

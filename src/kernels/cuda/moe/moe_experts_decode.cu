@@ -10,8 +10,9 @@
 // as a2 / a3 (rows g / g + 8), mma 2 j2 + 1 codes (4, 6) and (5, 7), and B of both is the position's 8
 // values in the order x0 x2 x1 x3 x4 x6 x5 x7 (moe_decode_math.cuh: b_order), one 16-byte piece.
 // Decode (moe_decode_math.cuh): seven integer operations turn a word's eight e2m1 codes into e4m3 bytes of
-// the same values x 2^-6, one hardware conversion per pair gives exact f16; the 16-k group's four mmas sum
-// into a zeroed fragment that is added times the rows' e4m3 scales in f32 (subnormal scales included). No
+// the same values x 2^-6, one hardware conversion per pair gives exact f16, one f16 multiply by the row's
+// e4m3 scale keeps it exact (subnormal scales included; the scale must multiply A: the four lanes of a quad
+// feed one mma from four different 16-k groups). No
 // shared-memory table, no staging of weights and no barrier inside a work item's k loop; each lane has its
 // loads for kGuUnroll steps (gate_up: 3 x 4 rows x 16 bytes) or the next piece (down: 4 x 2 rows x 16 bytes,
 // one piece ahead of the math in a second register buffer) in flight.

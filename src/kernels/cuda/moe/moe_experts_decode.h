@@ -9,7 +9,7 @@
 // untouched experts are neither visited nor read. Deterministic: fixed summation orders, bit-identical
 // reruns.
 //
-// Precision: weights are exact (e2m1 codes in f16, block scales applied in f32); activations (x, and act
+// Precision: weights are exact (e2m1 code x e4m3 scale is exact in f16); activations (x, and act
 // between the two kernels) are rounded to f16 once (saturated at 65504), one mma per product, f32
 // accumulation: finer than the cuBLASLt bf16 path the rest of the GPU engine uses (2^-11 against 2^-8
 // relative per activation). Callers
