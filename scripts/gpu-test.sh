@@ -4,7 +4,8 @@
 # glm5-slice checkpoint, bench-one-batch on that checkpoint, the e2e suite against `serve` on the GPU, the
 # kernel benchmarks, and one summary table at the end.
 # Switches: GPU_TEST_SLICE=0 (no glm5-slice checkpoint), GPU_TEST_SLICE_FORMATS="nvfp4 fp8 bf16",
-# GPU_TEST_E2E=0, GPU_TEST_BENCH=0, GPU_TEST_NO_GRAPH_BENCH=0 (bench-one-batch with graphs only),
+# GPU_TEST_E2E=0, GPU_TEST_E2E_SLICE=0 (the e2e suite on the built-in model only), GPU_TEST_BENCH=0,
+# GPU_TEST_NO_GRAPH_BENCH=0 (bench-one-batch with graphs only),
 # GPU_TEST_NO_PDL_BENCH=0 (no bench-one-batch run with --disable-pdl),
 # GPU_TEST_BENCH_TIMEOUT=seconds (each kernel benchmark), GPU_TEST_SHARD=K/N (a shard of the GPU tests),
 # BUILD=dir.
@@ -122,6 +123,20 @@ if [ "${GPU_TEST_E2E:-1}" = 1 ]; then
     status "e2e (serve on the GPU)" FAILED
   fi
   tail -n 15 "$log/e2e"
+  # The same suite against `serve` on the glm5-slice checkpoint (full GLM-5 widths; it has no tokenizer of
+  # its own, so the built-in model's tokenizer and chat template are copied beside it: their ids lie inside
+  # its vocabulary).
+  if [ -n "$slice" ] && [ "${GPU_TEST_E2E_SLICE:-1}" = 1 ]; then
+    for f in tokenizer.json tokenizer_config.json; do
+      [ -f "$slice/$f" ] || cp "models/builtin/$f" "$slice/$f"
+    done
+    if MOESERVE_BUILTIN_MODEL="$slice" bash scripts/e2e.sh "$bin" >"$log/e2e-slice" 2>&1; then
+      status "e2e (glm5-slice on the GPU)" ok
+    else
+      status "e2e (glm5-slice on the GPU)" FAILED
+    fi
+    tail -n 15 "$log/e2e-slice"
+  fi
 fi
 
 if [ "${GPU_TEST_BENCH:-1}" = 1 ]; then
