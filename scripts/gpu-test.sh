@@ -123,13 +123,12 @@ if [ "${GPU_TEST_E2E:-1}" = 1 ]; then
     status "e2e (serve on the GPU)" FAILED
   fi
   tail -n 15 "$log/e2e"
-  # The same suite against `serve` on the glm5-slice checkpoint (full GLM-5 widths; it has no tokenizer of
-  # its own, so the built-in model's tokenizer and chat template are copied beside it: their ids lie inside
-  # its vocabulary).
+  # The same suite against `serve` on the glm5-slice checkpoint (full GLM-5 widths). It has no tokenizer of
+  # its own: the built-in model's chat template and tokenizer go beside it, the tokenizer's vocabulary padded
+  # to the checkpoint's vocab_size (scripts/pad-tokenizer.py) so that every sampled id decodes to text.
   if [ -n "$slice" ] && [ "${GPU_TEST_E2E_SLICE:-1}" = 1 ]; then
-    for f in tokenizer.json tokenizer_config.json; do
-      [ -f "$slice/$f" ] || cp "models/builtin/$f" "$slice/$f"
-    done
+    cp models/builtin/tokenizer_config.json "$slice/tokenizer_config.json"
+    python3 scripts/pad-tokenizer.py models/builtin/tokenizer.json "$slice/config.json" "$slice/tokenizer.json"
     if MOESERVE_BUILTIN_MODEL="$slice" bash scripts/e2e.sh "$bin" >"$log/e2e-slice" 2>&1; then
       status "e2e (glm5-slice on the GPU)" ok
     else
