@@ -12,10 +12,11 @@
 // Decode (moe_decode_math.cuh): seven integer operations turn a word's eight e2m1 codes into e4m3 bytes of
 // the same values x 2^-6, one hardware conversion per pair gives exact f16, one f16 multiply by the row's
 // e4m3 scale keeps it exact (subnormal scales included; the scale must multiply A: the four lanes of a quad
-// feed one mma from four different 16-k groups). No
-// shared-memory table, no staging of weights and no barrier inside a work item's k loop; each lane has its
-// loads for kGuUnroll steps (gate_up: 3 x 4 rows x 16 bytes) or the next piece (down: 4 x 2 rows x 16 bytes,
-// one piece ahead of the math in a second register buffer) in flight.
+// feed one mma from four different 16-k groups). No shared-memory table, no staging of weights and no barrier
+// inside a work item's k loop; each lane keeps kGuUnroll steps (gate_up: 3 x 4 rows x 16 bytes, each register
+// slot reloaded right after its math, the next item's first steps loaded before this item's epilogue) or the
+// next piece (down: 4 x 2 rows x 16 bytes, one piece ahead of the math in a second register buffer) in
+// flight.
 //
 // gate_up: work item = (expert chunk of <= x_rows positions, 16 indices = 16 gate + 16 up rows); block b of
 // the persistent grid takes a contiguous run of items (so consecutive tiles of one chunk reuse its staged x
@@ -83,6 +84,40 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
   const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
 
+  // The weights of the item being loaded: rows gate g, gate g + 8, up g, up g + 8 from the lane's k.
+  const uint8_t* wp[4];
+  const uint8_t* sp[4];
+  auto point = [&](int item) {
+    const MoeExpertWeights& ew = p.experts[ec[item / tiles] & 1023];
+    const int64_t idx = static_cast<int64_t>(item % tiles) * kGuIdx + g;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t row = idx + (r & 1) * 8;
+      wp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
+      sp[r] =
+          static_cast<const uint8_t*>(r < 2 ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k_lane / 16;
+    }
+  };
+  // Register slot u holds the steps s with s % kGuUnroll == u; a slot is reloaded with step s + kGuUnroll
+  // right after step s's math, and an item's first kGuUnroll steps are loaded before the previous item's
+  // epilogue (the first item's before its x rows are staged), so a lane's loads stay in flight across steps
+  // and items instead of arriving in bursts.
+  uint4 w[kGuUnroll][4];
+  uint32_t sc[kGuUnroll][4];
+  auto load = [&](int s, int u) {
+    if (s < steps) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        w[u][r] = ld_stream16(wp[r] + s * 64);
+        sc[u][r] = ld_stream2(sp[r] + s * 8);
+      }
+    }
+  };
+  if (it0 < it1) {
+    point(it0);
+#pragma unroll
+    for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+  }
   int staged = -1;  // the work-list entry whose x rows xs holds
   for (int item = it0; item < it1; ++item) {
     const int eci = item / tiles;
@@ -92,32 +127,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int rows = min(x_rows, count - chunk * x_rows);
     const int pos0 = off + chunk * x_rows;
     const MoeExpertWeights& ew = p.experts[e];
-    const int64_t idx = tile * kGuIdx + g;
-    // Rows: gate g, gate g + 8, up g, up g + 8.
-    const uint8_t* wp[4];
-    const uint8_t* sp[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t row = idx + (r & 1) * 8;
-      wp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
-      sp[r] =
-          static_cast<const uint8_t*>(r < 2 ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k_lane / 16;
-    }
-    uint4 w[kGuUnroll][4];
-    uint32_t sc[kGuUnroll][4];
-    auto issue = [&](int s0) {
-#pragma unroll
-      for (int u = 0; u < kGuUnroll; ++u) {
-        if (s0 + u < steps) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            w[u][r] = ld_stream16(wp[r] + (s0 + u) * 64);
-            sc[u][r] = ld_stream2(sp[r] + (s0 + u) * 8);
-          }
-        }
-      }
-    };
-    issue(0);  // weights do not wait for the x rows
     if (eci != staged) {
       moe_decode_dev::stage_x_rows(p, pos0, rows, xs, xld, tid, kThreads);
       staged = eci;
@@ -125,18 +134,24 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     float acc[2][4] = {};
     for (int s0 = 0; s0 < steps; s0 += kGuUnroll) {
-      if (s0 > 0) issue(s0);
 #pragma unroll
       for (int u = 0; u < kGuUnroll; ++u) {
-        if (s0 + u >= steps) break;
+        const int s = s0 + u;
+        if (s >= steps) break;
         uint4 b[4];
 #pragma unroll
         for (int j2 = 0; j2 < 4; ++j2)
-          b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + (s0 + u) * 128 + 8 * (j2 ^ sw))
+          b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
                            : make_uint4(0u, 0u, 0u, 0u);
         tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
         tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
+        load(s + kGuUnroll, u);  // the slot's next step goes in flight behind this one's math
       }
+    }
+    if (item + 1 < it1) {  // every slot is free: the next item's first steps go in flight now
+      point(item + 1);
+#pragma unroll
+      for (int u = 0; u < kGuUnroll; ++u) load(u, u);
     }
     // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
     float* rw = red + warp * 2 * kChunk * 16;
