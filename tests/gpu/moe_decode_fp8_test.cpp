@@ -1,10 +1,10 @@
 // The register-streamed FP8-block decode path of the routed experts (moe_experts_decode_fp8.h) against
 // ops::moe_experts on the CPU, with experts made by the project's quantizer (quant/fp8_block.h): scaled-down
 // and odd shapes (every expert distinct), DeepSeek-V3 widths (hidden 7168, inter 2048, 256 experts, top-8)
-// and GLM-5 widths (6144 / 2048), m in {1, 3, 8, 32, 64}, uniform / skewed / one-hot / empty-slot routing.
-// The act workspace is poisoned with NaN first; out starts from random values (the kernel adds into it), so
-// an element it skips keeps a value far off the reference. Untouched experts point at NaN-filled weights and
-// scales: one read would make the output NaN. Every case runs twice and must give the same bits.
+// and GLM-5 widths (6144 / 2048), m in {1, 3, 8, 32, 64, 100, 128}, uniform / skewed / one-hot / empty-slot
+// routing. The act workspace is poisoned with NaN first; out starts from random values (the kernel adds into
+// it), so an element it skips keeps a value far off the reference. Untouched experts point at NaN-filled
+// weights and scales: one read would make the output NaN. Every case runs twice and must give the same bits.
 //
 // Weights: every 128x128 block is scaled by its own power of two (1/8 .. 8) before quantizing, so the block
 // scales differ by up to 64x and a scale taken from the wrong block shows. The full-width sets hold 16
@@ -251,7 +251,7 @@ constexpr Routing kAll[] = {Routing::Uniform, Routing::Skewed, Routing::OneHot, 
 TEST(CudaMoeDecodeFp8, ScaledDownMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Fp8Experts xs(32, 1024, 512, 600);  // hidden 1024: one 128-k step per warp
-  for (int m : {1, 3, 8, 32, 64})
+  for (int m : {1, 3, 8, 32, 64, 100, 128})
     for (Routing r : kAll) run_case(xs, m, 8, r, 601u + m + 100u * static_cast<uint32_t>(r), false);
 }
 
@@ -260,7 +260,7 @@ TEST(CudaMoeDecodeFp8, OddShapesMatchCpu) {
   // hidden 384: three 128-k blocks over eight warps (five add nothing); inter 1408: 11 down pieces per chunk,
   // not a multiple of the pieces in flight; 88 gate_up tiles, tile rows crossing no 128-row block.
   const Fp8Experts odd(16, 384, 1408, 610);
-  for (int m : {1, 5, 17, 64}) run_case(odd, m, 6, Routing::Uniform, 611u + m, false);
+  for (int m : {1, 5, 17, 64, 100}) run_case(odd, m, 6, Routing::Uniform, 611u + m, false);
   run_case(odd, 9, 6, Routing::OneHot, 612, false);
   // hidden 7168: seven steps per warp, not a multiple of the steps in flight; inter 256.
   const Fp8Experts deep(12, 7168, 256, 613);
@@ -270,11 +270,12 @@ TEST(CudaMoeDecodeFp8, OddShapesMatchCpu) {
 TEST(CudaMoeDecodeFp8, DeepSeekV3WidthsMatchCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Fp8Experts xs(256, 7168, 2048, 620, 16);
-  for (int m : {1, 3, 8, 32, 64}) {
+  for (int m : {1, 3, 8, 32, 64, 100, 128}) {
     run_case(xs, m, 8, Routing::Uniform, 621u + m, false);
     run_case(xs, m, 8, Routing::Skewed, 622u + m, false);
   }
   run_case(xs, 64, 8, Routing::OneHot, 623, false);
+  run_case(xs, 128, 8, Routing::OneHot, 627, false);
   run_case(xs, 8, 8, Routing::EmptySlots, 624, false);
   // Untouched experts NaN: at 1 and 8 tokens most of the 256 are.
   run_case(xs, 1, 8, Routing::Uniform, 625, true);
@@ -284,7 +285,7 @@ TEST(CudaMoeDecodeFp8, DeepSeekV3WidthsMatchCpu) {
 TEST(CudaMoeDecodeFp8, Glm5WidthsMatchCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Fp8Experts xs(256, 6144, 2048, 630, 16);
-  for (int m : {1, 3, 8, 32, 64}) {
+  for (int m : {1, 3, 8, 32, 64, 100, 128}) {
     run_case(xs, m, 8, Routing::Uniform, 631u + m, false);
     run_case(xs, m, 8, Routing::Skewed, 632u + m, false);
   }
@@ -321,7 +322,9 @@ TEST(CudaMoeDecodeFp8, TakenOnlyWhereItApplies) {
   p.disable_stream = true;
   EXPECT_FALSE(ms::cuda::moe_experts_decode_fp8_applies(p));
   p.disable_stream = false;
-  p.m = 65;
+  p.m = 128;  // the largest step of top-8: 1024 slots (every target part fits it: kernel_fit_test)
+  EXPECT_TRUE(ms::cuda::moe_experts_decode_fp8_applies(p));
+  p.m = 129;
   EXPECT_FALSE(ms::cuda::moe_experts_decode_fp8_applies(p));
   p.m = 8;
   p.fp8_block = 64;

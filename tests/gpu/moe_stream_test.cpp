@@ -374,8 +374,8 @@ TEST(CudaMoeStream, NotTakenWhereItDoesNotApply) {
 
 TEST(CudaMoeDecode, ScaledDownGlm5MatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Nvfp4Experts xs(32, 1024, 512, 400);  // hidden 1024: one 32-k step per lane
-  for (int m : {1, 3, 8, 32, 64}) {
+  const Nvfp4Experts xs(32, 1024, 512, 400);   // hidden 1024: one 32-k step per lane
+  for (int m : {1, 3, 8, 32, 64, 100, 128}) {  // 128 x top-8: the largest work list (1024 slots)
     run_case(xs, m, 8, false, 401u + m, false, Path::Decode);
     run_case(xs, m, 8, true, 402u + m, false, Path::Decode);
     run_case(xs, m, 8, false, 403u + m, false, Path::Decode, Routing::OneHot);
@@ -389,18 +389,19 @@ TEST(CudaMoeDecode, ScaledDownGlm5MatchesCpu) {
 TEST(CudaMoeDecode, FullWidthGlm5MatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Nvfp4Experts& xs = glm5_full_width();
-  for (int m : {1, 3, 8, 32, 64}) {
+  for (int m : {1, 3, 8, 32, 64, 100, 128}) {
     run_case(xs, m, 8, false, 411u + m, false, Path::Decode);
     run_case(xs, m, 8, true, 412u + m, false, Path::Decode);
   }
   run_case(xs, 64, 8, false, 413, false, Path::Decode, Routing::OneHot);
+  run_case(xs, 128, 8, false, 415, false, Path::Decode, Routing::OneHot);
   run_case(xs, 8, 8, false, 414, false, Path::Decode, Routing::EmptySlots);
 }
 
 TEST(CudaMoeDecode, UntouchedExpertsAreNotRead) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Nvfp4Experts xs(64, 2048, 1024, 420);
-  for (int m : {1, 8, 32, 64}) {
+  for (int m : {1, 8, 32, 64, 100}) {
     run_case(xs, m, 4, false, 421u + m, true, Path::Decode);
     run_case(xs, m, 4, true, 422u + m, true, Path::Decode);
   }
@@ -421,7 +422,13 @@ TEST(CudaMoeDecode, TakenOnlyWhereItApplies) {
   p.disable_stream = true;
   EXPECT_FALSE(ms::cuda::moe_experts_decode_applies(p));
   p.disable_stream = false;
-  p.m = 65;  // beyond the per-warp output tiles: the streamed path
+  p.m = 128;  // the largest step of top-8: 1024 slots
+  EXPECT_EQ(ms::cuda::moe_experts_decode_applies(p),
+            ms::cuda::moe_decode_config::choose(ms::cuda::moe_decode_shape(p),
+                                                ms::cuda::limits_of(ms::cuda::current_device_caps()))
+                .use);
+  EXPECT_TRUE(ms::cuda::moe_experts_decode_applies(p) || !fits);  // what fits 8 tokens fits 128 (kernel_fit)
+  p.m = 129;  // beyond the per-warp output tiles: the streamed path
   EXPECT_FALSE(ms::cuda::moe_experts_decode_applies(p));
   p.m = 8;
   p.experts_aligned16 = false;
@@ -440,7 +447,7 @@ TEST(CudaMoeDecode, TakenOnlyWhereItApplies) {
 TEST(CudaMoeDecodeRing, ScaledDownGlm5MatchesRegistersBitForBit) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Nvfp4Experts xs(32, 1024, 512, 400);  // one step per item: the ring runs ahead across items
-  for (int m : {1, 3, 8, 32, 64}) {
+  for (int m : {1, 3, 8, 32, 64, 100, 128}) {
     run_case(xs, m, 8, false, 501u + m, false, Path::Decode, Routing::Uniform, 1);
     run_case(xs, m, 8, true, 502u + m, false, Path::Decode, Routing::Skewed, 1);
     run_case(xs, m, 8, false, 503u + m, false, Path::Decode, Routing::OneHot, 1);
@@ -454,11 +461,12 @@ TEST(CudaMoeDecodeRing, ScaledDownGlm5MatchesRegistersBitForBit) {
 TEST(CudaMoeDecodeRing, FullWidthGlm5MatchesRegistersBitForBit) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Nvfp4Experts& xs = glm5_full_width();
-  for (int m : {1, 3, 8, 32, 64}) {
+  for (int m : {1, 3, 8, 32, 64, 100, 128}) {
     run_case(xs, m, 8, false, 511u + m, false, Path::Decode, Routing::Uniform, 1);
     run_case(xs, m, 8, true, 512u + m, false, Path::Decode, Routing::Skewed, 1);
   }
   run_case(xs, 64, 8, false, 513, false, Path::Decode, Routing::OneHot, 1);
+  run_case(xs, 128, 8, false, 515, false, Path::Decode, Routing::OneHot, 1);
   run_case(xs, 8, 8, false, 514, false, Path::Decode, Routing::EmptySlots, 1);
 }
 

@@ -228,8 +228,8 @@ TEST(KernelFit, MoeStreamChoosesOnlyWhatFits) {
 TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
   namespace c = moe_decode_config;
   const int used = for_each_taken(
-      {1, 2, 3, 5, 8, 9, 32, 64}, {{6144, 2048}, {7168, 2048}, {1024, 512}, {2048, 1024}}, c::choose,
-      [](const DeviceLimits& dev, int m, const std::array<int, 2>& hi, const c::Config& cfg) {
+      {1, 2, 3, 5, 8, 9, 32, 64, 65, 100, 127, 128}, {{6144, 2048}, {7168, 2048}, {1024, 512}, {2048, 1024}},
+      c::choose, [](const DeviceLimits& dev, int m, const std::array<int, 2>& hi, const c::Config& cfg) {
         EXPECT_GE(cfg.x_rows, 1);
         EXPECT_LE(cfg.x_rows, std::min(m, c::kChunk));
         EXPECT_FALSE(why_cannot_run(c::need_gate_up(hi[0], cfg.x_rows), dev).has_value()) << dev.name;
@@ -240,17 +240,35 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
         EXPECT_GE(cfg.grid_gate_up, dev.multiprocessors);
       });
   EXPECT_GT(used, 0);
-  // GLM-5 decode on every target part (the kernels need no architecture-specific instruction), two gate_up
-  // blocks per multiprocessor on the H200.
+  // GLM-5 and DeepSeek-V3 widths, 1 to 128 tokens of top-8, on every target part (the kernels need no
+  // architecture-specific instruction); two gate_up blocks per multiprocessor on the H200, and the down
+  // kernel's 128-token tiles still let three blocks share one (its launch bounds ask for three).
   for (const DeviceLimits& dev : target_device_presets())
-    EXPECT_TRUE(c::choose({true, 6144, 2048, 8, 8, 256}, dev).use) << dev.name;
+    for (int m : {1, 8, 64, 65, 100, 128})
+      for (int hidden : {6144, 7168}) {
+        const c::Config cfg = c::choose({true, hidden, 2048, m, 8, 256}, dev);
+        EXPECT_TRUE(cfg.use) << dev.name << " m" << m << " hidden " << hidden << ": " << cfg.why;
+        EXPECT_EQ(cfg.smem_down, c::down_smem(m));
+      }
   const c::Config h200 = c::choose({true, 6144, 2048, 1, 8, 256}, limits_h200());
   EXPECT_EQ(h200.x_rows, 1);
   EXPECT_EQ(h200.grid_gate_up, 2 * 132);
   EXPECT_EQ(c::choose({true, 6144, 2048, 64, 8, 256}, limits_h200()).grid_gate_up, 2 * 132);
-  // Outside its regime: other formats, m > 64, shapes that are not multiples of the warp split.
+  const c::Config h200_128 = c::choose({true, 6144, 2048, 128, 8, 256}, limits_h200());
+  EXPECT_EQ(h200_128.grid_gate_up, 2 * 132);
+  EXPECT_EQ(h200_128.x_rows, c::kChunk);
+  EXPECT_GE(c::blocks_per_sm(h200_128.smem_down + c::kStaticSmem, limits_h200()), c::kDownMinBlocks);
+  // The work list at the largest step: one position per (expert, chunk) pair at most.
+  EXPECT_GE(c::kMaxEc, c::kMaxM * 8);
+  // Outside its regime: other formats, m > 128, m * top_k > 1024, shapes that are not multiples of the warp
+  // split.
   EXPECT_FALSE(c::choose({false, 6144, 2048, 8, 8, 256}, limits_h200()).use);
-  EXPECT_FALSE(c::choose({true, 6144, 2048, 65, 8, 256}, limits_h200()).use);
+  const c::Config m129 = c::choose({true, 6144, 2048, 129, 8, 256}, limits_h200());
+  EXPECT_FALSE(m129.use);
+  EXPECT_NE(m129.why.find("m = 129"), std::string::npos) << m129.why;
+  const c::Config slots = c::choose({true, 6144, 2048, 128, 9, 256}, limits_h200());
+  EXPECT_FALSE(slots.use);
+  EXPECT_NE(slots.why.find("m * top_k = 1152"), std::string::npos) << slots.why;
   EXPECT_FALSE(c::choose({true, 6144, 1408, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 5120 + 512, 2048, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 6144, 2048, 8, 8, 2048}, limits_h200()).use);
@@ -269,8 +287,8 @@ TEST(KernelFit, MoeDecodeRingChoosesOnlyWhatFits) {
   namespace c = moe_decode_config;
   int rings = 0;
   for_each_taken(
-      {1, 2, 3, 5, 8, 9, 32, 64}, {{6144, 2048}, {7168, 2048}, {1024, 512}, {2048, 1024}}, c::choose,
-      [&](const DeviceLimits& dev, int m, const std::array<int, 2>& hi, const c::Config& cfg) {
+      {1, 2, 3, 5, 8, 9, 32, 64, 65, 100, 127, 128}, {{6144, 2048}, {7168, 2048}, {1024, 512}, {2048, 1024}},
+      c::choose, [&](const DeviceLimits& dev, int m, const std::array<int, 2>& hi, const c::Config& cfg) {
         if (!cfg.ring) {
           EXPECT_NE(cfg.ring_why.find("ring"), std::string::npos) << cfg.ring_why;
           return;
@@ -293,9 +311,9 @@ TEST(KernelFit, MoeDecodeRingChoosesOnlyWhatFits) {
         EXPECT_GE(c::blocks_per_sm(cfg.smem_gate_up_ring + c::kStaticSmem, dev), bps) << dev.name;
       });
   EXPECT_GT(rings, 0);
-  // GLM-5 decode, 1 to 64 tokens, on the H200 and B200: the ring fits with at least three steps in flight.
+  // GLM-5 decode, 1 to 128 tokens, on the H200 and B200: the ring fits with at least three steps in flight.
   for (const DeviceLimits& dev : {limits_h200(), limits_b200()})
-    for (int m : {1, 8, 32, 64}) {
+    for (int m : {1, 8, 32, 64, 100, 128}) {
       const c::Config cfg = c::choose({true, 6144, 2048, m, 8, 256}, dev);
       ASSERT_TRUE(cfg.use) << dev.name;
       EXPECT_TRUE(cfg.ring) << dev.name << " m" << m << ": " << cfg.ring_why;
@@ -332,7 +350,7 @@ TEST(KernelFit, MoeDecodeFp8ChoosesOnlyWhatFits) {
   namespace c = moe_decode_fp8_config;
   int used = 0;
   for (const DeviceLimits& dev : target_device_presets())
-    for (int m : {1, 2, 3, 5, 8, 9, 32, 64})
+    for (int m : {1, 2, 3, 5, 8, 9, 32, 64, 65, 100, 127, 128})
       for (const std::array<int, 2>& hi : {std::array<int, 2>{7168, 2048},
                                            {6144, 2048},
                                            {1024, 512},
@@ -377,7 +395,8 @@ TEST(KernelFit, MoeDecodeFp8ChoosesOnlyWhatFits) {
   };
   refused({false, 128, 7168, 2048, 8, 8, 256}, "FP8Block");
   refused({true, 64, 7168, 2048, 8, 8, 256}, "fp8_block");
-  refused({true, 128, 7168, 2048, 65, 8, 256}, "m = 65");
+  refused({true, 128, 7168, 2048, 129, 8, 256}, "m = 129");
+  refused({true, 128, 7168, 2048, 128, 9, 256}, "m * top_k = 1152");
   refused({true, 128, 7168, 2048, 0, 8, 256}, "m = 0");
   refused({true, 128, 7168, 2048, 64, 17, 256}, "top_k");
   refused({true, 128, 7168, 2048, 8, 8, 2048}, "n_experts");

@@ -20,12 +20,21 @@ using moe_decode_common::Shape;
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = 8;
-constexpr int kMaxM = 64;        // tokens per step (the down kernel's per-warp output tiles)
-constexpr int kMaxSlots = 1024;  // m * top_k
-constexpr int kMaxEc = 1536;     // (expert, chunk) pairs: <= min(E, slots) + slots
-constexpr int kChunk = 8;        // positions of one expert per pass (one mma n-tile)
-constexpr int kGuIdx = 16;       // gate_up: intermediate indices per work item (16 gate + 16 up rows)
-constexpr int kDownRows = 16;    // down: output rows per block
+// Tokens per step: the down kernel keeps per-warp output tiles [4 warps][m][16] f32 in shared memory (32 KB
+// at 128 tokens: down_smem(128) is ~40 KB, three blocks still share an H200 multiprocessor and one fits
+// sm_120's 99 KB). Above 128 the streamed path (moe_stream_config.h) or the grouped GEMMs take the step.
+constexpr int kMaxM = 128;
+constexpr int kMaxSlots = 1024;  // m * top_k: 128 tokens x GLM-5's / DeepSeek-V3's top-8
+// (expert, chunk) pairs of the work list: every pair holds at least one of the m * top_k positions, so there
+// are at most kMaxSlots of them.
+constexpr int kMaxEc = 1536;
+static_assert(kMaxEc >= kMaxSlots, "a work list of one position per pair must fit");
+// Work-list entry: expert | chunk << 10 (chunk < kMaxSlots, so it stays far below the sign bit).
+static_assert(kMaxExperts <= 1024 && static_cast<int64_t>(kMaxSlots) << 10 <= INT32_MAX,
+              "expert ids fit 10 bits and chunk << 10 fits an int");
+constexpr int kChunk = 8;      // positions of one expert per pass (one mma n-tile)
+constexpr int kGuIdx = 16;     // gate_up: intermediate indices per work item (16 gate + 16 up rows)
+constexpr int kDownRows = 16;  // down: output rows per block
 // down: 4 warps a block and up to 3 blocks a multiprocessor (registers: <= 170 a thread), so that the
 // hidden / 16 blocks of a GLM-5 or DeepSeek-V3 layer (384, 448) are all resident at once on an H200 (132 x 3
 // slots) instead of running in two waves of 8-warp blocks, the second half empty.

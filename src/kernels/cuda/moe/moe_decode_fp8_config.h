@@ -23,13 +23,23 @@ using moe_decode_common::kMaxExperts;
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = 8;
-constexpr int kMaxM = 64;        // tokens per step (the down kernel's per-warp output tiles)
-constexpr int kMaxSlots = 1024;  // m * top_k
-constexpr int kMaxEc = 1536;     // (expert, chunk) pairs: <= min(E, slots) + slots
-constexpr int kChunk = 8;        // positions of one expert per pass (one mma n-tile)
-constexpr int kBlock = 128;      // the scale block edge the kernels apply (one warp step = one block of k)
-constexpr int kGuIdx = 16;       // gate_up: intermediate indices per work item (16 gate + 16 up rows)
-constexpr int kDownRows = 16;    // down: output rows per block
+// Tokens per step: the down kernel keeps per-warp output tiles [8 warps][m][16] f32 in shared memory (64 KB
+// at 128 tokens: down_smem(128) is ~74 KB, which still fits sm_120's 99 KB per block; on an H200 the down
+// kernel's registers, not this, hold it to two blocks a multiprocessor). Above 128 the grouped GEMMs or the
+// CUDA-core kernels take the step.
+constexpr int kMaxM = 128;
+constexpr int kMaxSlots = 1024;  // m * top_k: 128 tokens x DeepSeek-V3's top-8
+// (expert, chunk) pairs of the work list: every pair holds at least one of the m * top_k positions, so there
+// are at most kMaxSlots of them.
+constexpr int kMaxEc = 1536;
+static_assert(kMaxEc >= kMaxSlots, "a work list of one position per pair must fit");
+// Work-list entry: expert | chunk << 10 (chunk < kMaxSlots, so it stays far below the sign bit).
+static_assert(kMaxExperts <= 1024 && static_cast<int64_t>(kMaxSlots) << 10 <= INT32_MAX,
+              "expert ids fit 10 bits and chunk << 10 fits an int");
+constexpr int kChunk = 8;      // positions of one expert per pass (one mma n-tile)
+constexpr int kBlock = 128;    // the scale block edge the kernels apply (one warp step = one block of k)
+constexpr int kGuIdx = 16;     // gate_up: intermediate indices per work item (16 gate + 16 up rows)
+constexpr int kDownRows = 16;  // down: output rows per block
 constexpr int kGuAhead = 2;  // gate_up: 128-k steps whose weights a lane holds in flight (4 rows x 32 B each)
 constexpr int kDownAhead = 4;  // down: 128-k pieces whose weights a lane holds in flight (2 rows x 32 B each)
 

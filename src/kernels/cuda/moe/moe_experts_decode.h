@@ -1,4 +1,4 @@
-// The decode regime of the routed NVFP4 experts (1 to 64 tokens a step), weights streamed from global memory
+// The decode regime of the routed NVFP4 experts (1 to 128 tokens a step), weights streamed from global memory
 // straight into registers (or, in the opt-in ring variant, per lane through a cp.async ring in shared memory:
 // the same math, bit-identical outputs), in two launches over the grouping plan (moe_plan.h):
 //   gate_up: act[pos] = f16(w[slot(pos)] * SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T))  (act as f16

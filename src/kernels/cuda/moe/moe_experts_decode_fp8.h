@@ -1,5 +1,5 @@
 // The decode regime of the routed FP8-block experts (DeepSeek-V3's format: e4m3 weights, one f32 scale per
-// 128x128 block; 1 to 64 tokens a step), weights streamed from global memory straight into registers, in two
+// 128x128 block; 1 to 128 tokens a step), weights streamed from global memory straight into registers, in two
 // launches over the grouping plan (moe_plan.h), like the NVFP4 decode path (moe_experts_decode.h):
 //   gate_up: act[pos] = f16(w[slot(pos)] * SiLU(x[token] @ gate_e^T) * (x[token] @ up_e^T))  (act as f16
 //            [m * top_k, inter] in the first half of p.act)
