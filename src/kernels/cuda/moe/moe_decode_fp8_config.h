@@ -23,10 +23,15 @@ using moe_decode_common::kMaxExperts;
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = 8;
-// Tokens per step: the down kernel keeps per-warp output tiles [8 warps][m][16] f32 in shared memory (64 KB
-// at 128 tokens: down_smem(128) is ~74 KB, which still fits sm_120's 99 KB per block; on an H200 the down
-// kernel's registers, not this, hold it to two blocks a multiprocessor). Above 128 the grouped GEMMs or the
-// CUDA-core kernels take the step.
+// down: 4 warps a block and up to 4 blocks a multiprocessor (registers: <= 128 a thread), so that the hidden
+// / 16 row tiles of a DeepSeek-V3 or GLM-5 layer (448, 384) are resident at once on an H200 (132 x 4 slots)
+// instead of running in two waves of 8-warp blocks (264 slots).
+constexpr int kDownWarps = 4;
+constexpr int kDownThreads = 32 * kDownWarps;
+constexpr int kDownMinBlocks = 4;
+// Tokens per step: the down kernel keeps per-warp output tiles [4 warps][m][16] f32 in shared memory (32 KB
+// at 128 tokens: down_smem(128) is ~40 KB, two blocks a multiprocessor on sm_120's 99 KB, four on an H200).
+// Above 128 the grouped GEMMs or the CUDA-core kernels take the step.
 constexpr int kMaxM = 128;
 constexpr int kMaxSlots = 1024;  // m * top_k: 128 tokens x DeepSeek-V3's top-8
 // (expert, chunk) pairs of the work list: every pair holds at least one of the m * top_k positions, so there
@@ -66,10 +71,10 @@ constexpr size_t ec_bytes() {
 constexpr size_t gate_up_smem(int hidden, int x_rows) {
   return static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 + gate_up_red_bytes() + ec_bytes();
 }
-// Layouts: out_w [8 warps][m][16] f32 | scratch [8 warps][8 positions][16] f32 | ec.
+// Layouts: out_w [4 warps][m][16] f32 | scratch [4 warps][8 positions][16] f32 | ec.
 constexpr size_t down_smem(int m) {
-  return static_cast<size_t>(kWarps) * m * kDownRows * sizeof(float) +
-         static_cast<size_t>(kWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
+  return static_cast<size_t>(kDownWarps) * m * kDownRows * sizeof(float) +
+         static_cast<size_t>(kDownWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
 }
 
 struct Config {

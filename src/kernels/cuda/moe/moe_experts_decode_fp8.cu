@@ -215,23 +215,24 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- down (+ routing weight, already in act, + combine) --------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads, 2) moe_decode_fp8_down_kernel(const MoeExpertsParams p) {
+__global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
+    moe_decode_fp8_down_kernel(const MoeExpertsParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
-  float* out_w = reinterpret_cast<float*>(smem);  // [8 warps][m][16]
-  float* scr = out_w + kWarps * m * kDownRows;    // [8 warps][8 positions][16]
-  int32_t* ec = reinterpret_cast<int32_t*>(scr + kWarps * kChunk * kDownRows);
+  float* out_w = reinterpret_cast<float*>(smem);    // [warps][m][16]
+  float* scr = out_w + kDownWarps * m * kDownRows;  // [warps][8 positions][16]
+  int32_t* ec = reinterpret_cast<int32_t*>(scr + kDownWarps * kChunk * kDownRows);
   __shared__ int s_nec;
 
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
-  for (int i = threadIdx.x; i < kWarps * m * kDownRows; i += kThreads) out_w[i] = 0.f;
+  for (int i = threadIdx.x; i < kDownWarps * m * kDownRows; i += kDownThreads) out_w[i] = 0.f;
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kDownRows;
   const int nbk = p.inter / kBlock;  // pieces per chunk = scale columns of down
   const int pieces = s_nec * nbk;
-  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kWarps);
-  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kWarps);
+  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kDownWarps);
+  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kDownWarps);
   const int64_t row_bytes = p.inter;
   const int64_t srow = static_cast<int64_t>(row0 / kBlock) * nbk;  // the block's 16 rows: one row block
   const __half* acth = reinterpret_cast<const __half*>(p.act);
@@ -303,10 +304,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_decode_fp8_down_kernel(const 
   }
   if (cur >= 0) flush();
   __syncthreads();
-  for (int i = tid; i < m * kDownRows; i += kThreads) {
+  for (int i = tid; i < m * kDownRows; i += kDownThreads) {
     float sum = 0.f;
 #pragma unroll
-    for (int w2 = 0; w2 < kWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
+    for (int w2 = 0; w2 < kDownWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
     float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
     *o += sum;
   }
@@ -349,7 +350,7 @@ void moe_experts_decode_fp8(const MoeExpertsParams& p, cudaStream_t stream) {
                                   static_cast<int>(c.smem_down)));
   moe_decode_fp8_gate_up_kernel<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
   CUDA_CHECK(cudaGetLastError());
-  moe_decode_fp8_down_kernel<<<c.grid_down, kThreads, c.smem_down, stream>>>(p);
+  moe_decode_fp8_down_kernel<<<c.grid_down, kDownThreads, c.smem_down, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 
