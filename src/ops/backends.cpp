@@ -193,7 +193,7 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         "nvfp4",
         "decode steps of 1 to 128 tokens (m * top_k <= 1024, up to 1024 experts); hidden a multiple of "
         "1024 and intermediate of 512; weights streamed straight into registers (from 8 tokens through "
-        "a per-warp cp.async ring; MOESERVE_MOE_DECODE_KERNEL=registers|ring), tensor cores with bf16 "
+        "a per-warp cp.async ring; MOESERVE_MOE_DECODE_KERNEL=registers|ring), tensor cores with f16 "
         "activations, down summed in a fixed order; used by `grouped` first where it applies (not in "
         "exact mode)",
         "sm_80 or newer",

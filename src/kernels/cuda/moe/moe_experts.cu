@@ -589,7 +589,7 @@ void moe_experts(const MoeExpertsParams& p, cudaStream_t stream) {
     return;
   }
   if (p.m > 0 && moe_experts_decode_applies(p)) {
-    moe_experts_decode(p, stream);  // NVFP4 decode, bf16 activations: weights streamed into registers
+    moe_experts_decode(p, stream);  // NVFP4 decode, f16 activations: weights streamed into registers
     return;
   }
   if (p.m > 0 && moe_experts_stream_applies(p)) {

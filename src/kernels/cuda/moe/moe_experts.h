@@ -73,7 +73,7 @@ struct MoeExpertsParams {
   bool experts_aligned16 = false;
   // Force the old three-launch kernels even where the streamed or decode path applies (benchmarks, tests).
   bool disable_stream = false;
-  // Skip the decode path (moe_experts_decode.h: bf16 activations) even where it applies; the streamed path
+  // Skip the decode path (moe_experts_decode.h: f16 activations) even where it applies; the streamed path
   // (f32-exact to ~1e-5) or the old kernels run instead. Exact-mode callers and benchmarks set it.
   bool disable_decode = false;
   // The decode path's weight streaming (moe_experts_decode.h): -1 the environment's
