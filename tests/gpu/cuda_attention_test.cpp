@@ -445,7 +445,9 @@ void run_attention(const AttnCase& c, uint32_t seed) {
   const bool fast = cfg.kernel != gpu::MlaAttentionKernel::General;
   // Expected fast: a tensor-core kernel. 512 + 64 wide fp8 / bf16 pages over a selection or in a decode-only
   // batch go to the sm90 decode kernel where it fits, so a case not expected fast may still get it.
-  if (c.expect_fast) ASSERT_TRUE(fast) << cfg.why;
+  if (c.expect_fast) {
+    ASSERT_TRUE(fast) << cfg.why;
+  }
   ASSERT_LE(cfg.smem_bytes, caps.smem_per_block_optin);
   // CPU. The tensor-core kernels take q in bf16 (documented): its reference sees the same rounded q, so
   // the tolerance below covers only the kernel's own bf16 products (P and the page values on tensor cores).
@@ -590,8 +592,9 @@ void run_indexer(const IndexerCase& c, uint32_t seed) {
     for (int k = 0; k < c.topk; ++k) {
       ASSERT_TRUE(k < expect_n ? (g[k] >= 0 && g[k] <= pos) : g[k] == -1)
           << "token " << i << " pos " << pos << " entry " << k << " = " << g[k];
-      if (k > 0 && k < expect_n)
+      if (k > 0 && k < expect_n) {
         ASSERT_LT(g[k - 1], g[k]) << "not ascending at token " << i << " entry " << k;
+      }
     }
     if (c.exact || pos + 1 <= c.topk) {
       for (int k = 0; k < c.topk; ++k)

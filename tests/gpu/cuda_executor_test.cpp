@@ -256,7 +256,9 @@ TEST_P(CudaGolden, ProgrammaticDependentLaunchChangesNoResult) {
       opt.cuda_graphs = graphs;
       opt.pdl = on == 1;
       runtime::cuda::CudaExecutor ex(m, exec_config(m, kv::KvCacheDType::F32), opt);
-      if (on == 0) EXPECT_FALSE(cuda::pdl_active());
+      if (on == 0) {
+        EXPECT_FALSE(cuda::pdl_active());
+      }
       logits[on] = run(ex, ids, f->prompts[0].size(), true, true);
       stats[on] = ex.graph_stats();
     }
@@ -272,8 +274,9 @@ TEST_P(CudaGolden, ProgrammaticDependentLaunchChangesNoResult) {
                   GetParam().c_str(), static_cast<long long>(stats[1].programmatic_edges),
                   static_cast<long long>(stats[0].programmatic_edges));
       EXPECT_EQ(stats[0].programmatic_edges, 0);
-      if (cuda::pdl_active())
+      if (cuda::pdl_active()) {
         EXPECT_GT(stats[1].programmatic_edges, 0) << "capture kept no programmatic edge";
+      }
     }
   }
   runtime::cuda::GraphStats gs;

@@ -392,7 +392,9 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
     }
   }
   // Deterministic: the same bits again.
-  if (m <= 300) EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K, kernel), got);
+  if (m <= 300) {
+    EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K, kernel), got);
+  }
   std::printf("  [moe_%s] %s E=%d H=%d I=%d m=%d K=%d routing=%d: relative error %.2e\n", kname,
               format_name(xs.format()), xs.E(), H, xs.inter(), m, K, static_cast<int>(r), rel);
 }
@@ -494,8 +496,9 @@ TEST(CudaMoeWgmma, ChosenByDefaultOnSm90ForLargeSteps) {
   p.n_experts = 256;
   p.hidden = 6144;
   p.inter = 2048;
-  if (std::getenv("MOESERVE_MOE_PREFILL_KERNEL") == nullptr)
+  if (std::getenv("MOESERVE_MOE_PREFILL_KERNEL") == nullptr) {
     EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), MoePrefillKernel::Wgmma);
+  }
   p.prefill_kernel = MoePrefillKernel::Mma;
   EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), MoePrefillKernel::Mma);
   const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
@@ -505,8 +508,9 @@ TEST(CudaMoeWgmma, ChosenByDefaultOnSm90ForLargeSteps) {
   p.prefill_kernel = MoePrefillKernel::Auto;
   p.format = MoeWeightFormat::FP8Block;
   p.hidden = 7168;
-  if (std::getenv("MOESERVE_MOE_PREFILL_KERNEL") == nullptr)
+  if (std::getenv("MOESERVE_MOE_PREFILL_KERNEL") == nullptr) {
     EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), MoePrefillKernel::Wgmma);
+  }
   const auto f8 = ms::cuda::moe_experts_wgmma_config(p);
   EXPECT_EQ(f8.gate_up.bn, 256);
   EXPECT_EQ(f8.down.bn, 256);

@@ -60,12 +60,25 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-  std::string s = "heads " + std::to_string(c.heads) + " q/seq " + std::to_string(c.q_per_seq) + " page " +
-                  std::to_string(c.page_size) + (c.fp8 ? " fp8" : " bf16") + " topk " +
-                  std::to_string(c.topk) + (c.q_bf16 ? " q bf16" : " q f32") +
-                  (c.out_bf16 ? " out bf16" : " out f32") + (c.compact ? " compact" : "") +
-                  (c.wgmma ? " wgmma" : "") + " lens";
-  for (int l : c.lens) s += " " + std::to_string(l);
+  // Appended piece by piece: GCC 12 misreports a chain of string + literal as an overlapping memcpy.
+  std::string s = "heads ";
+  s += std::to_string(c.heads);
+  s += " q/seq ";
+  s += std::to_string(c.q_per_seq);
+  s += " page ";
+  s += std::to_string(c.page_size);
+  s += c.fp8 ? " fp8" : " bf16";
+  s += " topk ";
+  s += std::to_string(c.topk);
+  s += c.q_bf16 ? " q bf16" : " q f32";
+  s += c.out_bf16 ? " out bf16" : " out f32";
+  if (c.compact) s += " compact";
+  if (c.wgmma) s += " wgmma";
+  s += " lens";
+  for (int l : c.lens) {
+    s += ' ';
+    s += std::to_string(l);
+  }
   return s;
 }
 

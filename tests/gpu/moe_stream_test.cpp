@@ -187,7 +187,9 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
   EXPECT_EQ(ms::cuda::moe_experts_decode_applies(p), path == Path::Decode);
   // The ring variant is asked for only where the test expects it to fit (else the comparison would be void).
   EXPECT_EQ(ms::cuda::moe_experts_decode_uses_ring(p), path == Path::Decode && decode_ring == 1);
-  if (path == Path::Stream) EXPECT_TRUE(ms::cuda::moe_experts_stream_applies(p));
+  if (path == Path::Stream) {
+    EXPECT_TRUE(ms::cuda::moe_experts_stream_applies(p));
+  }
   ms::cuda::moe_experts(p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   if (act_out) {  // the decode path's f16 act [m * top_k grouped positions, inter], first half of p.act
