@@ -67,6 +67,11 @@ __device__ __forceinline__ uint32_t pack_f16_sat(float lo, float hi) {
   return r;
 }
 
+// One float -> f16 bits, saturated as pack_f16_sat.
+__device__ __forceinline__ uint16_t f16_sat_bits(float v) {
+  return static_cast<uint16_t>(pack_f16_sat(v, 0.f) & 0xffffu);
+}
+
 // Two fp8 e4m3 values (the low 16 bits, low byte first) -> f16x2, exact, one conversion instruction.
 __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
   const __half2_raw h =

@@ -1,7 +1,8 @@
 // Device pieces the two NVFP4 decode paths of the routed experts share (moe_experts_decode.cu,
 // moe_experts_stream.cu): the e2m1 byte -> bf16x2 table replicated per lane, the (expert, chunk) work list
-// each block builds from the plan's expert counts, bf16x2 bit access (the mma: tc::mma_bf16, mma_sm80.cuh);
-// and the eight-code E2M1 -> bf16 expansion the tensor-core prefill kernels share (moe_experts_mma.cu,
+// each block builds from the plan's expert counts, bf16x2 bit access (the mma: tc::mma_bf16, mma_sm80.cuh),
+// the shared-memory tiles in which the decode kernels (NVFP4 and FP8) meet their warps' partial sums; and the
+// eight-code E2M1 -> bf16 expansion the tensor-core prefill kernels share (moe_experts_mma.cu,
 // moe_experts_wgmma.cu).
 #pragma once
 
@@ -36,6 +37,28 @@ __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
 }
 
 using tc::mma_bf16;  // m16n8k16, bf16 operands, f32 accumulation
+
+// A warp's m16n8 C fragment (acc: rows g / g + 8, positions 2t / 2t + 1) into a [position][16 rows] f32 tile:
+// the layout in which the decode kernels meet their warps' partial sums.
+__device__ __forceinline__ void store_c_tile(float* tile, const float (&acc)[4], int g, int t) {
+  tile[(2 * t) * 16 + g] = acc[0];
+  tile[(2 * t + 1) * 16 + g] = acc[1];
+  tile[(2 * t) * 16 + g + 8] = acc[2];
+  tile[(2 * t + 1) * 16 + g + 8] = acc[3];
+}
+
+// The gate / up sums of (position r, row i) over the warps' tiles red [warp][gate / up][chunk][16], in warp
+// order.
+template <int kWarps, int kChunk>
+__device__ __forceinline__ float2 sum_gate_up_tiles(const float* red, int r, int i) {
+  float gs = 0.f, us = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    gs += red[(w * 2 * kChunk + r) * 16 + i];
+    us += red[((w * 2 + 1) * kChunk + r) * 16 + i];
+  }
+  return make_float2(gs, us);
+}
 
 // lut [256][32] u32: entry e of lane l at word e * 32 + l (a warp's lookups are conflict-free): the bf16 pair
 // (low nibble, high nibble) of byte e, each value times `scale` (a power of two the paths pick so the product

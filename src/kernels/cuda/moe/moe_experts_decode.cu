@@ -155,28 +155,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
     float* rw = red + warp * 2 * kChunk * 16;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      rw[(q * kChunk + 2 * t) * 16 + g] = acc[q][0];
-      rw[(q * kChunk + 2 * t + 1) * 16 + g] = acc[q][1];
-      rw[(q * kChunk + 2 * t) * 16 + g + 8] = acc[q][2];
-      rw[(q * kChunk + 2 * t + 1) * 16 + g + 8] = acc[q][3];
-    }
+    moe_dev::store_c_tile(rw, acc[0], g, t);
+    moe_dev::store_c_tile(rw + kChunk * 16, acc[1], g, t);
     __syncthreads();  // also: every warp is done reading xs, so the next item may restage it
     if (tid < rows * 16) {
       const int r = tid >> 4, i = tid & 15;
-      float gs = 0.f, us = 0.f;
-#pragma unroll
-      for (int w2 = 0; w2 < kWarps; ++w2) {
-        gs += red[(w2 * 2 * kChunk + r) * 16 + i];
-        us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
-      }
+      const float2 sums = moe_dev::sum_gate_up_tiles<kWarps, kChunk>(red, r, i);
+      const float gs = sums.x, us = sums.y;
       const float gv = gs * (ew.gate_scale2 * kCodeScale), uv = us * (ew.up_scale2 * kCodeScale);
       const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
       const float v = gv / (1.0f + expf(-gv)) * uv * wt;
       // act in f16 (saturated), each 4 in B order: down's 16-byte B pieces come straight from global memory.
-      acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] =
-          static_cast<uint16_t>(tc::pack_f16_sat(v, 0.f) & 0xffffu);
+      acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] = tc::f16_sat_bits(v);
     }
     // red is rewritten only after the next item's staging barrier, which every reader above has passed.
   }
@@ -211,10 +201,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   float s2 = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&]() {
-    scr_w[(2 * t) * 16 + g] = acc[0];
-    scr_w[(2 * t + 1) * 16 + g] = acc[1];
-    scr_w[(2 * t) * 16 + g + 8] = acc[2];
-    scr_w[(2 * t + 1) * 16 + g + 8] = acc[3];
+    moe_dev::store_c_tile(scr_w, acc, g, t);
     __syncwarp();
     if (lane < kDownRows) {
       // Positions in order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
@@ -429,28 +416,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       tile_step(acc[1], w[2], w[3], sc[2], sc[3], b);
     }
     float* rw = red + warp * 2 * kChunk * 16;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      rw[(q * kChunk + 2 * t) * 16 + g] = acc[q][0];
-      rw[(q * kChunk + 2 * t + 1) * 16 + g] = acc[q][1];
-      rw[(q * kChunk + 2 * t) * 16 + g + 8] = acc[q][2];
-      rw[(q * kChunk + 2 * t + 1) * 16 + g + 8] = acc[q][3];
-    }
+    moe_dev::store_c_tile(rw, acc[0], g, t);
+    moe_dev::store_c_tile(rw + kChunk * 16, acc[1], g, t);
     __syncthreads();
     if (tid < rows * 16) {
       const int r = tid >> 4, i = tid & 15;
-      float gs = 0.f, us = 0.f;
-#pragma unroll
-      for (int w2 = 0; w2 < kWarps; ++w2) {
-        gs += red[(w2 * 2 * kChunk + r) * 16 + i];
-        us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
-      }
+      const float2 sums = moe_dev::sum_gate_up_tiles<kWarps, kChunk>(red, r, i);
+      const float gs = sums.x, us = sums.y;
       const float gv = gs * (ew.gate_scale2 * kCodeScale), uv = us * (ew.up_scale2 * kCodeScale);
       const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
       const float v = gv / (1.0f + expf(-gv)) * uv * wt;
       // act in f16 (saturated), each 4 in B order: down's 16-byte B pieces come straight from global memory.
-      acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] =
-          static_cast<uint16_t>(tc::pack_f16_sat(v, 0.f) & 0xffffu);
+      acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] = tc::f16_sat_bits(v);
     }
   }
   cp_async_wait<0>();  // nothing real is pending (every issued step was read); leave no copy behind
@@ -522,10 +499,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   float s2 = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&]() {
-    scr_w[(2 * t) * 16 + g] = acc[0];
-    scr_w[(2 * t + 1) * 16 + g] = acc[1];
-    scr_w[(2 * t) * 16 + g + 8] = acc[2];
-    scr_w[(2 * t + 1) * 16 + g + 8] = acc[3];
+    moe_dev::store_c_tile(scr_w, acc, g, t);
     __syncwarp();
     if (lane < kDownRows) {
       for (int q = 0; q < rows; ++q) {

@@ -69,10 +69,6 @@ __device__ __forceinline__ void fp8_tile_step(float (&acc)[4], const uint4 (&w0)
   for (int i = 0; i < 4; ++i) acc[i] = fmaf(tmp[i], s, acc[i]);
 }
 
-__device__ __forceinline__ uint16_t f16_sat_bits(float v) {
-  return static_cast<uint16_t>(tc::pack_f16_sat(v, 0.f) & 0xffffu);
-}
-
 // Stages `rows` x rows of one expert chunk (grouped positions pos0 ..) as f16 (saturated) in shared memory,
 // rows xld elements apart, in natural k order (moe_decode_fp8_config.h: xs_ld); threads take 4 k each a pass.
 __device__ __forceinline__ void stage_x_rows_f16(const MoeExpertsParams& p, int pos0, int rows, __half* xs,
@@ -188,26 +184,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
     float* rw = red + warp * 2 * kChunk * 16;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      rw[(q * kChunk + 2 * t) * 16 + g] = acc[q][0];
-      rw[(q * kChunk + 2 * t + 1) * 16 + g] = acc[q][1];
-      rw[(q * kChunk + 2 * t) * 16 + g + 8] = acc[q][2];
-      rw[(q * kChunk + 2 * t + 1) * 16 + g + 8] = acc[q][3];
-    }
+    moe_dev::store_c_tile(rw, acc[0], g, t);
+    moe_dev::store_c_tile(rw + kChunk * 16, acc[1], g, t);
     __syncthreads();  // also: every warp is done reading xs, so the next item may restage it
     if (tid < rows * 16) {
       const int r = tid >> 4, i = tid & 15;
-      float gs = 0.f, us = 0.f;
-#pragma unroll
-      for (int w2 = 0; w2 < kWarps; ++w2) {
-        gs += red[(w2 * 2 * kChunk + r) * 16 + i];
-        us += red[((w2 * 2 + 1) * kChunk + r) * 16 + i];
-      }
+      const float2 sums = moe_dev::sum_gate_up_tiles<kWarps, kChunk>(red, r, i);
+      const float gs = sums.x, us = sums.y;
       const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
       const float v = gs / (1.0f + expf(-gs)) * us * wt;
       reinterpret_cast<uint16_t*>(acth)[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + i] =
-          f16_sat_bits(v);
+          tc::f16_sat_bits(v);
     }
     // red is rewritten only after the next item's staging barrier, which every reader above has passed.
   }
@@ -242,10 +229,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   int cur = -1, rows = 0, pos0 = 0;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&]() {
-    scr_w[(2 * t) * 16 + g] = acc[0];
-    scr_w[(2 * t + 1) * 16 + g] = acc[1];
-    scr_w[(2 * t) * 16 + g + 8] = acc[2];
-    scr_w[(2 * t + 1) * 16 + g + 8] = acc[3];
+    moe_dev::store_c_tile(scr_w, acc, g, t);
     __syncwarp();
     if (lane < kDownRows) {
       // Positions in order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
