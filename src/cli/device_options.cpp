@@ -23,6 +23,11 @@ void add_device_options(CLI::App& sub, DeviceOptions& o) {
       "--disable-shared-expert-fusion", o.disable_shared_expert_fusion,
       "On the GPU, run each MoE layer's shared expert as a separate MLP instead of as one more expert "
       "of the grouped expert kernels (every token routed to it with weight 1)");
+  sub.add_flag(
+      "--dsa-index-every-step", o.dsa_index_every_step,
+      "On the GPU, DSA models (GLM-5, DeepSeek-V3.2) run the indexer on every step; by default a step "
+      "whose every query sees at most index_topk keys attends densely over all of them (what the "
+      "indexer would select) and only writes the index keys");
   sub.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs,
                  "Largest decode batch replayed from a CUDA graph")
       ->capture_default_str();
@@ -97,6 +102,7 @@ runtime::cuda::CudaExecutorOptions cuda_options(const DeviceOptions& o) {
   co.cuda_graphs = !o.disable_cuda_graph;
   co.pdl = !o.disable_pdl;
   co.fuse_shared_expert = !o.disable_shared_expert_fusion;
+  co.dsa_dense_when_short = !o.dsa_index_every_step;
   co.cuda_graph_max_bs = o.cuda_graph_max_bs;
   co.attention_kernel = o.attention_backend;
   return co;

@@ -23,6 +23,9 @@ struct DeviceOptions {
   // --disable-shared-expert-fusion: the shared expert as its own MLP
   // (CudaExecutorOptions::fuse_shared_expert)
   bool disable_shared_expert_fusion = false;
+  // --dsa-index-every-step: DSA models run the indexer on short steps too
+  // (CudaExecutorOptions::dsa_dense_when_short off)
+  bool dsa_index_every_step = false;
   int cuda_graph_max_bs = 64;
   std::string attention_backend = "auto", moe_runner_backend = "auto";
   // --gpu-sampling on|off: candidate summaries of logits rows from the GPU (EngineConfig::logits_summaries).

@@ -230,6 +230,13 @@ void Model::place_tables(const ops::Ctx& ctx, const TensorAlloc& alloc) {
     }
 }
 
+bool Model::dsa_dense_step(const kv::ForwardBatch& b) const {
+  if (!cfg_.has_indexer || !opt_.dsa_dense_when_short || opt_.indexer_probe || b.positions.empty())
+    return false;
+  const int32_t last = *std::max_element(b.positions.begin(), b.positions.end());
+  return static_cast<int64_t>(last) + 1 <= cfg_.index_topk;
+}
+
 void Model::check_batch(const kv::ForwardBatch& b, const kv::KvPool& pool, const StepRouting& routing) const {
   const size_t m = b.token_ids.size();
   MS_CHECK(m > 0, "forward: the batch has no tokens");
@@ -324,6 +331,7 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
   }
   const Tensor topk = c.has_indexer ? rows(ws.topk, m) : Tensor();  // the last full indexer layer's choice
   bool have_topk = false;
+  const bool dense_dsa = dsa_dense_step(b);  // the indexer would select every visible key
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(l)];
@@ -383,20 +391,20 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
         const IndexerWeights& iw = a.indexer;
         const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
         const Tensor iq = rows(ws.iq, m), ik = rows(ws.ik, m), iwt = rows(ws.iw, m);
-        run_linear(ctx, sink, l, "indexer.wq_b", qa, iw.wq_b, iq);
+        if (!dense_dsa) run_linear(ctx, sink, l, "indexer.wq_b", qa, iw.wq_b, iq);
         run_linear(ctx, sink, l, "indexer.wk", xn, iw.wk, ik);
-        run_linear(ctx, sink, l, "indexer.weights_proj", xn, iw.weights_proj, iwt);
+        if (!dense_dsa) run_linear(ctx, sink, l, "indexer.weights_proj", xn, iw.weights_proj, iwt);
         const ops::PagedCacheLayer keys{pool.index_keys(l), 1.0f};
         {
           NamedOp op(sink, l, "indexer.k_norm_rope",
                      [&] { return costs::indexer_k_norm_rope(c, m, cache_elem_bytes(keys.data)); });
           ops::layer_norm(ctx, ik, iw.k_norm_weight, iw.k_norm_bias, kLoraNormEps, ik);
-          ops::rope(ctx, iq.view({m, Hi, Di}), 0, meta.positions, scales_.indexer_rope);
+          if (!dense_dsa) ops::rope(ctx, iq.view({m, Hi, Di}), 0, meta.positions, scales_.indexer_rope);
           ops::rope(ctx, ik.view({m, 1, Di}), 0, meta.positions, scales_.indexer_rope);
-          ops::scale(ctx, iwt, 1.0f / std::sqrt(static_cast<float>(Hi)));
-          ops::cache_write(ctx, ik, keys, meta);
+          if (!dense_dsa) ops::scale(ctx, iwt, 1.0f / std::sqrt(static_cast<float>(Hi)));
+          ops::cache_write(ctx, ik, keys, meta);  // later, longer steps select from these keys
         }
-        {
+        if (!dense_dsa) {
           NamedOp op(sink, l, "indexer.topk",
                      [&] { return costs::indexer_topk(c, shape, cache_elem_bytes(keys.data)); });
           ops::dsa_indexer(ctx, iq.view({m, Hi, Di}), iwt, keys, meta, scales_.indexer_softmax_scale, topk,
@@ -426,8 +434,9 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
                                cache.data.size(2));
           });
       // The selection comes from ops::dsa_indexer: ascending positions, -1 only at the tail (compact).
-      ops::mla_attention(ctx, q_cat, cache, meta, c.has_indexer ? topk : Tensor(), scales_.softmax_scale, lat,
-                         ws.attn_scratch, /*topk_compact=*/c.has_indexer);
+      const bool sparse = c.has_indexer && !dense_dsa;
+      ops::mla_attention(ctx, q_cat, cache, meta, sparse ? topk : Tensor(), scales_.softmax_scale, lat,
+                         ws.attn_scratch, /*topk_compact=*/sparse);
     }
     const Tensor o = rows(ws.o, m);
     {

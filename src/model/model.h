@@ -56,6 +56,12 @@ struct ModelOptions {
   // routed experts' width and storage format and the experts are not split over EP ranks. The GPU executor
   // turns it on; the CPU reference keeps the separate MLP.
   bool fuse_shared_expert = false;
+  // DSA models: a step whose every query sees at most index_topk keys (position + 1 <= index_topk) would
+  // have the indexer select all of them, so it attends densely over the visible keys and skips the indexer's
+  // query side (wq_b, weights_proj, scores, top-k); the index keys are still written for later steps. Same
+  // attention up to summation order. The GPU executor turns it on (keying its graphs by it); the CPU
+  // reference keeps the indexer on every step.
+  bool dsa_dense_when_short = false;
 };
 
 // MoE routing choices of one step. Decode tokens may use Opportunistic Expert Activation, with the base set
@@ -91,6 +97,10 @@ class Model {
   const moe::RouterConfig& router_config() const { return router_; }
 
   const ModelOptions& options() const { return opt_; }
+  // Whether forward(b) attends densely instead of through the DSA indexer's selection
+  // (ModelOptions::dsa_dense_when_short): a DSA model, the option on, no indexer probe, every token of b at a
+  // position below index_topk.
+  bool dsa_dense_step(const kv::ForwardBatch& b) const;
   // Moves the RoPE frequency tables to memory from `alloc` through ctx (the CUDA executor's copy of a model,
   // whose weights are already on the device).
   void place_tables(const ops::Ctx& ctx, const TensorAlloc& alloc);

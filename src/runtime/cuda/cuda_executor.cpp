@@ -52,8 +52,8 @@ struct CudaExecutor::Impl {
     cudaGraphExec_t exec = nullptr;
     Tensor logits;  // the workspace rows the graph writes
   };
-  std::map<int, Graph> graphs;
-  kv::ForwardBatch padded;  // reused for graph steps
+  std::map<int, Graph> graphs;  // by 2 x bucket + (DSA dense step)
+  kv::ForwardBatch padded;      // reused for graph steps
   std::vector<uint8_t> padded_mask;
 
   ~Impl() {
@@ -134,6 +134,7 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
   model::ModelWeights dw = make_weights(I);
   model::ModelOptions model_opt = mopt;
   model_opt.fuse_shared_expert = opt_.fuse_shared_expert;
+  model_opt.dsa_dense_when_short = opt_.dsa_dense_when_short;
   auto m = std::make_shared<model::Model>(mc, std::move(dw), model_opt);
   m->place_tables(I.ctx, arena_alloc(I.weights));
   model_ = m;
@@ -354,7 +355,9 @@ void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting
   r.decode_tokens = I.padded_mask;
 
   const model::StepInputs in = I.steps.fill(I.ctx, p, r.decode_tokens);
-  auto it = I.graphs.find(bucket);
+  // A DSA model's short steps skip the indexer (Model::dsa_dense_step): a graph of its own.
+  const int key = bucket * 2 + (model_->dsa_dense_step(p) ? 1 : 0);
+  auto it = I.graphs.find(key);
   if (it == I.graphs.end()) {
     // First step of this bucket: run it op by op (sizes every scratch buffer, builds the expert tables and
     // cuBLASLt plans), then capture the same launches for the next steps.
@@ -385,7 +388,7 @@ void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting
     if (err != cudaSuccess)
       MS_THROW("cudaGraphInstantiate for decode batch {}: {}", bucket, cudaGetErrorString(err));
     graph.logits = captured;
-    I.graphs.emplace(bucket, graph);
+    I.graphs.emplace(key, graph);
     // The graph replays into today's scratch buffers: a later, larger prefill must not free them.
     I.backend.keep_replaced_buffers();
     ++graphs_stats_.captured;

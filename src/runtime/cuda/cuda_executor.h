@@ -31,6 +31,9 @@ struct CudaExecutorOptions {
   // takes (model::ModelOptions::fuse_shared_expert, where widths and formats allow);
   // --disable-shared-expert-fusion runs it as a separate MLP.
   bool fuse_shared_expert = true;
+  // DSA models: steps whose every query sees at most index_topk keys attend densely and skip the indexer's
+  // query side (model::ModelOptions::dsa_dense_when_short); --dsa-index-every-step turns it off.
+  bool dsa_dense_when_short = true;
   bool quiet = false;  // no load log lines
   // With ExecutorConfig::num_pages 0: the share of the GPU's memory for weights, workspace and KV pages
   // together (--mem-fraction-static); the KV pages take what the weights and the workspace leave.

@@ -42,9 +42,9 @@ struct Case {
   io::ModelConfig cfg;
   std::unique_ptr<model::MemorySource> src;
   std::unique_ptr<model::Model> model;
-  explicit Case(io::ModelConfig c) : cfg(std::move(c)) {
+  explicit Case(io::ModelConfig c, model::ModelOptions opt = {}) : cfg(std::move(c)) {
     src = model::builtin_model_weights(cfg);
-    model = std::make_unique<model::Model>(cfg, model::load_weights(cfg, *src));
+    model = std::make_unique<model::Model>(cfg, model::load_weights(cfg, *src), std::move(opt));
   }
 };
 
@@ -74,6 +74,28 @@ TEST(Forward, Glm5BuiltinTokenByTokenDecodeMatchesReference) {
 TEST(Forward, Glm5BuiltinChunkedPrefillMatchesReference) {
   Case k(model::builtin_model_config());
   expect_matches_reference(k, prompt(37, 3), 7, 1e-4);
+}
+
+// Steps whose queries all sit below index_topk attend densely and only write the index keys; the steps past
+// it select from keys the dense steps wrote. Both must match the reference, which always runs the indexer.
+TEST(Forward, DsaDenseWhenShortMatchesReference) {
+  model::ModelOptions opt;
+  opt.dsa_dense_when_short = true;
+  Case k(model::builtin_model_config(), opt);
+  const int topk = static_cast<int>(k.cfg.index_topk);
+  ASSERT_EQ(topk, 16);
+  auto at = [](std::vector<int32_t> positions) {
+    kv::ForwardBatch b;
+    b.positions = std::move(positions);
+    return b;
+  };
+  EXPECT_TRUE(k.model->dsa_dense_step(at({0, 3, topk - 1})));
+  EXPECT_FALSE(k.model->dsa_dense_step(at({0, topk})));
+  EXPECT_FALSE(k.model->dsa_dense_step(at({})));
+  Case plain(model::builtin_model_config());
+  EXPECT_FALSE(plain.model->dsa_dense_step(at({0})));
+  expect_matches_reference(k, prompt(30, 2), 1, 1e-4);  // token by token: 16 dense steps, then 14 sparse
+  expect_matches_reference(k, prompt(37, 3), 8, 1e-4);  // chunks [0, 8) and [8, 16) dense, the rest sparse
 }
 
 TEST(Forward, DeepseekV3YarnGroupedRoutingMatchesReference) {
