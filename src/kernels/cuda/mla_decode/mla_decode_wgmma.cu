@@ -564,12 +564,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_dyn) + 1023) / 1024 * 1024);
   unsigned char* q_s = sm;                                        // [9 blocks][64 rows][64] f16, swizzled
   unsigned char* bufs = sm + kSwOffB0;                            // B_w = bufs + w * kKBytes
-  uint32_t* px = reinterpret_cast<uint32_t*>(sm + kSwOffPx);      // [128 threads][16] f16x2
+  uint32_t* px = reinterpret_cast<uint32_t*>(sm + kSwOffPx);      // [4][128 threads][4] f16x2
   float* rowmax_s = reinterpret_cast<float*>(sm + kSwOffRowMax);  // [2][64]: m_a, m_b
   int* rowpos_s = reinterpret_cast<int*>(sm + kSwOffRowPos);      // [64]
   uint64_t* full = reinterpret_cast<uint64_t*>(sm + kSwOffBars);  // [2]: B_w's raw tile has landed
-  uint64_t* land_free = full + 2;                                 // [2]: B_w blocks 0-4 free (owner)
-  uint64_t* other_free = full + 4;                                // [2]: B_w blocks 5-8 free (the other WG)
+  uint64_t* land_free = full + 2;                                 // [2]: B_w owner region free
+  uint64_t* other_free = full + 4;                                // [2]: B_w other region free (other WG)
   int* red = reinterpret_cast<int*>(sm + kSwOffRed);              // [16]
 
   const int split = blockIdx.x, hg = blockIdx.y, u = blockIdx.z;
@@ -656,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // one block on, next 8 keys 1,024 bytes on).
   const uint64_t v_own = desc_sw128(own + kAtomBytes, kAtomBytes, kSwGroupBytes);
   const uint64_t v_oth = desc_sw128(other + kSwOtherOff, kBlockBytes, 1024);
-  uint32_t* my_px = px + ltid * 16;
+  uint4* px4 = reinterpret_cast<uint4*>(px);  // [4 k steps][128 threads]: conflict-free 16-byte accesses
 
   float o[128];
 #pragma unroll
@@ -756,27 +756,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        reinterpret_cast<uint4*>(my_px)[kk] = make_uint4(pown[kk][0], pown[kk][1], pown[kk][2], pown[kk][3]);
+        px4[kk * 128 + ltid] = make_uint4(pown[kk][0], pown[kk][1], pown[kk][2], pown[kk][3]);
       named_barrier_arrive(kSeesawBarPub0, 256);
       scale_o(o, c0, c1);
       wgmma_fence();
       pv_tile(o, pown, v_own, kSwGroupBytes);
       wgmma_commit();
+      // Done with the owner region before waiting for WG 1 (whose softmax this P V overlaps): the producer
+      // can start the next tile's copy into it.
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < 128; ++j) fence_operand(o[j]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(land_free + 0);
       named_barrier(kSeesawBarPub1, 256);  // WG 1's m_b and P1
       const float mb0 = rowmax_s[kRows + row0], mb1 = rowmax_s[kRows + row1];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        const uint4 v = reinterpret_cast<const uint4*>(my_px)[kk];
+        const uint4 v = px4[kk * 128 + ltid];
         poth[kk][0] = v.x;
         poth[kk][1] = v.y;
         poth[kk][2] = v.z;
         poth[kk][3] = v.w;
       }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int j = 0; j < 128; ++j) fence_operand(o[j]);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(land_free + 0);  // S0 and P0 V0[:, 0:256] done with B0 blocks 0-4
       const float d0 = rescale(ma0, mb0), d1 = rescale(ma1, mb1);
       l0 *= d0;
       l1 *= d1;
@@ -791,7 +793,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 128; ++j) fence_operand(o[j]);
         __syncwarp();
-        if (lane == 0) mbar_arrive(other_free + 1);  // done with B1 blocks 5-8
+        if (lane == 0) mbar_arrive(other_free + 1);  // done with B1's other region
       }
     } else {
       named_barrier(kSeesawBarPub0, 256);  // WG 0's m_a and P0
@@ -801,7 +803,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // P0 from this thread's slot, read before P1 is stored there (S is dead by now: fewer live registers).
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        const uint4 v = reinterpret_cast<const uint4*>(my_px)[kk];
+        const uint4 v = px4[kk * 128 + ltid];
         poth[kk][0] = v.x;
         poth[kk][1] = v.y;
         poth[kk][2] = v.z;
@@ -816,34 +818,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        reinterpret_cast<uint4*>(my_px)[kk] = make_uint4(pown[kk][0], pown[kk][1], pown[kk][2], pown[kk][3]);
+        px4[kk * 128 + ltid] = make_uint4(pown[kk][0], pown[kk][1], pown[kk][2], pown[kk][3]);
       named_barrier_arrive(kSeesawBarPub1, 256);
       scale_frag(poth, rescale(ma0, mb0), rescale(ma1, mb1));
       m_run0 = mb0;
       m_run1 = mb1;
       scale_o(o, c0, c1);
-      wgmma_fence();
-      pv_tile(o, poth, v_oth, 1024);  // WG 0's tile, columns 256..511, from B0 blocks 5-8
-      wgmma_commit();
-      if (has_own) {
+      if (has_own) {  // the own tile first: its release lets the producer start the next copy sooner
         wgmma_fence();
         pv_tile(o, pown, v_own, kSwGroupBytes);
         wgmma_commit();
+      }
+      wgmma_fence();
+      pv_tile(o, poth, v_oth, 1024);  // WG 0's tile, columns 256..511, from B0's other region
+      wgmma_commit();
+      if (has_own) {
         wgmma_wait<1>();
         __syncwarp();
-        if (lane == 0) mbar_arrive(other_free + 0);  // done with B0 blocks 5-8
-        wgmma_wait<0>();
-#pragma unroll
-        for (int j = 0; j < 128; ++j) fence_operand(o[j]);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(land_free + 1);  // S1 and P1 V1[:, 256:512] done with B1 blocks 0-4
-      } else {
-        wgmma_wait<0>();
-#pragma unroll
-        for (int j = 0; j < 128; ++j) fence_operand(o[j]);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(other_free + 0);
+        if (lane == 0) mbar_arrive(land_free + 1);  // S1 and P1 V1[:, 256:512] done with B1's owner region
       }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < 128; ++j) fence_operand(o[j]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(other_free + 0);  // done with B0's other region
     }
   }
 

@@ -41,7 +41,7 @@ constexpr size_t kFirstSmemBytes = kOffRed + 64 + 1024;  // + the alignment of t
 // consumer warpgroup (B0, B1: [64 keys][576] f16 each, swizzled, laid out as mla_decode_wgmma.cu says), the
 // raw fp8 tile landing in the first 36,864 bytes of its buffer and widened there in place (no separate ring:
 // Q + two widened tiles are 221,184 of the 232,448 bytes, a raw stage would need 36,864 more); the P
-// exchange [128 threads][16] f16x2;
+// exchange [4 k steps][128 threads][4] f16x2;
 // the published row maxima [2][64] f32; row positions [64]; 6 mbarriers.
 //   Q 73,728 + B0 73,728 + B1 73,728 + P 8,192 + maxima 512 + positions 256 + barriers 48 + reduction 64
 //   = 230,256, + 1,024 to align the base = 231,280 <= 232,448.
