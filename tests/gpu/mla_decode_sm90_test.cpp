@@ -57,6 +57,9 @@ struct Case {
   // declared compact to the kernel, which then stops at each token's first positions + 1 entries.
   bool compact = false;
   bool wgmma = false;  // run mla_decode_wgmma (sm_90a warpgroup MMA, dense fp8) instead of mla_decode_sm90
+  bool wgmma_seesaw = false;  // mla_wgmma::Config::seesaw
+  int forced_splits = 0;      // > 0: also run with max_splits = this
+  int min_tiles = 0;          // > 0: the wgmma kernel's min_tiles_per_split (splits of 1-2 tiles)
 };
 
 std::string describe(const Case& c) {
@@ -242,7 +245,10 @@ void run_case(const Case& c, uint32_t seed) {
   if (c.wgmma) {
     wcfg = gpu::mla_decode_wgmma_choose(p, gpu::limits_of(caps));
     ASSERT_GT(wcfg.heads_per_block, 0);
+    wcfg.seesaw = c.wgmma_seesaw;
+    if (c.min_tiles > 0) wcfg.min_tiles_per_split = c.min_tiles;
     split_counts = {wcfg.max_splits, wcfg.max_splits > 1 ? 1 : 3};
+    if (c.forced_splits > 0) split_counts.push_back(c.forced_splits);
     launch = [&](int splits) {
       gpu::mla_wgmma::Config cfg = wcfg;
       cfg.max_splits = splits;
@@ -385,32 +391,76 @@ Case wgmma_case(int heads, std::vector<int> lens, int q, int page) {
   return c;
 }
 
+// Both consumer schedules (mla_wgmma::Config::seesaw) on the same case and inputs.
+void run_wgmma(Case c, uint32_t seed) {
+  for (bool seesaw : {false, true}) {
+    c.wgmma_seesaw = seesaw;
+    run_case(c, seed);
+  }
+}
+
 }  // namespace
 
 TEST(MlaDecodeWgmma, DenseFp8Pages64And32) {
   if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
   uint32_t seed = 200;
   for (int heads : {64, 128})
-    for (int page : {64, 32}) run_case(wgmma_case(heads, kRagged, 1, page), seed++);
+    for (int page : {64, 32}) run_wgmma(wgmma_case(heads, kRagged, 1, page), seed++);
 }
 
 TEST(MlaDecodeWgmma, SeveralQueryTokensPerSequence) {
   if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
   uint32_t seed = 220;
   for (int q : {2, 3, 4})
-    for (int heads : {64, 128}) run_case(wgmma_case(heads, {2, 4, 33, 97, 700}, q, q == 3 ? 32 : 64), seed++);
-  run_case(wgmma_case(64, {1, 2, 50}, 3, 64), seed++);  // a sequence shorter than its query tokens
+    for (int heads : {64, 128})
+      run_wgmma(wgmma_case(heads, {2, 4, 33, 97, 700}, q, q == 3 ? 32 : 64), seed++);
+  run_wgmma(wgmma_case(64, {1, 2, 50}, 3, 64), seed++);  // a sequence shorter than its query tokens
 }
 
 TEST(MlaDecodeWgmma, LongSequencesSplitAndMixedDtypes) {
   if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
   Case a = wgmma_case(64, {9000}, 1, 64);  // batch 1: many splits, bf16 q and out
   a.q_bf16 = a.out_bf16 = true;
-  run_case(a, 240);
+  run_wgmma(a, 240);
   Case b = wgmma_case(128, {4100, 0, 4096}, 1, 64);  // an empty sequence: zeros
   b.q_bf16 = true;
-  run_case(b, 241);
-  run_case(wgmma_case(64, {5000, 70, 3000, 64}, 2, 32), 242);
+  run_wgmma(b, 241);
+  run_wgmma(wgmma_case(64, {5000, 70, 3000, 64}, 2, 32), 242);
+}
+
+// Tile counts of a split (the seesaw schedule's warpgroups take alternate tiles; an odd count leaves the
+// second one a round without its own tile): one key, one short of a tile, exactly one, one over, two tiles
+// less one, two tiles plus one, three tiles and an empty sequence; with the chooser's plan, one split, and
+// splits of 1-2 tiles (min_tiles 1, 2 splits: 129 keys = tiles {0, 1} and {2}, a split whose only tile has
+// one key); then 4 query tokens, whose causal rows cross tile edges.
+TEST(MlaDecodeWgmma, TileCountsAndEdges) {
+  if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
+  uint32_t seed = 260;
+  for (int heads : {64, 128})
+    for (int page : {64, 32}) {
+      Case c = wgmma_case(heads, {1, 63, 64, 65, 127, 129, 192, 0}, 1, page);
+      c.min_tiles = 1;
+      c.forced_splits = 2;
+      run_wgmma(c, seed++);
+    }
+  Case q = wgmma_case(64, {2, 64, 65, 129, 200}, 4, 64);
+  q.min_tiles = 1;
+  q.forced_splits = 3;
+  run_wgmma(q, seed++);
+}
+
+// A batch-1 sequence split 128 ways, one tile a split (as at batch 1 x 32k on 132 multiprocessors), the last
+// one short; then two sequences in splits of 3 tiles.
+TEST(MlaDecodeWgmma, ManySplits) {
+  if (skip_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
+  Case c = wgmma_case(64, {64 * 128 - 3}, 1, 64);
+  c.min_tiles = 1;
+  c.forced_splits = 128;
+  run_wgmma(c, 270);
+  Case d = wgmma_case(64, {64 * 200 + 5, 64 * 37}, 2, 32);
+  d.min_tiles = 3;
+  d.forced_splits = 100;
+  run_wgmma(d, 271);
 }
 
 TEST(MlaDecodeWgmma, RefusesWhatItDoesNotRun) {

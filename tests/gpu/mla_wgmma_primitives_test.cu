@@ -5,6 +5,9 @@
 //     over B's lines 32..63 (the second consumer warpgroup's keys);
 //   O-like: D = P V with P [64][64] from registers (the documented A fragment) and V [64 keys][256 dims]
 //     MN-major (dims contiguous, four blocks of 64 dims), 4 k steps, by wgmma m64n256k16 with B transposed.
+//   Grouped: the same two products with B and V in the seesaw schedule's owner-region layout (groups of 8 key
+//     lines 5,120 bytes apart, each 5 atoms of 1,024 bytes, the column blocks in atoms 1-4): the K-major
+//     descriptor's stride byte offset 5,120, the MN-major one's leading byte offset 1,024 and stride 5,120.
 // Outputs are NaN-poisoned; the first mismatching (row, col) is printed. Tolerance: f16 inputs, f32
 // accumulation of at most 128 products: |err| < 1e-3 * (1 + |ref|).
 #include <cuda_fp16.h>
@@ -103,6 +106,71 @@ __global__ void __launch_bounds__(128) rs_kernel(const __half* pm, const __half*
     }
 }
 
+// Row-major [lines][cols] f16 (cols <= 256) into the grouped layout: line r in group r / 8 (5,120 bytes
+// apart), column block q in atom 1 + q (1,024 bytes), swizzled inside the atom.
+__device__ void store_grouped(unsigned char* dst, const __half* src, int lines, int cols) {
+  const int pieces = cols / 8;
+  for (int i = threadIdx.x; i < lines * pieces; i += blockDim.x) {
+    const int r = i / pieces, c8 = i % pieces;
+    *reinterpret_cast<uint4*>(dst + (r / 8) * 5120 + (1 + c8 / 8) * 1024 +
+                              ptx::swizzle128_offset(r % 8, (c8 % 8) * 8)) =
+        *reinterpret_cast<const uint4*>(src + r * cols + c8 * 8);
+  }
+}
+
+// d_s [64][64] = A B^T (A [64][128] dense swizzled, B [64][128] grouped); d_o [64][256] = P V (V [64][256]
+// grouped).
+__global__ void __launch_bounds__(128) grouped_kernel(const __half* a, const __half* b, const __half* pm,
+                                                      const __half* v, float* d_s, float* d_o) {
+  extern __shared__ uint4 smem_dyn[];
+  unsigned char* a_s = align1024(smem_dyn);
+  unsigned char* b_s = a_s + 2 * kBlock;
+  unsigned char* v_s = b_s + 8 * 5120;
+  store_swizzled(a_s, a, 64, 128);
+  store_grouped(b_s, b, 64, 128);
+  store_grouped(v_s, v, 64, 256);
+  ptx::fence_proxy_async();
+  __syncthreads();
+  const int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  float acc_s[32];
+  for (float& x : acc_s) x = 0.f;
+  const uint64_t da = ptx::desc_sw128(a_s, 16, 1024);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const uint64_t db = ptx::desc_sw128(b_s + (1 + ks / 4) * 1024, 16, 5120);
+    ptx::wgmma_ss_m64n64k16_f16<0>(acc_s, da + (((ks / 4) * kBlock + (ks % 4) * 32) >> 4), db + (ks % 4) * 2,
+                                   ks > 0 ? 1 : 0);
+  }
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  for (float& x : acc_s) ptx::fence_operand(x);
+  for (int j = 0; j < 8; ++j)
+    for (int e = 0; e < 4; ++e)
+      d_s[(16 * w + g + (e >> 1) * 8) * 64 + 8 * j + 2 * t + (e & 1)] = acc_s[4 * j + e];
+
+  auto pair = [&](int r, int c) { return *reinterpret_cast<const uint32_t*>(pm + r * 64 + c); };
+  uint32_t pa[4][4];
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[kk][0] = pair(16 * w + g, 16 * kk + 2 * t);
+    pa[kk][1] = pair(16 * w + g + 8, 16 * kk + 2 * t);
+    pa[kk][2] = pair(16 * w + g, 16 * kk + 2 * t + 8);
+    pa[kk][3] = pair(16 * w + g + 8, 16 * kk + 2 * t + 8);
+  }
+  float acc[128];
+  for (float& x : acc) x = 0.f;
+  const uint64_t dv = ptx::desc_sw128(v_s + 1024, 1024, 5120);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) ptx::wgmma_rs_m64n256k16_f16<1>(acc, pa[kk], dv + ((kk * 2 * 5120) >> 4), 1);
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  for (float& x : acc) ptx::fence_operand(x);
+  for (int j = 0; j < 32; ++j)
+    for (int e = 0; e < 4; ++e)
+      d_o[(16 * w + g + (e >> 1) * 8) * 256 + 8 * j + 2 * t + (e & 1)] = acc[4 * j + e];
+}
+
 bool skip() {
   return ms::cuda::device_count() == 0 || ms::cuda::query_device(0).arch() != 90;
 }
@@ -198,5 +266,46 @@ TEST(MlaWgmmaPrimitives, RegisterATransposedB) {
   expect_close(got, ref, 256, "m64n256k16, A in registers, B MN-major (transposed)");
   cudaFree(dp);
   cudaFree(dv);
+  cudaFree(dd);
+}
+
+TEST(MlaWgmmaPrimitives, GroupedOwnerRegionLayout) {
+  if (skip()) GTEST_SKIP() << "needs an sm_90 device";
+  const auto a = random_half(64 * 128, 5), b = random_half(64 * 128, 6);
+  const auto pm = random_half(64 * 64, 7), v = random_half(64 * 256, 8);
+  __half* da = to_device(a);
+  __half* db = to_device(b);
+  __half* dp = to_device(pm);
+  __half* dv = to_device(v);
+  float* ds = poisoned(64 * 64);
+  float* dd = poisoned(64 * 256);
+  const int smem = 2 * kBlock + 2 * 8 * 5120 + 1024;
+  CUDA_CHECK(cudaFuncSetAttribute(grouped_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  grouped_kernel<<<1, 128, smem>>>(da, db, dp, dv, ds, dd);
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> gs(64 * 64), go(64 * 256);
+  CUDA_CHECK(cudaMemcpy(gs.data(), ds, gs.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(go.data(), dd, go.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<double> rs(64 * 64), ro(64 * 256, 0.0);
+  for (int i = 0; i < 64; ++i)
+    for (int n = 0; n < 64; ++n) {
+      double s = 0;
+      for (int k = 0; k < 128; ++k)
+        s += static_cast<double>(__half2float(a[i * 128 + k])) * __half2float(b[n * 128 + k]);
+      rs[i * 64 + n] = s;
+    }
+  for (int i = 0; i < 64; ++i)
+    for (int k = 0; k < 64; ++k) {
+      const double pv = __half2float(pm[i * 64 + k]);
+      for (int n = 0; n < 256; ++n) ro[i * 256 + n] += pv * __half2float(v[k * 256 + n]);
+    }
+  expect_close(gs, rs, 64, "m64n64k16, B K-major in groups of 8 lines 5,120 bytes apart");
+  expect_close(go, ro, 256, "m64n256k16, V MN-major, 64-dim blocks 1,024 bytes apart, 8-key groups 5,120");
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dp);
+  cudaFree(dv);
+  cudaFree(ds);
   cudaFree(dd);
 }

@@ -58,13 +58,15 @@ __host__ __device__ constexpr uint32_t swizzle128_offset(uint32_t line, uint32_t
 
 // Matrix descriptor: start address, leading and stride byte offsets (>> 4, 14 bits each), 128-byte swizzle
 // (layout type 1 in bits 62-63); base offset 0 (operand blocks are 1024-byte aligned).
-__device__ __forceinline__ uint64_t desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  const uint32_t a = smem_u32(smem);
+__device__ __forceinline__ uint64_t desc_sw128_at(uint32_t a, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   uint64_t d = static_cast<uint64_t>((a & 0x3ffffu) >> 4);
   d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3fffu) << 16;
   d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3fffu) << 32;
   d |= uint64_t{1} << 62;
   return d;
+}
+__device__ __forceinline__ uint64_t desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return desc_sw128_at(smem_u32(smem), lbo_bytes, sbo_bytes);
 }
 
 // Keeps the compiler from moving reads of a wgmma accumulator above the wait that completes it.
@@ -77,6 +79,12 @@ __device__ __forceinline__ void fence_operand(uint32_t& r) {
 // Named barrier over `count` threads (a multiple of 32); id 0 is __syncthreads.
 __device__ __forceinline__ void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Arrives on named barrier `id` without waiting: with `count` = arrivals + waiters, the threads that bar.sync
+// on it wait for these (a one-way signal from one warpgroup to another).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 // A wait that has not seen its phase complete after this long is a hang (a phase of this kernel completes
