@@ -208,8 +208,8 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
 // decode_ring (Path::Decode): 1 runs the cp.async ring variant, checks it against the CPU reference and
 // requires the base register kernels' output bit for bit (same decode, k order and summation order).
 // variant (Path::Decode, register kernels): the MoeDecodeVariant to run, checked against the CPU reference;
-// sc8 (same math, only the scale loads differ) must also match base bit for bit, the variants with acc2
-// (another f32 summation order) only the reference within the decode tolerances.
+// the sc8 variants (same math, only the scale loads differ) must also match the same variant without sc8 bit
+// for bit (sc8: base, acc2sc8: acc2); acc2 (another f32 summation order) only the reference's tolerances.
 void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, bool poison_untouched,
               Path path = Path::Stream, Routing routing = Routing::Uniform, int decode_ring = 0,
               int variant = ms::cuda::kMoeDecodeBase) {
@@ -250,21 +250,25 @@ void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, 
   }
   std::vector<uint16_t> act_ring, act_regs;
   const auto got = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, decode_ring, &act_ring, variant);
-  const bool vs_base = path == Path::Decode && (decode_ring == 1 || variant == ms::cuda::kMoeDecodeSc8);
+  const bool sc8 = (variant & ms::cuda::kMoeDecodeSc8) != 0;
+  const int ref_variant = decode_ring == 1 ? ms::cuda::kMoeDecodeBase : variant & ~ms::cuda::kMoeDecodeSc8;
   const std::string what = decode_ring == 1 ? "ring" : ms::cuda::moe_decode_variant_name(variant);
-  if (vs_base) {  // act_ring: this run's act (ring or variant); act_regs, regs: the base register kernels'
-    const auto regs = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, 0, &act_regs, ms::cuda::kMoeDecodeBase);
+  const std::string regs_name = ms::cuda::moe_decode_variant_name(ref_variant);
+  if (path == Path::Decode && (decode_ring == 1 || sc8)) {
+    // act_ring: this run's act (ring or variant); act_regs, regs: the register kernels' of ref_variant.
+    const auto regs = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, 0, &act_regs, ref_variant);
     // gate_up first: act rows are grouped positions (expert-sorted slots), columns intermediate indices.
     int act_differ = 0;
     for (size_t i = 0; i < act_ring.size(); ++i) {
       if (act_ring[i] == act_regs[i]) continue;
       if (act_differ++ < 5)
-        ADD_FAILURE() << "gate_up: " << what << " != registers at act index " << i << ": position "
+        ADD_FAILURE() << "gate_up: " << what << " != " << regs_name << " at act index " << i << ": position "
                       << i / xs.I << " intermediate " << i % xs.I << " (tile " << (i % xs.I) / 16
-                      << "): " << what << " f16 0x" << std::hex << act_ring[i] << " registers 0x"
+                      << "): " << what << " f16 0x" << std::hex << act_ring[i] << " " << regs_name << " 0x"
                       << act_regs[i] << std::dec;
     }
-    EXPECT_EQ(act_differ, 0) << "act values differing between the " << what << " and base gate_up kernels";
+    EXPECT_EQ(act_differ, 0) << "act values differing between the " << what << " and " << regs_name
+                             << " gate_up kernels";
     int differ = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       if (std::memcmp(&got[i], &regs[i], sizeof(float)) == 0) continue;
@@ -273,12 +277,14 @@ void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, 
         const size_t tok = i / H, col = i % H;
         std::string experts;
         for (int k = 0; k < K; ++k) experts += " " + std::to_string(ids[tok * K + k]);
-        ADD_FAILURE() << what << " != registers at index " << i << ": token " << tok << " col " << col
-                      << " (down block " << col / 16 << " row " << col % 16 << ", experts" << experts
-                      << "): " << what << " " << got[i] << " registers " << regs[i] << " cpu " << ref[i];
+        ADD_FAILURE() << what << " != " << regs_name << " at index " << i << ": token " << tok << " col "
+                      << col << " (down block " << col / 16 << " row " << col % 16 << ", experts" << experts
+                      << "): " << what << " " << got[i] << " " << regs_name << " " << regs[i] << " cpu "
+                      << ref[i];
       }
     }
-    EXPECT_EQ(differ, 0) << "outputs differing between the " << what << " and base register kernels";
+    EXPECT_EQ(differ, 0) << "outputs differing between the " << what << " and " << regs_name
+                         << " register kernels";
   }
   const double tol_rel = path == Path::Decode ? 2.5e-2 : 2e-3, rms_rel = path == Path::Decode ? 8e-3 : 5e-4;
   double ss = 0, se = 0;
@@ -497,11 +503,10 @@ TEST(CudaMoeDecodeRing, UntouchedExpertsAreNotRead) {
   run_case(xs, 16, 4, false, 523, true, Path::Decode, Routing::OneHot, 1);
 }
 
-// ---- the register kernels' variants (MoeDecodeVariant)
-// ----------------------------------------------------- Each against the CPU reference with the decode
-// tolerances; sc8 also against base bit for bit (run_case). hidden 1024 .. 3072 give 1 .. 3 gate_up steps a
-// warp (fewer than sc8's 4 a scale load), 7168 seven (a partial last block), 6144 GLM-5's six; down always
-// has 4 a piece.
+// ---- the register kernels' variants (MoeDecodeVariant) ------------------------------------------------
+// Each against the CPU reference with the decode tolerances; sc8 also against base and acc2sc8 against acc2
+// bit for bit (run_case). hidden 1024 .. 3072 give 1 .. 3 gate_up steps a warp (fewer than sc8's 4 a scale
+// load), 7168 seven (a partial last block), 6144 GLM-5's six; down always has 4 a piece.
 
 constexpr int kVariantsBeyondBase[] = {ms::cuda::kMoeDecodeAcc2, ms::cuda::kMoeDecodeSc8,
                                        ms::cuda::kMoeDecodeAcc2Sc8};

@@ -45,9 +45,10 @@ bool moe_experts_decode_uses_ring(const MoeExpertsParams& p);
 int moe_decode_kernel_from_env(const char* value);
 
 // Variants of the register kernels, timed against each other by bench_moe_experts (bit flags):
-//   acc2: two accumulator sets per tile (mma 2 j2 into one, 2 j2 + 1 into the other), added at the end of a
-//         gate_up item or down piece: half as long dependent mma chains; f32 sums in another (fixed) order,
-//         so the last bits differ from base (deterministic all the same).
+//   acc2: two accumulator sets per tile (mma 2 j2 into one, 2 j2 + 1 into the other), set 0 + set 1 at the
+//         end of a gate_up item and where a down warp hands on an expert chunk's sum: dependent mma chains
+//         half as long; f32 sums in another (fixed) order, so the last bits differ from base (deterministic
+//         all the same).
 //   sc8:  a lane's scale bytes of 4 steps come from one 8-byte load per row (the quad's bytes of one step
 //         each) redistributed by two shuffles inside the quad, instead of one 2-byte load per step and row;
 //         bit-identical to base.
