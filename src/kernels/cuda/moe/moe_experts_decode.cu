@@ -27,6 +27,14 @@
 // and keeps its sum in registers while the chunk stays the same; at a chunk change it adds the chunk's rows x
 // down_scale2 into its own tile out_w[warp][token][16] (positions in order); the block then sums the 8 tiles
 // in warp order and adds to out once.
+//
+// Variants of both register kernels (template V, moe_experts_decode.h: MoeDecodeVariant), same work split:
+// acc2 feeds the two mmas of every weight word into two accumulator sets (set 0 + set 1 at the end of a
+// gate_up item, at a down warp's chunk flush); sc8 has lane t of a quad load the quad's 8 scale bytes of step
+// 4 b + t per row and swaps them into each lane's own 2 bytes of steps 4 b .. 4 b + 3 (moe_decode_math.cuh:
+// quad_scales). To stay within gate_up's 128 registers without spills the variants address rows g + 8 from
+// rows g, sc8 finds its scale rows again from the expert table at each 8-byte load, and acc2sc8 reads its B
+// pieces one at a time.
 #include <cuda_fp16.h>
 
 #include <algorithm>
