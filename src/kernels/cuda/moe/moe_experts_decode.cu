@@ -27,6 +27,14 @@
 // and keeps its sum in registers while the chunk stays the same; at a chunk change it adds the chunk's rows x
 // down_scale2 into its own tile out_w[warp][token][16] (positions in order); the block then sums the 8 tiles
 // in warp order and adds to out once.
+//
+// Variants of both register kernels (template V, moe_experts_decode.h: MoeDecodeVariant), same work split:
+// acc2 feeds the two mmas of every weight word into two accumulator sets (set 0 + set 1 at the end of a
+// gate_up item, at a down warp's chunk flush); sc8 has lane t of a quad load the quad's 8 scale bytes of step
+// 4 b + t per row and swaps them into each lane's own 2 bytes of steps 4 b .. 4 b + 3 (moe_decode_math.cuh:
+// quad_scales). To stay within gate_up's 128 registers without spills the variants address rows g + 8 from
+// rows g, sc8 finds its scale rows again from the expert table at each 8-byte load, and acc2sc8 reads its B
+// pieces one at a time.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -48,14 +56,20 @@ using namespace moe_decode_config;
 
 using dev::ld_stream16;
 using dev::ld_stream2;
+using dev::ld_stream8;
 using moe_decode_dev::b_order;
 using moe_decode_dev::kCodeScale;
 using moe_decode_dev::tile_step;
+using moe_decode_dev::tile_step_split;
 
 // ---- gate_up --------------------------------------------------------------------------------------------
 
+// V: MoeDecodeVariant (moe_experts_decode.h); base (0) is the code path described above.
+template <int V>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_decode_gate_up_kernel(const MoeExpertsParams p, int x_rows) {
+  constexpr bool kAcc2 = (V & kMoeDecodeAcc2) != 0, kSc8 = (V & kMoeDecodeSc8) != 0;
+  constexpr int kSets = kAcc2 ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
   const int64_t xld = xs_ld(H);
@@ -85,31 +99,63 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
 
   // The weights of the item being loaded: rows gate g, gate g + 8, up g, up g + 8 from the lane's k.
-  const uint8_t* wp[4];
-  const uint8_t* sp[4];
+  // The variants keep one pointer per matrix (rows g; rows g + 8 at a 32-bit offset), and sc8 none for the
+  // scales (it finds them again from the expert table once every 4 steps): registers for their extra
+  // accumulators or scale words under the 128 that two blocks a multiprocessor allow.
+  constexpr bool kSlim = V != kMoeDecodeBase;
+  constexpr int kPtrs = kSlim ? 2 : 4;
+  const int row8 = 8 * (H / 2), srow8 = 8 * (H / 16);
+  const uint8_t* wp[kPtrs];
+  const uint8_t* sp[kSc8 ? 1 : kPtrs];
   auto point = [&](int item) {
     const MoeExpertWeights& ew = p.experts[ec[item / tiles] & 1023];
     const int64_t idx = static_cast<int64_t>(item % tiles) * kGuIdx + g;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t row = idx + (r & 1) * 8;
-      wp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
-      sp[r] =
-          static_cast<const uint8_t*>(r < 2 ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k_lane / 16;
+    for (int r = 0; r < kPtrs; ++r) {
+      const bool gate = kSlim ? r == 0 : r < 2;
+      const int64_t row = idx + (kSlim ? 0 : (r & 1) * 8);
+      wp[r] = static_cast<const uint8_t*>(gate ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
+      if constexpr (!kSc8)
+        sp[r] =
+            static_cast<const uint8_t*>(gate ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k_lane / 16;
     }
   };
+  // Rows gate g, gate g + 8, up g, up g + 8 (r = 0..3).
+  auto wrow = [&](int r) { return kSlim ? wp[r >> 1] + (r & 1) * row8 : wp[r]; };
   // Register slot u holds the steps s with s % kGuUnroll == u; a slot is reloaded with step s + kGuUnroll
   // right after step s's math, and an item's first kGuUnroll steps are loaded before the previous item's
   // epilogue (the first item's before its x rows are staged), so a lane's loads stay in flight across steps
   // and items instead of arriving in bursts.
   uint4 w[kGuUnroll][4];
-  uint32_t sc[kGuUnroll][4];
+  uint32_t sc[kSc8 ? 1 : kGuUnroll][4];
   auto load = [&](int s, int u) {
     if (s < steps) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        w[u][r] = ld_stream16(wp[r] + s * 64);
-        sc[u][r] = ld_stream2(sp[r] + s * 8);
+        w[u][r] = ld_stream16(wrow(r) + s * 64);
+        if constexpr (!kSc8) sc[u][r] = ld_stream2((kSlim ? sp[r >> 1] + (r & 1) * srow8 : sp[r]) + s * 8);
+      }
+    }
+  };
+  // sc8: raw[r] holds the 8 bytes lane t loaded for steps 4 b .. 4 b + 3 (those of step 4 b + t, the whole
+  // quad's), quad[r] the lane's own 2 bytes of each of them after the exchange (quad_scales). Block b + 1 is
+  // loaded at step 4 b + 1, 3 steps ahead of its use like the weights' slots (and the steps of quad
+  // already used free registers for it: no spills under 128 with acc2), an item's block 0 with its first
+  // weights.
+  uint2 raw[kSc8 ? 4 : 1], quad[kSc8 ? 4 : 1];
+  auto load_scales = [&](int item, int b) {
+    if constexpr (kSc8) {
+      if (4 * b < steps) {
+        const bool have = 4 * b + t < steps;
+        const MoeExpertWeights& ew = p.experts[ec[item / tiles] & 1023];
+        // The quad's scale bytes of row g start at (k_lane - 32 t) / 16; lane t reads those of step 4 b + t.
+        const int64_t off =
+            (static_cast<int64_t>(item % tiles) * kGuIdx + g) * srow_bytes + k_lane / 16 + 6 * t + 32 * b;
+        const uint8_t* gs = static_cast<const uint8_t*>(ew.gate_scale) + off;
+        const uint8_t* us = static_cast<const uint8_t*>(ew.up_scale) + off;
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          raw[r] = have ? ld_stream8((r < 2 ? gs : us) + (r & 1) * srow8) : make_uint2(0u, 0u);
       }
     }
   };
@@ -117,6 +163,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     point(it0);
 #pragma unroll
     for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+    load_scales(it0, 0);
   }
   int staged = -1;  // the work-list entry whose x rows xs holds
   for (int item = it0; item < it1; ++item) {
@@ -132,19 +179,49 @@ __global__ void __launch_bounds__(kThreads, 2)
       staged = eci;
     }
     __syncthreads();
-    float acc[2][4] = {};
-    for (int s0 = 0; s0 < steps; s0 += kGuUnroll) {
+    float acc[kSets][2][4] = {};
+    // sc8 unrolls 12 steps (the register slots' 3 times the scale blocks' 4): slot and place in the block
+    // are then known at compile time.
+    constexpr int kLoop = kSc8 ? 12 : kGuUnroll;
+    for (int s0 = 0; s0 < steps; s0 += kLoop) {
 #pragma unroll
-      for (int u = 0; u < kGuUnroll; ++u) {
-        const int s = s0 + u;
+      for (int v = 0; v < kLoop; ++v) {
+        const int u = v % kGuUnroll, s = s0 + v;
         if (s >= steps) break;
         uint4 b[4];
 #pragma unroll
         for (int j2 = 0; j2 < 4; ++j2)
           b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
                            : make_uint4(0u, 0u, 0u, 0u);
-        tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
-        tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
+        uint32_t scs[4];
+        if constexpr (kSc8) {
+          if (v % 4 == 0) {  // every lane of the warp runs the same steps: the shuffles see all 32
+#pragma unroll
+            for (int r = 0; r < 4; ++r) quad[r] = moe_decode_dev::quad_scales(raw[r], t);
+          }
+          if (v % 4 == 1) load_scales(item, (s >> 2) + 1);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) scs[r] = moe_decode_dev::quad_scale_of(quad[r], v % 4);
+        } else {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) scs[r] = sc[u][r];
+        }
+        if constexpr (kAcc2 && kSc8) {
+          // One B piece at a time for both tiles (its 4 registers instead of all 16 of the step live).
+#pragma unroll
+          for (int j2 = 0; j2 < 4; ++j2) {
+            const uint4 bj = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                                      : make_uint4(0u, 0u, 0u, 0u);
+            moe_decode_dev::word_step_split(acc[0][0], acc[1][0], w[u][0], w[u][1], scs[0], scs[1], j2, bj);
+            moe_decode_dev::word_step_split(acc[0][1], acc[1][1], w[u][2], w[u][3], scs[2], scs[3], j2, bj);
+          }
+        } else if constexpr (kAcc2) {
+          tile_step_split(acc[0][0], acc[1][0], w[u][0], w[u][1], scs[0], scs[1], b);
+          tile_step_split(acc[0][1], acc[1][1], w[u][2], w[u][3], scs[2], scs[3], b);
+        } else {
+          tile_step(acc[0][0], w[u][0], w[u][1], scs[0], scs[1], b);
+          tile_step(acc[0][1], w[u][2], w[u][3], scs[2], scs[3], b);
+        }
         load(s + kGuUnroll, u);  // the slot's next step goes in flight behind this one's math
       }
     }
@@ -152,11 +229,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       point(item + 1);
 #pragma unroll
       for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+      load_scales(item + 1, 0);  // sc8: the last block's bytes were exchanged at its first step
+    }
+    if constexpr (kAcc2) {  // the sets meet in a fixed order: set 0 + set 1
+#pragma unroll
+      for (int tl = 0; tl < 2; ++tl)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][tl][i] += acc[1][tl][i];
     }
     // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
     float* rw = red + warp * 2 * kChunk * 16;
-    moe_dev::store_c_tile(rw, acc[0], g, t);
-    moe_dev::store_c_tile(rw + kChunk * 16, acc[1], g, t);
+    moe_dev::store_c_tile(rw, acc[0][0], g, t);
+    moe_dev::store_c_tile(rw + kChunk * 16, acc[0][1], g, t);
     __syncthreads();  // also: every warp is done reading xs, so the next item may restage it
     if (tid < rows * 16) {
       const int r = tid >> 4, i = tid & 15;
@@ -174,8 +258,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- down (+ routing weight, already in act, + combine) --------------------------------------------------
 
+template <int V>
 __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
     moe_decode_down_kernel(const MoeExpertsParams p) {
+  constexpr bool kAcc2 = (V & kMoeDecodeAcc2) != 0, kSc8 = (V & kMoeDecodeSc8) != 0;
+  constexpr int kSets = kAcc2 ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
   float* out_w = reinterpret_cast<float*>(smem);    // [warps][m][16]
@@ -199,9 +286,13 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
 
   int cur = -1, rows = 0, pos0 = 0;
   float s2 = 0.f;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[kSets][4] = {};
   auto flush = [&]() {
-    moe_dev::store_c_tile(scr_w, acc, g, t);
+    if constexpr (kAcc2) {  // the sets meet in a fixed order: set 0 + set 1
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[0][i] += acc[1][i];
+    }
+    moe_dev::store_c_tile(scr_w, acc[0], g, t);
     __syncwarp();
     if (lane < kDownRows) {
       // Positions in order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
@@ -216,7 +307,11 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   // contiguous bytes of its row); a piece's 8 loads are issued one piece ahead of its math (two register
   // buffers), so a warp always has the next piece's bytes in flight.
   constexpr int kSteps = kDownKr / 128;
-  auto load = [&](int pc, uint4(&w)[kSteps][2], uint32_t(&sc)[kSteps][2]) {
+  static_assert(kSteps == 4, "sc8: one 8-byte scale load per lane and row covers a piece");
+  // Scales of a piece: base 2 bytes a step and row (sc[st][r]); sc8 the 8 bytes of step t of the quad per row
+  // (sc[0][r] | sc[1][r] << 32), exchanged inside the quad when the piece's math starts.
+  using Sc = uint32_t[kSteps][2];
+  auto load = [&](int pc, uint4(&w)[kSteps][2], Sc& sc) {
     const int ei = pc / ks_per, ks = pc - ei * ks_per;
     const MoeExpertWeights& ew = p.experts[ec[ei] & 1023];
     const int64_t k0 = static_cast<int64_t>(ks) * kDownKr + 32 * t;
@@ -229,10 +324,18 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         w[st][r] = ld_stream16(wb + r * 8 * row_bytes + 64 * st);
-        sc[st][r] = ld_stream2(sb + r * 8 * srow_bytes + 8 * st);
+        if constexpr (!kSc8) sc[st][r] = ld_stream2(sb + r * 8 * srow_bytes + 8 * st);
       }
+    if constexpr (kSc8) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {  // the quad's bytes start at sb - 2 t; step t's 8 at + 8 t
+        const uint2 v = ld_stream8(sb + r * 8 * srow_bytes + 6 * t);
+        sc[0][r] = v.x;
+        sc[1][r] = v.y;
+      }
+    }
   };
-  auto process = [&](int pc, const uint4(&w)[kSteps][2], const uint32_t(&sc)[kSteps][2]) {
+  auto process = [&](int pc, const uint4(&w)[kSteps][2], const Sc& sc) {
     const int ei = pc / ks_per, ks = pc - ei * ks_per;
     if (ei != cur) {
       if (cur >= 0) flush();
@@ -244,9 +347,16 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
       pos0 = p.expert_offsets[e] + chunk * kChunk;
       s2 = p.experts[e].down_scale2 * kCodeScale;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+      for (int k = 0; k < kSets; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[k][i] = 0.f;
     }
     const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
+    uint2 quad[2];
+    if constexpr (kSc8) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) quad[r] = moe_decode_dev::quad_scales(make_uint2(sc[0][r], sc[1][r]), t);
+    }
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       uint4 b[4];
@@ -254,11 +364,16 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
       for (int j2 = 0; j2 < 4; ++j2)
         b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
                          : make_uint4(0u, 0u, 0u, 0u);
-      tile_step(acc, w[st][0], w[st][1], sc[st][0], sc[st][1], b);
+      const uint32_t sc0 = kSc8 ? moe_decode_dev::quad_scale_of(quad[0], st) : sc[st][0];
+      const uint32_t sc1 = kSc8 ? moe_decode_dev::quad_scale_of(quad[1], st) : sc[st][1];
+      if constexpr (kAcc2)
+        tile_step_split(acc[0], acc[1], w[st][0], w[st][1], sc0, sc1, b);
+      else
+        tile_step(acc[0], w[st][0], w[st][1], sc0, sc1, b);
     }
   };
   uint4 wa[kSteps][2], wb2[kSteps][2];
-  uint32_t sa[kSteps][2], sb2[kSteps][2];
+  uint32_t sa[kSteps][2], sb2[kSteps][2];  // sc8: only [0..1][2] used
   if (p_begin < p_end) load(p_begin, wa, sa);
   for (int pc = p_begin; pc < p_end; pc += 2) {
     if (pc + 1 < p_end) load(pc + 1, wb2, sb2);
@@ -556,6 +671,18 @@ bool aligned(const void* ptr, size_t a) {
   return reinterpret_cast<uintptr_t>(ptr) % a == 0;
 }
 
+template <int V>
+void launch_registers(const MoeExpertsParams& p, const Config& c, cudaStream_t stream) {
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_gate_up)));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_down)));
+  moe_decode_gate_up_kernel<V><<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
+  CUDA_CHECK(cudaGetLastError());
+  moe_decode_down_kernel<V><<<c.grid_down, kDownThreads, c.smem_down, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 int moe_decode_kernel_from_env(const char* value) {
@@ -564,6 +691,40 @@ int moe_decode_kernel_from_env(const char* value) {
   if (v == "registers") return 0;
   if (v == "ring") return 1;
   MS_THROW("MOESERVE_MOE_DECODE_KERNEL = '{}' is not one of registers, ring", v);
+}
+
+const char* moe_decode_variant_name(int variant) {
+  switch (variant) {
+    case kMoeDecodeBase:
+      return "base";
+    case kMoeDecodeAcc2:
+      return "acc2";
+    case kMoeDecodeSc8:
+      return "sc8";
+    case kMoeDecodeAcc2Sc8:
+      return "acc2sc8";
+    default:
+      MS_THROW("moe_decode_variant_name: variant {} is not one of 0..{}", variant, kMoeDecodeVariants - 1);
+  }
+}
+
+int moe_decode_variant_from_env(const char* value) {
+  const std::string_view v = value ? value : "";
+  if (v.empty()) return -1;
+  for (int i = 0; i < kMoeDecodeVariants; ++i)
+    if (v == moe_decode_variant_name(i)) return i;
+  MS_THROW("MOESERVE_MOE_DECODE_VARIANT = '{}' is not one of base, acc2, sc8, acc2sc8", v);
+}
+
+int moe_decode_variant(const MoeExpertsParams& p) {
+  if (p.decode_variant >= 0) {
+    MS_CHECK(p.decode_variant < kMoeDecodeVariants,
+             "moe_experts_decode: decode_variant = {} is not one of 0..{}", p.decode_variant,
+             kMoeDecodeVariants - 1);
+    return p.decode_variant;
+  }
+  static const int from_env = moe_decode_variant_from_env(std::getenv("MOESERVE_MOE_DECODE_VARIANT"));
+  return from_env >= 0 ? from_env : kMoeDecodeBase;
 }
 
 namespace {
@@ -622,14 +783,16 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   }
   check_smem(caps, "moe_decode_gate_up", c.smem_gate_up);
   check_smem(caps, "moe_decode_down", c.smem_down);
-  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(c.smem_gate_up)));
-  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(c.smem_down)));
-  moe_decode_gate_up_kernel<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
-  CUDA_CHECK(cudaGetLastError());
-  moe_decode_down_kernel<<<c.grid_down, kDownThreads, c.smem_down, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  switch (moe_decode_variant(p)) {
+    case kMoeDecodeAcc2:
+      return launch_registers<kMoeDecodeAcc2>(p, c, stream);
+    case kMoeDecodeSc8:
+      return launch_registers<kMoeDecodeSc8>(p, c, stream);
+    case kMoeDecodeAcc2Sc8:
+      return launch_registers<kMoeDecodeAcc2Sc8>(p, c, stream);
+    default:
+      return launch_registers<kMoeDecodeBase>(p, c, stream);
+  }
 }
 
 }  // namespace ms::cuda

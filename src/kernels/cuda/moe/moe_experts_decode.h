@@ -44,6 +44,31 @@ bool moe_experts_decode_uses_ring(const MoeExpertsParams& p);
 // else throws ms::Error naming the variable.
 int moe_decode_kernel_from_env(const char* value);
 
+// Variants of the register kernels, timed against each other by bench_moe_experts (bit flags):
+//   acc2: two accumulator sets per tile (mma 2 j2 into one, 2 j2 + 1 into the other), set 0 + set 1 at the
+//         end of a gate_up item and where a down warp hands on an expert chunk's sum: dependent mma chains
+//         half as long; f32 sums in another (fixed) order, so the last bits differ from base (deterministic
+//         all the same).
+//   sc8:  a lane's scale bytes of 4 steps come from one 8-byte load per row (the quad's bytes of one step
+//         each) redistributed by two shuffles inside the quad, instead of one 2-byte load per step and row;
+//         bit-identical to base.
+enum MoeDecodeVariant : int {
+  kMoeDecodeBase = 0,
+  kMoeDecodeAcc2 = 1,
+  kMoeDecodeSc8 = 2,
+  kMoeDecodeAcc2Sc8 = 3
+};
+constexpr int kMoeDecodeVariants = 4;
+const char* moe_decode_variant_name(int variant);  // "base", "acc2", "sc8", "acc2sc8"
+
+// MOESERVE_MOE_DECODE_VARIANT's value: unset or empty -1 (base), else the variant of that name; anything else
+// throws ms::Error naming the variable.
+int moe_decode_variant_from_env(const char* value);
+
+// The variant moe_experts_decode(p) runs with the register kernels: p.decode_variant, else the environment's
+// (read once), else base.
+int moe_decode_variant(const MoeExpertsParams& p);
+
 // Both launches; throws ms::Error naming the reason when the path does not apply.
 void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream);
 
