@@ -260,15 +260,16 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
   EXPECT_GE(c::blocks_per_sm(h200_128.smem_down + c::kStaticSmem, limits_h200()), c::kDownMinBlocks);
   // The work list at the largest step: one position per (expert, chunk) pair at most.
   EXPECT_GE(c::kMaxEc, c::kMaxM * 8);
-  // Outside its regime: other formats, m > 128, m * top_k > 1024, shapes that are not multiples of the warp
-  // split.
+  // Outside its regime: other formats, m > 128, m * top_k > 1152 (128 tokens of top-8 plus the fused shared
+  // expert fit), shapes that are not multiples of the warp split.
   EXPECT_FALSE(c::choose({false, 6144, 2048, 8, 8, 256}, limits_h200()).use);
   const c::Config m129 = c::choose({true, 6144, 2048, 129, 8, 256}, limits_h200());
   EXPECT_FALSE(m129.use);
   EXPECT_NE(m129.why.find("m = 129"), std::string::npos) << m129.why;
-  const c::Config slots = c::choose({true, 6144, 2048, 128, 9, 256}, limits_h200());
+  EXPECT_TRUE(c::choose({true, 6144, 2048, 128, 9, 257}, limits_h200()).use);
+  const c::Config slots = c::choose({true, 6144, 2048, 128, 10, 256}, limits_h200());
   EXPECT_FALSE(slots.use);
-  EXPECT_NE(slots.why.find("m * top_k = 1152"), std::string::npos) << slots.why;
+  EXPECT_NE(slots.why.find("m * top_k = 1280"), std::string::npos) << slots.why;
   EXPECT_FALSE(c::choose({true, 6144, 1408, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 5120 + 512, 2048, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 6144, 2048, 8, 8, 2048}, limits_h200()).use);
@@ -396,9 +397,10 @@ TEST(KernelFit, MoeDecodeFp8ChoosesOnlyWhatFits) {
   refused({false, 128, 7168, 2048, 8, 8, 256}, "FP8Block");
   refused({true, 64, 7168, 2048, 8, 8, 256}, "fp8_block");
   refused({true, 128, 7168, 2048, 129, 8, 256}, "m = 129");
-  refused({true, 128, 7168, 2048, 128, 9, 256}, "m * top_k = 1152");
+  EXPECT_TRUE(c::choose({true, 128, 7168, 2048, 128, 9, 257}, limits_h200()).use);  // + the shared expert
+  refused({true, 128, 7168, 2048, 128, 10, 256}, "m * top_k = 1280");
   refused({true, 128, 7168, 2048, 0, 8, 256}, "m = 0");
-  refused({true, 128, 7168, 2048, 64, 17, 256}, "top_k");
+  refused({true, 128, 7168, 2048, 128, 17, 256}, "top_k");
   refused({true, 128, 7168, 2048, 8, 8, 2048}, "n_experts");
   refused({true, 128, 7168 + 64, 2048, 8, 8, 256}, "hidden");
   refused({true, 128, 7168, 2048 + 64, 8, 8, 256}, "inter");

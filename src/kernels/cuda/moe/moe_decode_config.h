@@ -24,7 +24,8 @@ constexpr int kWarps = 8;
 // at 128 tokens: down_smem(128) is ~40 KB, three blocks still share an H200 multiprocessor and one fits
 // sm_120's 99 KB). Above 128 the streamed path (moe_stream_config.h) or the grouped GEMMs take the step.
 constexpr int kMaxM = 128;
-constexpr int kMaxSlots = 1024;  // m * top_k: 128 tokens x GLM-5's / DeepSeek-V3's top-8
+constexpr int kMaxSlots =
+    1152;  // m * top_k: 128 tokens x (top-8 + the fused shared expert) of GLM-5 / DeepSeek-V3
 // (expert, chunk) pairs of the work list: every pair holds at least one of the m * top_k positions, so there
 // are at most kMaxSlots of them.
 constexpr int kMaxEc = 1536;
@@ -48,9 +49,9 @@ constexpr int kGuUnroll = 3;  // gate_up: 32-k steps whose weights a lane loads 
 // own slots of a per-warp ring in shared memory, `depth` steps ahead of its math and across work items, and
 // reads back only what it copied. Per lane and step: gate_up 4 rows x (16 weight bytes + the 4-byte word that
 // holds the lane's 2 scale bytes), down 2 rows x (16 + 4).
-// Tokens from which the ring is the default: on an H200 (GLM-5 shapes) it was 5-9% faster at 8 and 32 tokens
-// and 21% slower at one (its gate_up leaves one block of 8 warps per multiprocessor).
-constexpr int kRingMinTokens = 8;
+// Not the default: on an H200 (GLM-5 shapes) it was 5-9% faster than the register kernels' base variant at 8
+// to 64 tokens and 21% slower at one, and the register kernels' sc8 variant (moe_experts_decode.h) now
+// matches or beats it at every size (8 tokens 639 against 665 us, 64 tokens 2290 against 2295 us).
 constexpr int kRingMinDepth = 3;  // fewer steps in flight than the register kernels keep: not worth a ring
 constexpr int kRingMaxDepth = 8;  // the kernels' cp.async.wait_group switch covers 0 .. kRingMaxDepth - 1
 constexpr int kGuRingRows = 4, kDownRingRows = 2;

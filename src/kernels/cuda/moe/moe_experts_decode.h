@@ -39,8 +39,8 @@ bool moe_experts_decode_applies(const MoeExpertsParams& p);
 // asked for but does not fit, the register kernels run.
 bool moe_experts_decode_uses_ring(const MoeExpertsParams& p);
 
-// MOESERVE_MOE_DECODE_KERNEL's value: unset or empty -1 (the default: the cp.async ring from
-// moe_decode_config::kRingMinTokens tokens, else the register kernels), "registers" 0, "ring" 1; anything
+// MOESERVE_MOE_DECODE_KERNEL's value: unset or empty -1 (the default: the register kernels), "registers" 0,
+// "ring" 1; anything
 // else throws ms::Error naming the variable.
 int moe_decode_kernel_from_env(const char* value);
 
@@ -66,7 +66,7 @@ const char* moe_decode_variant_name(int variant);  // "base", "acc2", "sc8", "ac
 int moe_decode_variant_from_env(const char* value);
 
 // The variant moe_experts_decode(p) runs with the register kernels: p.decode_variant, else the environment's
-// (read once), else base.
+// (read once), else sc8.
 int moe_decode_variant(const MoeExpertsParams& p);
 
 // Both launches; throws ms::Error naming the reason when the path does not apply.
