@@ -80,7 +80,7 @@ cublasLtMatmulAlgo_t choose_algo(cublasLtHandle_t handle, const Plan& plan, cons
   std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> results{};
   int found = 0;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (rows <= kTuneMaxRows) CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const bool tune = rows <= kTuneMaxRows && capture == cudaStreamCaptureStatusNone;
   LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref.pref,
                                           tune ? kTuneCandidates : 1, results.data(), &found));
