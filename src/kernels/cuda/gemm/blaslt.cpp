@@ -2,10 +2,8 @@
 
 #include <cublasLt.h>
 
-#include <algorithm>
 #include <array>
 #include <map>
-#include <string>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/launch.h"
@@ -62,64 +60,6 @@ uint32_t alignment_of(const void* p) {
   return al;
 }
 
-// Decode-sized GEMMs (at most this many rows) time the heuristic's candidates on their first call and keep
-// the fastest: for a few rows and many k cuBLASLt's first pick is often a tile that leaves most
-// multiprocessors idle (one 128-column tile per block: 16 blocks for a 2048-wide q_a at 64 rows), where
-// another candidate splits k. Larger GEMMs, whose row counts change with every prefill chunk, and calls
-// made while a stream is being captured take the first pick.
-constexpr int64_t kTuneMaxRows = 256;
-constexpr int kTuneCandidates = 16;
-constexpr int kTuneReps = 3;
-
-// The algorithm for one plan: candidates from the heuristic; `launch(algo)` runs the GEMM on the caller's
-// buffers (its output is rewritten by the real call that follows). Candidates that fail to launch are
-// skipped.
-template <typename Launch>
-cublasLtMatmulAlgo_t choose_algo(cublasLtHandle_t handle, const Plan& plan, const Preference& pref,
-                                 int64_t rows, cudaStream_t stream, const Launch& launch, const char* what) {
-  std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> results{};
-  int found = 0;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (rows <= kTuneMaxRows) CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const bool tune = rows <= kTuneMaxRows && capture == cudaStreamCaptureStatusNone;
-  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref.pref,
-                                          tune ? kTuneCandidates : 1, results.data(), &found));
-  MS_CHECK(found > 0, "cuBLASLt has no algorithm for {}", what);
-  if (!tune || found == 1) return results[0].algo;
-  cudaEvent_t ev[2];
-  CUDA_CHECK(cudaEventCreate(&ev[0]));
-  CUDA_CHECK(cudaEventCreate(&ev[1]));
-  int best = 0;
-  float best_ms = -1.f;
-  for (int i = 0; i < found; ++i) {
-    if (results[static_cast<size_t>(i)].state != CUBLAS_STATUS_SUCCESS) continue;
-    const cublasLtMatmulAlgo_t& algo = results[static_cast<size_t>(i)].algo;
-    if (launch(algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that cannot run is skipped
-    float t = -1.f;
-    for (int r = 0; r < kTuneReps; ++r) {
-      CUDA_CHECK(cudaEventRecord(ev[0], stream));
-      const cublasStatus_t st = launch(algo);
-      CUDA_CHECK(cudaEventRecord(ev[1], stream));
-      CUDA_CHECK(cudaEventSynchronize(ev[1]));
-      if (st != CUBLAS_STATUS_SUCCESS) {
-        t = -1.f;
-        break;
-      }
-      float ms = 0.f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-      t = t < 0.f ? ms : std::min(t, ms);
-    }
-    if (t >= 0.f && (best_ms < 0.f || t < best_ms)) {
-      best_ms = t;
-      best = i;
-    }
-  }
-  cudaEventDestroy(ev[0]);
-  cudaEventDestroy(ev[1]);
-  cudaGetLastError();  // a skipped candidate's launch error, if any, is not the caller's
-  return results[static_cast<size_t>(best)].algo;
-}
-
 }  // namespace
 
 struct BlasLtHandle::Impl {
@@ -135,33 +75,15 @@ struct BlasLtHandle::Impl {
     const uint32_t ax = alignment_of(x), aw = alignment_of(w), ay = alignment_of(y);
     const PlanKey key{static_cast<int64_t>(type), m, n, k, x_stride, w_stride, y_stride, ax, aw, ay};
     auto it = plans.find(key);
-    const float beta = 0.0f;
-    if (it == plans.end()) {
-      std::unique_ptr<Plan> plan = make_plan(type, key);
-      Preference pref;
-      set_preference(pref, ax, aw, ay);
-      const Plan& pl = *plan;
-      const std::string what =
-          fmt::format("a {} GEMM m={} n={} k={} (strides x {} w {} y {}, alignments {} {} {} bytes)",
-                      type == CUDA_R_16BF      ? "bf16"
-                      : type == CUDA_R_8F_E4M3 ? "fp8 e4m3"
-                                               : "f32",
-                      m, n, k, x_stride, w_stride, y_stride, ax, aw, ay);
-      plan->algo = choose_algo(
-          handle, pl, pref, m, stream,
-          [&](const cublasLtMatmulAlgo_t& algo) {
-            return cublasLtMatmul(handle, pl.desc, &alpha, w, pl.a, x, pl.b, &beta, y, pl.d, y, pl.d, &algo,
-                                  workspace, workspace_bytes, stream);
-          },
-          what.c_str());
-      it = plans.emplace(key, std::move(plan)).first;
-    }
+    if (it == plans.end()) it = plans.emplace(key, make_plan(type, key, ax, aw, ay)).first;
     const Plan& plan = *it->second;
+    const float beta = 0.0f;
     LT_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.d, y, plan.d,
                             &plan.algo, workspace, workspace_bytes, stream));
   }
 
-  std::unique_ptr<Plan> make_plan(cudaDataType_t type, const PlanKey& key) {
+  std::unique_ptr<Plan> make_plan(cudaDataType_t type, const PlanKey& key, uint32_t ax, uint32_t aw,
+                                  uint32_t ay) {
     const int64_t m = key[1], n = key[2], k = key[3], x_stride = key[4], w_stride = key[5], y_stride = key[6];
     auto plan = std::make_unique<Plan>();
     LT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -176,15 +98,26 @@ struct BlasLtHandle::Impl {
                                         x_stride));
     LT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, static_cast<uint64_t>(n),
                                         static_cast<uint64_t>(m), y_stride));
-    return plan;
-  }
-
-  void set_preference(Preference& pref, uint32_t ax, uint32_t aw, uint32_t ay) const {
+    Preference pref;
     pref.set<uint64_t>(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes);
     pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aw);
     pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ax);
     pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ay);
     pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ay);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.pref,
+                                            1, &result, &found));
+    MS_CHECK(
+        found > 0,
+        "cuBLASLt has no algorithm for a {} GEMM m={} n={} k={} (strides x {} w {} y {}, alignments {} {} "
+        "{} bytes)",
+        type == CUDA_R_16BF      ? "bf16"
+        : type == CUDA_R_8F_E4M3 ? "fp8 e4m3"
+                                 : "f32",
+        m, n, k, x_stride, w_stride, y_stride, ax, aw, ay);
+    plan->algo = result.algo;
+    return plan;
   }
 };
 
@@ -274,18 +207,18 @@ void gemm_bf16_batched(const GemmBf16BatchedParams& p, BlasLtHandle& lt, cudaStr
                                                 sizeof l.stride));
     }
     Preference pref;
-    I.set_preference(pref, ax, aw, ay);
-    const Plan& pl = *plan;
-    const float alpha = 1.0f, beta = 0.0f;
-    const std::string what =
-        fmt::format("a batched bf16 GEMM m={} n={} k={} batch={}", p.m, p.n, p.k, p.batch);
-    plan->algo = choose_algo(
-        I.handle, pl, pref, p.m, stream,
-        [&](const cublasLtMatmulAlgo_t& algo) {
-          return cublasLtMatmul(I.handle, pl.desc, &alpha, p.w, pl.a, p.x, pl.b, &beta, p.y, pl.d, p.y, pl.d,
-                                &algo, I.workspace, I.workspace_bytes, stream);
-        },
-        what.c_str());
+    pref.set<uint64_t>(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, I.workspace_bytes);
+    pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aw);
+    pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ax);
+    pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ay);
+    pref.set<uint32_t>(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ay);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(I.handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
+                                            pref.pref, 1, &result, &found));
+    MS_CHECK(found > 0, "cuBLASLt has no algorithm for a batched bf16 GEMM m={} n={} k={} batch={}", p.m, p.n,
+             p.k, p.batch);
+    plan->algo = result.algo;
     it = I.batched.emplace(key, std::move(plan)).first;
   }
   const Plan& plan = *it->second;

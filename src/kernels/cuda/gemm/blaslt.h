@@ -13,11 +13,9 @@
 
 namespace ms::cuda {
 
-// The cuBLASLt handle, its workspace (allocated once, here) and the algorithm chosen for each shape (once per
-// shape, strides and pointer alignment; later calls only launch): for up to 256 rows the heuristic's
-// candidates are timed on the first call, outside stream capture, and the fastest kept; else its first pick.
-// Not thread-safe: one per executor and stream. Launches through it are capturable in CUDA graphs (a shape
-// first met during a capture takes the heuristic's first pick).
+// The cuBLASLt handle, its workspace (allocated once, here) and the algorithm chosen for each shape (the
+// heuristic is asked once per shape, strides and pointer alignment; later calls only launch). Not
+// thread-safe: one per executor and stream. Launches through it are capturable in CUDA graphs.
 class BlasLtHandle {
  public:
   static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
