@@ -68,8 +68,8 @@ enum MoeDecodeVariant : int {
   kMoeDecodeHalf = 4,
   kMoeDecodeHalfSc8 = 6
 };
-constexpr int kMoeDecodeVariants =
-    6;  // how many there are (their values are not 0..5: kMoeDecodeVariantList)
+// How many variants there are; their values are not 0..kMoeDecodeVariants - 1 (kMoeDecodeVariantList).
+constexpr int kMoeDecodeVariants = 6;
 constexpr int kMoeDecodeVariantList[kMoeDecodeVariants] = {
     kMoeDecodeBase, kMoeDecodeAcc2, kMoeDecodeSc8, kMoeDecodeAcc2Sc8, kMoeDecodeHalf, kMoeDecodeHalfSc8};
 constexpr bool moe_decode_variant_valid(int variant) {
