@@ -266,10 +266,10 @@ int main() {
       }
       // The register kernels' variants (MoeDecodeVariant), each timed in the same run, one line each, with
       // the largest |difference| of one step's output against base (sc8 is meant to agree bit for bit, the
-      // acc2 variants to the last bits of f32 sums).
+      // acc2 and half variants to the last bits of f32 sums).
       if (decode) {
         std::vector<float> o_base(xh.size()), o_v(xh.size());
-        for (int v = 0; v < ms::cuda::kMoeDecodeVariants; ++v) {
+        for (int v : ms::cuda::kMoeDecodeVariantList) {
           const float t_v = time_graph_ms([&](cudaStream_t s) { run(s, false, false, 0, v); }, iters);
           CUDA_CHECK(cudaMemset(out, 0, xh.size() * 4));
           which = 0;

@@ -209,7 +209,8 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
 // requires the base register kernels' output bit for bit (same decode, k order and summation order).
 // variant (Path::Decode, register kernels): the MoeDecodeVariant to run, checked against the CPU reference;
 // the sc8 variants (same math, only the scale loads differ) must also match the same variant without sc8 bit
-// for bit (sc8: base, acc2sc8: acc2); acc2 (another f32 summation order) only the reference's tolerances.
+// for bit (sc8: base, acc2sc8: acc2, halfsc8: half); acc2 and half (other f32 summation orders) only the
+// reference's tolerances.
 void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, bool poison_untouched,
               Path path = Path::Stream, Routing routing = Routing::Uniform, int decode_ring = 0,
               int variant = ms::cuda::kMoeDecodeBase) {
@@ -504,12 +505,17 @@ TEST(CudaMoeDecodeRing, UntouchedExpertsAreNotRead) {
 }
 
 // ---- the register kernels' variants (MoeDecodeVariant) ------------------------------------------------
-// Each against the CPU reference with the decode tolerances; sc8 also against base and acc2sc8 against acc2
-// bit for bit (run_case). hidden 1024 .. 3072 give 1 .. 3 gate_up steps a warp (fewer than sc8's 4 a scale
-// load), 7168 seven (a partial last block), 6144 GLM-5's six; down always has 4 a piece.
+// Each against the CPU reference with the decode tolerances; sc8 also against base, acc2sc8 against acc2 and
+// halfsc8 against half bit for bit (run_case). hidden 1024 .. 3072 give 1 .. 3 gate_up steps a warp (fewer
+// than sc8's 4 a scale load; half: 2 .. 6), 7168 seven (a partial last block; half: 14, a second pass of
+// halfsc8's 12-step loop), 6144 GLM-5's six (half: 12); down always has 4 a piece. The half variants' work
+// items alternate between two groups inside runs of one work-list entry: one-hot routing (many chunks of one
+// expert), skew and m up to 128 (several entries a block) exercise the restaging between entries.
 
 constexpr int kVariantsBeyondBase[] = {ms::cuda::kMoeDecodeAcc2, ms::cuda::kMoeDecodeSc8,
-                                       ms::cuda::kMoeDecodeAcc2Sc8};
+                                       ms::cuda::kMoeDecodeAcc2Sc8, ms::cuda::kMoeDecodeHalf,
+                                       ms::cuda::kMoeDecodeHalfSc8};
+constexpr int kHalfVariants[] = {ms::cuda::kMoeDecodeHalf, ms::cuda::kMoeDecodeHalfSc8};
 
 TEST(CudaMoeDecodeVariant, ScaledDownShapesMatchCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -539,6 +545,42 @@ TEST(CudaMoeDecodeVariant, FullWidthGlm5MatchesCpu) {
   }
 }
 
+// hidden a multiple of 512 but not of 1024: only the half variants take it (4 warps split an item's k);
+// 512 gives one step a warp, 1536 three, 5632 eleven (halfsc8: a partial third scale block).
+TEST(CudaMoeDecodeVariant, HalfTakesHiddenMultiplesOf512) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts h05(16, 512, 512, 640), h15(32, 1536, 512, 641), h55(16, 5632, 1024, 642);
+  for (int v : kHalfVariants) {
+    for (int m : {1, 5, 8, 64, 128}) {
+      run_case(h15, m, 8, false, 651u + m, false, Path::Decode, Routing::Uniform, 0, v);
+      run_case(h15, m, 8, true, 652u + m, false, Path::Decode, Routing::Skewed, 0, v);
+    }
+    run_case(h05, 3, 4, false, 653, false, Path::Decode, Routing::Uniform, 0, v);
+    run_case(h05, 32, 4, false, 654, false, Path::Decode, Routing::OneHot, 0, v);
+    run_case(h15, 8, 8, false, 655, false, Path::Decode, Routing::EmptySlots, 0, v);
+    run_case(h55, 1, 8, false, 656, false, Path::Decode, Routing::Uniform, 0, v);
+    run_case(h55, 24, 6, true, 657, false, Path::Decode, Routing::Skewed, 0, v);
+  }
+  // The other variants leave such a shape to the streamed path.
+  const Nvfp4Experts& xs = h15;
+  ms::cuda::MoeExpertsParams p;
+  p.format = ms::cuda::MoeWeightFormat::NVFP4;
+  p.hidden = xs.H;
+  p.inter = xs.I;
+  p.m = 4;
+  p.top_k = 8;
+  p.n_experts = xs.E;
+  for (int v : ms::cuda::kMoeDecodeVariantList) {
+    p.decode_variant = v;
+    EXPECT_EQ(ms::cuda::moe_decode_config::choose_variant(
+                  ms::cuda::moe_decode_shape(p), ms::cuda::limits_of(ms::cuda::current_device_caps()),
+                  (v & ms::cuda::kMoeDecodeHalf) != 0)
+                  .use,
+              (v & ms::cuda::kMoeDecodeHalf) != 0)
+        << ms::cuda::moe_decode_variant_name(v);
+  }
+}
+
 TEST(CudaMoeDecodeVariant, UntouchedExpertsAreNotRead) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Nvfp4Experts xs(64, 2048, 1024, 630);
@@ -551,15 +593,23 @@ TEST(CudaMoeDecodeVariant, UntouchedExpertsAreNotRead) {
 TEST(CudaMoeDecodeVariant, VariantFromEnvironment) {
   EXPECT_EQ(ms::cuda::moe_decode_variant_from_env(nullptr), -1);
   EXPECT_EQ(ms::cuda::moe_decode_variant_from_env(""), -1);
-  for (int v = 0; v < ms::cuda::kMoeDecodeVariants; ++v)
+  for (int v : ms::cuda::kMoeDecodeVariantList)
     EXPECT_EQ(ms::cuda::moe_decode_variant_from_env(ms::cuda::moe_decode_variant_name(v)), v);
+  EXPECT_EQ(ms::cuda::moe_decode_variant_from_env("half"), ms::cuda::kMoeDecodeHalf);
+  EXPECT_EQ(ms::cuda::moe_decode_variant_from_env("halfsc8"), ms::cuda::kMoeDecodeHalfSc8);
   EXPECT_THROW(ms::cuda::moe_decode_variant_from_env("acc4"), ms::Error);
   EXPECT_THROW(ms::cuda::moe_decode_variant_from_env("acc2,sc8"), ms::Error);
+  EXPECT_THROW(ms::cuda::moe_decode_variant_from_env("acc2half"), ms::Error);
   ms::cuda::MoeExpertsParams p;
   p.decode_variant = ms::cuda::kMoeDecodeAcc2Sc8;
   EXPECT_EQ(ms::cuda::moe_decode_variant(p), ms::cuda::kMoeDecodeAcc2Sc8);
-  p.decode_variant = ms::cuda::kMoeDecodeVariants;
-  EXPECT_THROW(ms::cuda::moe_decode_variant(p), ms::Error);
+  p.decode_variant = ms::cuda::kMoeDecodeHalfSc8;
+  EXPECT_EQ(ms::cuda::moe_decode_variant(p), ms::cuda::kMoeDecodeHalfSc8);
+  for (int bad : {5, 7, 8}) {  // acc2 with half, and past the flags
+    p.decode_variant = bad;
+    EXPECT_THROW(ms::cuda::moe_decode_variant(p), ms::Error) << bad;
+    EXPECT_THROW(ms::cuda::moe_decode_variant_name(bad), ms::Error) << bad;
+  }
 }
 
 TEST(CudaMoeDecodeRing, KernelFromEnvironment) {

@@ -281,6 +281,58 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
   EXPECT_NE(t.why.find("moe_decode"), std::string::npos) << t.why;
 }
 
+// The register kernels' half variants (choose_variant(..., true)): hidden a multiple of 512 instead of 1024,
+// the same shared-memory layout (red [2 groups][4 warps] takes the bytes of [8 warps]), so wherever both
+// run they get the same x_rows, shared memory and grid; the ring (8 warps on one item) only where hidden is a
+// multiple of 1024.
+TEST(KernelFit, MoeDecodeHalfChoosesOnlyWhatFits) {
+  namespace c = moe_decode_config;
+  static_assert(c::gate_up_red_bytes() ==
+                static_cast<size_t>(c::kHalfGroups) * c::kHalfWarps * 2 * c::kChunk * 16 * sizeof(float));
+  int used = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (int m : {1, 2, 3, 5, 8, 9, 32, 64, 65, 100, 127, 128})
+      for (int hidden : {512, 1024, 1536, 2048, 5632, 6144, 7168}) {
+        const moe_decode_common::Shape s{true, hidden, 2048, m, 8, 256};
+        const c::Config half = c::choose_variant(s, dev, true);
+        const c::Config base = c::choose(s, dev);
+        EXPECT_EQ(c::choose_variant(s, dev, false).x_rows, base.x_rows);
+        if (hidden % 1024 != 0) {
+          EXPECT_FALSE(base.use) << dev.name << " hidden " << hidden;
+          EXPECT_NE(base.why.find("multiple of 1024"), std::string::npos) << base.why;
+        }
+        if (!half.use) {
+          EXPECT_FALSE(half.why.empty());
+          EXPECT_FALSE(base.use) << dev.name << " m" << m << " hidden " << hidden;
+          continue;
+        }
+        ++used;
+        EXPECT_FALSE(why_cannot_run(c::need_gate_up(hidden, half.x_rows), dev).has_value()) << dev.name;
+        EXPECT_FALSE(why_cannot_run(c::need_down(m), dev).has_value()) << dev.name;
+        EXPECT_EQ(half.smem_gate_up, c::gate_up_smem(hidden, half.x_rows));
+        EXPECT_LE(half.smem_gate_up + c::kStaticSmem, dev.smem_per_block_optin);
+        EXPECT_GE(c::blocks_per_sm(half.smem_gate_up + c::kStaticSmem, dev),
+                  half.grid_gate_up / dev.multiprocessors);
+        if (base.use) {
+          EXPECT_EQ(half.x_rows, base.x_rows);
+          EXPECT_EQ(half.smem_gate_up, base.smem_gate_up);
+          EXPECT_EQ(half.grid_gate_up, base.grid_gate_up);
+          EXPECT_EQ(half.ring, base.ring);
+        } else {
+          EXPECT_EQ(hidden % 1024, 512);
+          EXPECT_FALSE(half.ring);
+          EXPECT_NE(half.ring_why.find("multiple of 1024"), std::string::npos) << half.ring_why;
+        }
+      }
+  EXPECT_GT(used, 0);
+  const c::Config h200 = c::choose_variant({true, 5632, 2048, 8, 8, 256}, limits_h200(), true);
+  EXPECT_TRUE(h200.use) << h200.why;
+  EXPECT_EQ(h200.grid_gate_up, 2 * 132);
+  const c::Config odd = c::choose_variant({true, 6144 + 256, 2048, 8, 8, 256}, limits_h200(), true);
+  EXPECT_FALSE(odd.use);
+  EXPECT_NE(odd.why.find("multiple of 512"), std::string::npos) << odd.why;
+}
+
 // The cp.async ring variant: where it is offered, its layout (ring after the register kernels' layout, the
 // same x_rows) fits the device with a depth in range; where it is not, the register kernels still run and
 // ring_why names the ring.

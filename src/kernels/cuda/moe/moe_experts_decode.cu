@@ -34,7 +34,8 @@
 // 4 b + t per row and swaps them into each lane's own 2 bytes of steps 4 b .. 4 b + 3 (moe_decode_math.cuh:
 // quad_scales). To stay within gate_up's 128 registers without spills the variants address rows g + 8 from
 // rows g, sc8 finds its scale rows again from the expert table at each 8-byte load, and acc2sc8 reads its B
-// pieces one at a time.
+// pieces one at a time. The half variants have a gate_up kernel of their own (described at it: two groups of
+// 4 warps on two items at a time) and run the down kernel of base (half) or sc8 (halfsc8).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -253,6 +254,228 @@ __global__ void __launch_bounds__(kThreads, 2)
       acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] = tc::f16_sat_bits(v);
     }
     // red is rewritten only after the next item's staging barrier, which every reader above has passed.
+  }
+}
+
+// ---- gate_up, half variants ------------------------------------------------------------------------------
+//
+// Group q = warp / 4 of the block (bar.sync id 1 + q of its 128 threads; id 0 stays __syncthreads) takes
+// its own items; its warp w = warp % 4 takes k [w H / 4, (w + 1) H / 4) of both tiles (H / 512 steps).
+// The block's contiguous run of items is cut into segments of one work-list entry (one set of staged x
+// rows); in a segment, group 0 takes its items 0, 2, 4, .., group 1 items 1, 3, 5, .. (two neighbouring
+// 16-row stripes of one expert at a time). The block restages xs only between segments, at __syncthreads
+// (both groups have finished every item of the old rows: the same barrier count for both, since both walk
+// the same segments). Per item a group meets twice, back to back, at its named barrier: before its warps
+// write their partial sums into the group's red (its previous item's epilogue has read them) and after.
+// The entry's rows, positions, scales and routing weights are read once per segment.
+
+// Named barrier 1 + grp of the 128 threads of group grp (immediate ids: the kernel reserves 3 barriers).
+__device__ __forceinline__ void group_barrier(int grp) {
+  if (grp == 0)
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
+
+template <int V>
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_decode_gate_up_half_kernel(const MoeExpertsParams p, int x_rows) {
+  static_assert((V & kMoeDecodeHalf) != 0 && (V & kMoeDecodeAcc2) == 0, "half, with or without sc8");
+  constexpr bool kSc8 = (V & kMoeDecodeSc8) != 0;
+  constexpr int kGw = kHalfWarps, kGThreads = 32 * kHalfWarps;
+  static_assert(kHalfGroups == 2, "the items of a segment alternate between two groups");
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int H = p.hidden;
+  const int64_t xld = xs_ld(H);
+  __half* xs = reinterpret_cast<__half*>(smem);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
+  int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+  // The segment's constants, written with its x rows (read back where needed instead of held in registers
+  // through the k loop): seg_c the routing weights of its positions, then gate_scale2 and up_scale2 x
+  // kCodeScale; seg_i its first position and its expert. They live in the work list's tail, which a list
+  // never reaches (at most kMaxSlots entries: every entry holds a position).
+  float* seg_c = reinterpret_cast<float*>(ec + kMaxSlots);
+  int* seg_i = ec + kMaxSlots + kChunk + 2;
+  static_assert(kMaxEc - kMaxSlots >= kChunk + 4, "the segment constants fit the work list's tail");
+  __shared__ int s_nec;
+
+  moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int grp = warp / kGw, gw = warp % kGw, gtid = tid % kGThreads;
+  static_assert(kGThreads == 128, "group_barrier counts 128 threads");
+  float* red_g = red + grp * kGw * 2 * kChunk * 16;  // [4 warps][gate / up][position][16 rows]
+  const int tiles = p.inter / kGuIdx;
+  const int items = s_nec * tiles;
+  const int steps = H / (kGw * 128);  // 128-k steps of a warp's quarter of k
+  // Step s of lane (g, t) covers k [k_lane + 128 s, + 32); the swizzle bit of its 64-byte groups
+  // k_lane / 32 + 4 s is t >> 1 (H / 128 is a multiple of 4).
+  const int k_lane = gw * (H / kGw) + 32 * t;
+  const int64_t row_bytes = H / 2, srow_bytes = H / 16;
+  const __half* xs_lane = xs + g * xld + k_lane;
+  const int sw = (t >> 1) & 1;
+  uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
+  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
+  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
+
+  // The end of the segment that holds item i; the group's first item at or after segment start i; the
+  // group's item after item i (it1: none).
+  auto seg_end = [&](int i) { return min(it1, (i / tiles + 1) * tiles); };
+  auto first_from = [&](int i) {
+    while (i < it1) {
+      const int e = seg_end(i);
+      if (i + grp < e) return i + grp;
+      i = e;
+    }
+    return it1;
+  };
+  // The group's item after item i of the segment that ends at se.
+  auto next_of = [&](int i, int se) { return i + 2 < se ? i + 2 : first_from(se); };
+
+  // Rows gate g, up g (rows g + 8 at a 32-bit offset), from the lane's k.
+  const int row8 = 8 * (H / 2), srow8 = 8 * (H / 16);
+  const uint8_t* wp[2];
+  const uint8_t* sp[kSc8 ? 1 : 2];
+  // Item (expert e, tile).
+  auto point = [&](int e, int tile) {
+    const MoeExpertWeights& ew = p.experts[e];
+    const int64_t row = static_cast<int64_t>(tile) * kGuIdx + g;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      wp[r] = static_cast<const uint8_t*>(r == 0 ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
+      if constexpr (!kSc8)
+        sp[r] = static_cast<const uint8_t*>(r == 0 ? ew.gate_scale : ew.up_scale) + row * srow_bytes +
+                k_lane / 16;
+    }
+  };
+  // Rows gate g, gate g + 8, up g, up g + 8 (r = 0..3); register slots as in the 8-warp kernel.
+  uint4 w[kGuUnroll][4];
+  uint32_t sc[kSc8 ? 1 : kGuUnroll][4];
+  auto load = [&](int s, int u) {
+    if (s < steps) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        w[u][r] = ld_stream16(wp[r >> 1] + (r & 1) * row8 + s * 64);
+        if constexpr (!kSc8) sc[u][r] = ld_stream2(sp[r >> 1] + (r & 1) * srow8 + s * 8);
+      }
+    }
+  };
+  uint2 raw[kSc8 ? 4 : 1], quad[kSc8 ? 4 : 1];
+  // sc8: soff (scale_off(tile)) is where lane t's bytes of block 0 of row gate / up g start.
+  auto scale_off = [&](int tile) {
+    return static_cast<int>((static_cast<int64_t>(tile) * kGuIdx + g) * srow_bytes + k_lane / 16 + 6 * t);
+  };
+  auto load_scales = [&](int e, int soff, int b) {
+    if constexpr (kSc8) {
+      if (4 * b < steps) {
+        const bool have = 4 * b + t < steps;
+        const MoeExpertWeights& ew = p.experts[e];
+        const int off = soff + 32 * b;
+        const uint8_t* gs = static_cast<const uint8_t*>(ew.gate_scale) + off;
+        const uint8_t* us = static_cast<const uint8_t*>(ew.up_scale) + off;
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          raw[r] = have ? ld_stream8((r < 2 ? gs : us) + (r & 1) * srow8) : make_uint2(0u, 0u);
+      }
+    }
+  };
+  // The first steps of item i (its expert from the work list) go in flight.
+  auto start = [&](int i) {
+    const int e = ec[i / tiles] & 1023, tile = i % tiles;
+    point(e, tile);
+#pragma unroll
+    for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+    load_scales(e, scale_off(tile), 0);
+  };
+  int item = first_from(it0);
+  if (item < it1) start(item);
+  // Epilogue thread of the group: position r_e, index i_e of the tile.
+  const int r_e = gtid >> 4, i_e = gtid & 15;
+  for (int seg = it0; seg < it1;) {
+    const int se = seg_end(seg);
+    const int code = ec[seg / tiles];
+    const int e = code & 1023, chunk = code >> 10;
+    const int count = p.expert_counts[e], off = p.expert_offsets[e];
+    const int rows = min(x_rows, count - chunk * x_rows);
+    const int pos0 = off + chunk * x_rows;
+    if (seg != it0) __syncthreads();  // both groups are done with the old rows and constants
+    moe_decode_dev::stage_x_rows(p, pos0, rows, xs, xld, tid, kThreads);
+    if (tid < rows) seg_c[tid] = p.topk_weights[p.sorted_slots[pos0 + tid]];
+    if (tid == kThreads - 1) {
+      seg_c[kChunk] = p.experts[e].gate_scale2 * kCodeScale;
+      seg_c[kChunk + 1] = p.experts[e].up_scale2 * kCodeScale;
+      seg_i[0] = pos0;
+      seg_i[1] = e;
+    }
+    __syncthreads();
+    const bool have_row = g < rows, have_pos = r_e < rows;
+    for (; item < se;) {
+      const int soff = kSc8 ? scale_off(item % tiles) : 0;
+      float acc[2][4] = {};
+      constexpr int kLoop = kSc8 ? 12 : kGuUnroll;
+      for (int s0 = 0; s0 < steps; s0 += kLoop) {
+#pragma unroll
+        for (int v = 0; v < kLoop; ++v) {
+          const int u = v % kGuUnroll, s = s0 + v;
+          if (s >= steps) break;
+          uint32_t scs[4];
+          if constexpr (kSc8) {
+            if (v % 4 == 0) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) quad[r] = moe_decode_dev::quad_scales(raw[r], t);
+            }
+            if (v % 4 == 1) load_scales(seg_i[1], soff, (s >> 2) + 1);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              scs[r] = moe_decode_dev::quad_scale_of(quad[r], v % 4);
+            }
+            // One B piece at a time for both tiles (its 4 registers instead of all 16 of the step live): the
+            // same mmas into each tile in the same order as tile_step (bit-identical to half).
+#pragma unroll
+            for (int j2 = 0; j2 < 4; ++j2) {
+              const uint4 bj = have_row ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                                        : make_uint4(0u, 0u, 0u, 0u);
+              moe_decode_dev::word_step_split(acc[0], acc[0], w[u][0], w[u][1], scs[0], scs[1], j2, bj);
+              moe_decode_dev::word_step_split(acc[1], acc[1], w[u][2], w[u][3], scs[2], scs[3], j2, bj);
+            }
+          } else {
+            uint4 b[4];
+#pragma unroll
+            for (int j2 = 0; j2 < 4; ++j2)
+              b[j2] = have_row ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                               : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) scs[r] = sc[u][r];
+            tile_step(acc[0], w[u][0], w[u][1], scs[0], scs[1], b);
+            tile_step(acc[1], w[u][2], w[u][3], scs[2], scs[3], b);
+          }
+          load(s + kGuUnroll, u);
+        }
+      }
+      const int nxt = next_of(item, se);
+      if (nxt < it1) start(nxt);  // the group's next item's first steps go in flight before the reduction
+      group_barrier(grp);         // the previous item's epilogue has read red_g
+      float* rw = red_g + gw * 2 * kChunk * 16;
+      moe_dev::store_c_tile(rw, acc[0], g, t);
+      moe_dev::store_c_tile(rw + kChunk * 16, acc[1], g, t);
+      group_barrier(grp);
+      if (have_pos) {
+        // sum_gate_up_tiles' order (warps 0..3), from one base address.
+        const float* rr = red_g + r_e * 16 + i_e;
+        float gs = 0.f, us = 0.f;
+#pragma unroll
+        for (int w2 = 0; w2 < kGw; ++w2) {
+          gs += rr[w2 * 2 * kChunk * 16];
+          us += rr[(w2 * 2 + 1) * kChunk * 16];
+        }
+        const float gv = gs * seg_c[kChunk], uv = us * seg_c[kChunk + 1];
+        const float v = gv / (1.0f + expf(-gv)) * uv * seg_c[r_e];
+        acth[static_cast<int64_t>(seg_i[0] + r_e) * p.inter + (item % tiles) * kGuIdx + b_order(i_e)] =
+            tc::f16_sat_bits(v);
+      }
+      item = nxt;
+    }
+    seg = se;
   }
 }
 
@@ -671,15 +894,22 @@ bool aligned(const void* ptr, size_t a) {
   return reinterpret_cast<uintptr_t>(ptr) % a == 0;
 }
 
+// The half variants' down kernel is the one of the same variant without half (base, sc8).
 template <int V>
 void launch_registers(const MoeExpertsParams& p, const Config& c, cudaStream_t stream) {
-  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  constexpr int kDownV = V & ~kMoeDecodeHalf;
+  void (*gate_up)(const MoeExpertsParams, int) = nullptr;
+  if constexpr ((V & kMoeDecodeHalf) != 0)
+    gate_up = moe_decode_gate_up_half_kernel<V>;
+  else
+    gate_up = moe_decode_gate_up_kernel<V>;
+  CUDA_CHECK(cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(c.smem_gate_up)));
-  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_kernel<kDownV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(c.smem_down)));
-  moe_decode_gate_up_kernel<V><<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
+  gate_up<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
   CUDA_CHECK(cudaGetLastError());
-  moe_decode_down_kernel<V><<<c.grid_down, kDownThreads, c.smem_down, stream>>>(p);
+  moe_decode_down_kernel<kDownV><<<c.grid_down, kDownThreads, c.smem_down, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -703,24 +933,28 @@ const char* moe_decode_variant_name(int variant) {
       return "sc8";
     case kMoeDecodeAcc2Sc8:
       return "acc2sc8";
+    case kMoeDecodeHalf:
+      return "half";
+    case kMoeDecodeHalfSc8:
+      return "halfsc8";
     default:
-      MS_THROW("moe_decode_variant_name: variant {} is not one of 0..{}", variant, kMoeDecodeVariants - 1);
+      MS_THROW("moe_decode_variant_name: variant {} is not one of 0, 1, 2, 3, 4, 6", variant);
   }
 }
 
 int moe_decode_variant_from_env(const char* value) {
   const std::string_view v = value ? value : "";
   if (v.empty()) return -1;
-  for (int i = 0; i < kMoeDecodeVariants; ++i)
+  for (int i : kMoeDecodeVariantList)
     if (v == moe_decode_variant_name(i)) return i;
-  MS_THROW("MOESERVE_MOE_DECODE_VARIANT = '{}' is not one of base, acc2, sc8, acc2sc8", v);
+  MS_THROW("MOESERVE_MOE_DECODE_VARIANT = '{}' is not one of base, acc2, sc8, acc2sc8, half, halfsc8", v);
 }
 
 int moe_decode_variant(const MoeExpertsParams& p) {
   if (p.decode_variant >= 0) {
-    MS_CHECK(p.decode_variant < kMoeDecodeVariants,
-             "moe_experts_decode: decode_variant = {} is not one of 0..{}", p.decode_variant,
-             kMoeDecodeVariants - 1);
+    MS_CHECK(moe_decode_variant_valid(p.decode_variant),
+             "moe_experts_decode: decode_variant = {} is not a MoeDecodeVariant (0, 1, 2, 3, 4, 6)",
+             p.decode_variant);
     return p.decode_variant;
   }
   static const int from_env = moe_decode_variant_from_env(std::getenv("MOESERVE_MOE_DECODE_VARIANT"));
@@ -736,11 +970,16 @@ int wanted_variant(const MoeExpertsParams& p) {
   if (from_env >= 0) return from_env;
   return 0;
 }
+
+// The configuration for p's variant of the register kernels (the half variants take more hidden sizes).
+Config choose_for(const MoeExpertsParams& p) {
+  return choose_variant(moe_decode_shape(p), limits_of(current_device_caps()),
+                        (moe_decode_variant(p) & kMoeDecodeHalf) != 0);
+}
 }  // namespace
 
 bool moe_experts_decode_uses_ring(const MoeExpertsParams& p) {
-  return moe_experts_decode_applies(p) && wanted_variant(p) == 1 &&
-         choose(moe_decode_shape(p), limits_of(current_device_caps())).ring;
+  return moe_experts_decode_applies(p) && wanted_variant(p) == 1 && choose_for(p).ring;
 }
 
 moe_decode_config::Shape moe_decode_shape(const MoeExpertsParams& p) {
@@ -751,7 +990,7 @@ bool moe_experts_decode_applies(const MoeExpertsParams& p) {
   if (p.disable_stream || p.disable_decode || !p.experts_aligned16 || p.format != MoeWeightFormat::NVFP4)
     return false;
   if (!aligned(p.x, 16) || p.ldx % 4 != 0 || !aligned(p.act, 16)) return false;
-  return choose(moe_decode_shape(p), limits_of(current_device_caps())).use;
+  return choose_for(p).use;
 }
 
 void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
@@ -763,7 +1002,9 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   MS_CHECK(aligned(p.x, 16) && p.ldx % 4 == 0, "moe_experts_decode: x must be 16-byte aligned, ldx % 4 == 0");
   MS_CHECK(aligned(p.act, 16), "moe_experts_decode: act workspace must be 16-byte aligned");
   const DeviceCaps caps = current_device_caps();
-  const Config c = choose(moe_decode_shape(p), limits_of(caps));
+  const int register_variant = moe_decode_variant(p);
+  const Config c =
+      choose_variant(moe_decode_shape(p), limits_of(caps), (register_variant & kMoeDecodeHalf) != 0);
   MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
   const int variant = wanted_variant(p);
   if (variant == 1 && c.ring) {
@@ -784,13 +1025,17 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   }
   check_smem(caps, "moe_decode_gate_up", c.smem_gate_up);
   check_smem(caps, "moe_decode_down", c.smem_down);
-  switch (moe_decode_variant(p)) {
+  switch (register_variant) {
     case kMoeDecodeAcc2:
       return launch_registers<kMoeDecodeAcc2>(p, c, stream);
     case kMoeDecodeSc8:
       return launch_registers<kMoeDecodeSc8>(p, c, stream);
     case kMoeDecodeAcc2Sc8:
       return launch_registers<kMoeDecodeAcc2Sc8>(p, c, stream);
+    case kMoeDecodeHalf:
+      return launch_registers<kMoeDecodeHalf>(p, c, stream);
+    case kMoeDecodeHalfSc8:
+      return launch_registers<kMoeDecodeHalfSc8>(p, c, stream);
     default:
       return launch_registers<kMoeDecodeBase>(p, c, stream);
   }
