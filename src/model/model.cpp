@@ -134,7 +134,6 @@ Model::Model(io::ModelConfig cfg, ModelWeights weights, ModelOptions opt)
 
 void Model::build_fused_experts() {
   fused_experts_.assign(w_.layers.size(), {});
-  shared_experts_.assign(w_.layers.size(), {});
   if (w_.shard.ep_size > 1) return;  // the shared expert is added on one rank only
   auto same = [](const ops::LinearWeight& a, const ops::LinearWeight& b) {
     return a.format == b.format && a.block == b.block && a.out == b.out && a.in == b.in;
@@ -148,7 +147,6 @@ void Model::build_fused_experts() {
     std::vector<ops::ExpertWeights> all = L.moe.experts;
     all.push_back(ops::ExpertWeights{s.gate, s.up, s.down});
     fused_experts_[l] = std::move(all);
-    shared_experts_[l] = {ops::ExpertWeights{s.gate, s.up, s.down}};
   }
 }
 
@@ -480,12 +478,6 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
           fused_experts_.empty() || fused_experts_[static_cast<size_t>(l)].empty()
               ? nullptr
               : &fused_experts_[static_cast<size_t>(l)];
-      // Past fuse_shared_expert_max_tokens the shared expert of a fused layer runs as a grouped op of its
-      // own.
-      const int64_t fuse_max = opt_.fuse_shared_expert_max_tokens;
-      const std::vector<ops::ExpertWeights>* shared_alone =
-          fused && fuse_max > 0 && m > fuse_max ? &shared_experts_[static_cast<size_t>(l)] : nullptr;
-      if (shared_alone) fused = nullptr;
       {
         NamedOp op(sink, l, "moe.experts", [&] {
           const int distinct = moe::count_distinct_experts(ws.host_ids.data(), static_cast<int>(m), K, E);
@@ -511,24 +503,8 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
           ops::moe_experts(ctx, xn, ids, wts, mw.experts, ffn, ws.moe);
         }
       }
-      if (shared_alone) {
-        const Tensor sh = rows(ws.shared, m);
-        {
-          NamedOp op(sink, l, "moe.shared", [&] { return costs::moe_experts(c, *shared_alone, m, 1, 1); });
-          // ids [m, 1] all 0 and weights all 1: an empty [m, 0] choice with the one slot appended.
-          const Tensor ids1 = rows(ws.shared_ids, m), wts1 = rows(ws.shared_wts, m);
-          ops::append_expert_slot(ctx, Tensor::borrow(ids1.raw(), {m, 0}, DType::I32, nullptr, ctx.device),
-                                  Tensor::borrow(wts1.raw(), {m, 0}, DType::F32, nullptr, ctx.device), 0,
-                                  1.0f, ids1, wts1);
-          ops::fill_zero(ctx, sh);
-          ops::moe_experts(ctx, xn, ids1, wts1, *shared_alone, sh, ws.moe);
-        }
-        NamedOp op(sink, l, "moe.shared_add",
-                   [&] { return costs::elementwise(static_cast<double>(m * H), 2, 1, 1); });
-        ops::add_inplace(ctx, ffn, sh);
-      }
       // The shared expert is replicated: under EP one rank adds it before the sum.
-      if (mw.has_shared && !fused && !shared_alone && (sp.ep_size == 1 || sp.ep_rank == 0)) {
+      if (mw.has_shared && !fused && (sp.ep_size == 1 || sp.ep_rank == 0)) {
         const Tensor sh = rows(ws.shared, m);
         run_mlp(ctx, sink, l, "moe.shared", xn, mw.shared, ws, sh);
         NamedOp op(sink, l, "moe.shared_add",

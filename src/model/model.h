@@ -56,12 +56,6 @@ struct ModelOptions {
   // routed experts' width and storage format and the experts are not split over EP ranks. The GPU executor
   // turns it on; the CPU reference keeps the separate MLP.
   bool fuse_shared_expert = false;
-  // With fuse_shared_expert: a step of more tokens than this runs the shared expert as a grouped op of its
-  // own (one expert, every token at weight 1) instead of as one more slot of the routed experts' launch; 0:
-  // always fused. The CUDA executor sets 8: its decode kernels decode an expert's weights once per 8 tokens,
-  // so the shared expert, which every token takes, is decoded m / 8 times there, where the tensor-core
-  // grouped GEMM that a one-expert op of 8+ rows takes reads it once.
-  int64_t fuse_shared_expert_max_tokens = 0;
   // DSA models: a step whose every query sees at most index_topk keys (position + 1 <= index_topk) would
   // have the indexer select all of them, so it attends densely over the visible keys and skips the indexer's
   // query side (wq_b, weights_proj, scores, top-k); the index keys are still written for later steps. Same
@@ -141,8 +135,6 @@ class Model {
   // fuse_shared_expert, one per layer (empty where the layer's shared expert runs as its own MLP): the routed
   // experts followed by the shared one, as the grouped op takes them.
   std::vector<std::vector<ops::ExpertWeights>> fused_experts_;
-  std::vector<std::vector<ops::ExpertWeights>>
-      shared_experts_;  // per layer: the shared expert alone (fused layers)
   void build_fused_experts();
 };
 

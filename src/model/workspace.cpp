@@ -48,8 +48,6 @@ Workspace Workspace::make(const io::ModelConfig& c, const WorkspaceLimits& lim, 
     if (shared_inter > 0) {  // the router's choice plus the shared expert (ModelOptions::fuse_shared_expert)
       w.topk_ids_ext = alloc({T, K + 1}, DType::I32);
       w.topk_weights_ext = alloc({T, K + 1}, DType::F32);
-      w.shared_ids = alloc({T, 1}, DType::I32);
-      w.shared_wts = alloc({T, 1}, DType::F32);
     }
     w.plain_ids = alloc({T, K}, DType::I32);
     w.local_ids = alloc({T, K}, DType::I32);
@@ -99,8 +97,6 @@ size_t Workspace::bytes() const {
                           &topk_weights,
                           &topk_ids_ext,
                           &topk_weights_ext,
-                          &shared_ids,
-                          &shared_wts,
                           &plain_ids,
                           &local_ids,
                           &last,

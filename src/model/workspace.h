@@ -43,7 +43,6 @@ struct Workspace {
   Tensor topk_ids;       // i32 [., top_k]
   Tensor topk_weights;   // f32 [., top_k]
   Tensor topk_ids_ext, topk_weights_ext;  // [., top_k + 1] with the shared expert (shared experts only)
-  Tensor shared_ids, shared_wts;          // [., 1]: the shared expert as a grouped op of its own
   Tensor plain_ids;                       // i32 [., top_k] plain routing, the expert-stats baseline
   Tensor local_ids;  // i32 [., top_k] EP: topk_ids as this rank's expert slots, -1 for other ranks' experts
   Tensor last;       // [max_logit_rows, hidden] rows that produce logits

@@ -134,9 +134,6 @@ CudaExecutor::CudaExecutor(const io::ModelConfig& mc, const model::ModelOptions&
   model::ModelWeights dw = make_weights(I);
   model::ModelOptions model_opt = mopt;
   model_opt.fuse_shared_expert = opt_.fuse_shared_expert;
-  // The decode kernels take 8 tokens of an expert per pass (moe_decode_config::kChunk): past that the
-  // shared expert, which every token takes, runs as a one-expert grouped GEMM that reads it once.
-  model_opt.fuse_shared_expert_max_tokens = 8;
   model_opt.dsa_dense_when_short = opt_.dsa_dense_when_short;
   auto m = std::make_shared<model::Model>(mc, std::move(dw), model_opt);
   m->place_tables(I.ctx, arena_alloc(I.weights));

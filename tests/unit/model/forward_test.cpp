@@ -98,18 +98,6 @@ TEST(Forward, DsaDenseWhenShortMatchesReference) {
   expect_matches_reference(k, prompt(37, 3), 8, 1e-4);  // chunks [0, 8) and [8, 16) dense, the rest sparse
 }
 
-// The shared expert fused into the routed experts' op for steps of up to 2 tokens and run as a one-expert
-// grouped op of its own past that: both routes against the reference.
-TEST(Forward, SharedExpertFusedOrAloneMatchesReference) {
-  model::ModelOptions opt;
-  opt.fuse_shared_expert = true;
-  opt.fuse_shared_expert_max_tokens = 2;
-  Case k(model::builtin_model_config(), opt);
-  ASSERT_GT(k.cfg.n_shared_experts, 0);
-  expect_matches_reference(k, prompt(21, 4), 1, 1e-4);  // one token a step: fused
-  expect_matches_reference(k, prompt(21, 5), 5, 1e-4);  // five a step: alone (the last step's one: fused)
-}
-
 TEST(Forward, DeepseekV3YarnGroupedRoutingMatchesReference) {
   Case k(deepseek_variant());
   expect_matches_reference(k, prompt(33, 4), 0, 1e-4);
