@@ -189,9 +189,13 @@ __global__ void __launch_bounds__(kThreads)
         const float v = vals[u];
         const uint32_t key = key_of(v);
         const bool take = valid && (key & prefix_mask) == prefix;
-        const uint32_t bin = take ? (key >> shift) & mask : 0xffffffffu;
-        const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-        if (take && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
+        // After pass 0 few entries match the prefix: a warp with none skips the (slow) match and the atomics.
+        if (__any_sync(0xffffffffu, take)) {
+          const uint32_t bin = take ? (key >> shift) & mask : 0xffffffffu;
+          const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+          if (take && lane == __ffs(peers) - 1)
+            atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
+        }
         if (valid) {
           if (pass == 0) {
             if (isnan(v)) {
@@ -303,10 +307,22 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = blockIdx.x;
   const LogitsTopC* __restrict__ seg = ws + r * segs;
   LogitsTopC* __restrict__ o = p.out + r;
+  // The segments' candidates as keys and ids in shared memory: the binary searches below read them about
+  // segs x log2(C) times each, a global-memory latency apiece otherwise (56 us for one row of 16 segments).
+  __shared__ uint32_t s_key[kMaxSegments][kC];
+  __shared__ int32_t s_tok[kMaxSegments][kC];
+  __shared__ int s_cnt[kMaxSegments];
   __shared__ int s_total;
+  for (int idx = threadIdx.x; idx < segs * kC; idx += kThreads) {
+    const int s = idx / kC, j = idx % kC;
+    s_key[s][j] = key_of(seg[s].logit[j]);
+    s_tok[s][j] = seg[s].token[j];
+  }
+  if (static_cast<int>(threadIdx.x) < segs) s_cnt[threadIdx.x] = seg[threadIdx.x].count;
+  __syncthreads();
   if (threadIdx.x == 0) {
     int total = 0;
-    for (int s = 0; s < segs; ++s) total += seg[s].count;
+    for (int s = 0; s < segs; ++s) total += s_cnt[s];
     s_total = total;
   }
   __syncthreads();
@@ -314,16 +330,16 @@ __global__ void __launch_bounds__(kThreads)
   // Candidate (s, j) -> its rank among every segment's candidates; only ranks below C are written.
   for (int idx = threadIdx.x; idx < segs * kC; idx += kThreads) {
     const int s = idx / kC, j = idx % kC;
-    if (j >= seg[s].count) continue;
-    const uint32_t kj = key_of(seg[s].logit[j]);
-    const int32_t ij = seg[s].token[j];
+    if (j >= s_cnt[s]) continue;
+    const uint32_t kj = s_key[s][j];
+    const int32_t ij = s_tok[s][j];
     int rank = j;  // the entries before it in its own list beat it
     for (int q = 0; q < segs && rank < kC; ++q) {
       if (q == s) continue;
-      int lo = 0, hi = seg[q].count;  // the first entry of list q that does not beat (kj, ij)
+      int lo = 0, hi = s_cnt[q];  // the first entry of list q that does not beat (kj, ij)
       while (lo < hi) {
         const int mid = (lo + hi) >> 1;
-        if (better(key_of(seg[q].logit[mid]), seg[q].token[mid], kj, ij)) {
+        if (better(s_key[q][mid], s_tok[q][mid], kj, ij)) {
           lo = mid + 1;
         } else {
           hi = mid;
@@ -386,10 +402,15 @@ void logits_topc(const LogitsTopCParams& p, cudaStream_t stream, LogitsTopC* wor
            "logits_topc: out is not {}-byte aligned", alignof(kernels::cpu::LogitsTopC));
   const DeviceCaps caps = current_device_caps();
   check_smem(caps, "logits_topc", sizeof(Shared));
-  // Segments: about two blocks per SM over the rows, each at least kMinSegment ids.
+  // Segments: as many blocks as the GPU holds at once (one wave: a second, partial wave costs as long as the
+  // first; at 64 rows on an H200 five segments a row took 153 us in two waves), each at least kMinSegment
+  // ids.
   int segs = 1;
   if (workspace != nullptr && p.rows <= workspace_rows) {
-    const int64_t want = (2 * std::max(caps.multiprocessors, 1) + p.rows - 1) / p.rows;
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, logits_topc_kernel, kThreads, 0));
+    const int64_t slots = static_cast<int64_t>(std::max(per_sm, 1)) * std::max(caps.multiprocessors, 1);
+    const int64_t want = std::max<int64_t>(slots / p.rows, 1);
     const int64_t fit = std::max<int64_t>(p.vocab / kMinSegment, 1);
     segs = static_cast<int>(std::clamp<int64_t>(std::min(want, fit), 1, kMaxSegments));
   }
