@@ -62,6 +62,17 @@ __device__ __forceinline__ bool better(uint32_t ka, int32_t ia, uint32_t kb, int
   return ka > kb || (ka == kb && ia < ib);
 }
 
+// A lane's kUnroll entries of a warp chunk, ids base0 + 32 u + lane (0 past end), all loads issued before any
+// is used.
+__device__ __forceinline__ void load_chunk(const float* __restrict__ x, int base0, int end, int lane,
+                                           float (&vals)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int i = base0 + 32 * u + lane;
+    vals[u] = i < end ? __ldg(x + i) : 0.0f;
+  }
+}
+
 // Block-wide results, returned to every thread; each starts with a barrier so its scratch is free.
 __device__ float block_max(float v, Shared& sh) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -191,11 +202,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t lane_max = 0;  // key 0 (NaN, or no entry): no bound
   for (int base0 = beg; base0 < end; base0 += 32 * kUnroll) {
     float vals[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base0 + 32 * u + lane;
-      vals[u] = i < end ? __ldg(x + i) : 0.0f;
-    }
+    load_chunk(x, base0, end, lane, vals);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (base0 + 32 * u + lane < end) {
@@ -226,11 +233,7 @@ __global__ void __launch_bounds__(kThreads)
       // All kUnroll loads of the lane issued before any is used: the loop body's warp collectives would
       // otherwise keep one load in flight per warp (a row then took ~100 us per pass).
       float vals[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = base0 + 32 * u + lane;
-        vals[u] = i < end ? __ldg(x + i) : 0.0f;
-      }
+      load_chunk(x, base0, end, lane, vals);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int base = base0 + 32 * u;
@@ -272,11 +275,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t my_ties = 0;  // warp-uniform
   for (int base0 = beg; base0 < end; base0 += 32 * kUnroll) {
     float vals[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base0 + 32 * u + lane;
-      vals[u] = i < end ? __ldg(x + i) : 0.0f;
-    }
+    load_chunk(x, base0, end, lane, vals);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = base0 + 32 * u + lane;
