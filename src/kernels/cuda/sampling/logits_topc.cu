@@ -171,6 +171,27 @@ __device__ void select_digit(Shared& sh, int bins, uint32_t k) {
   __syncthreads();
 }
 
+// Rank sort of the block's `count` gathered candidates into o (threads 0 .. C - 1): candidate j goes to the
+// slot of how many candidates beat it (a total order, so a permutation), its id offset by id0; the slots past
+// count hold token -1, logit -inf.
+__device__ __forceinline__ void rank_sort_out(const Shared& sh, int count, int id0,
+                                              kernels::cpu::LogitsTopC* __restrict__ o) {
+  if (static_cast<int>(threadIdx.x) >= kC) return;
+  const int j = threadIdx.x;
+  if (j < count) {
+    const uint32_t kj = key_of(sh.cand_logit[j]);
+    const int32_t ij = sh.cand_token[j];
+    int rank = 0;
+    for (int q = 0; q < count; ++q)
+      rank += better(key_of(sh.cand_logit[q]), sh.cand_token[q], kj, ij) ? 1 : 0;
+    o->token[rank] = ij + id0;
+    o->logit[rank] = sh.cand_logit[j];
+  } else {
+    o->token[j] = -1;
+    o->logit[j] = -INFINITY;
+  }
+}
+
 // Block b: row b / segs, ids [s * seg_len, + seg_len) of it (s = b % segs); its summary to out[b] (the row's
 // final one when segs == 1, else a segment's for logits_topc_merge_kernel).
 __global__ void __launch_bounds__(kThreads)
@@ -311,23 +332,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // Rank sort: candidate j goes to the slot of how many candidates beat it (a total order, so a permutation).
   kernels::cpu::LogitsTopC* __restrict__ o = out + blockIdx.x;
-  if (static_cast<int>(threadIdx.x) < kC) {
-    const int j = threadIdx.x;
-    if (j < count) {
-      const uint32_t kj = key_of(sh.cand_logit[j]);
-      const int32_t ij = sh.cand_token[j];
-      int rank = 0;
-      for (int q = 0; q < count; ++q)
-        rank += better(key_of(sh.cand_logit[q]), sh.cand_token[q], kj, ij) ? 1 : 0;
-      o->token[rank] = ij + id0;
-      o->logit[rank] = sh.cand_logit[j];
-    } else {
-      o->token[j] = -1;
-      o->logit[j] = -INFINITY;
-    }
-  }
+  rank_sort_out(sh, count, id0, o);
   if (threadIdx.x == 0) {
     o->sum_exp = s1;
     o->sum_exp_t = st;
@@ -425,21 +431,7 @@ __global__ void __launch_bounds__(kThreads)
     before += s_ties;
   }
   __syncthreads();
-  if (tid < kC) {
-    const int j = tid;
-    if (j < count) {
-      const uint32_t kj = key_of(sh.cand_logit[j]);
-      const int32_t ij = sh.cand_token[j];
-      int rank = 0;
-      for (int q = 0; q < count; ++q)
-        rank += better(key_of(sh.cand_logit[q]), sh.cand_token[q], kj, ij) ? 1 : 0;
-      o->token[rank] = ij;
-      o->logit[rank] = sh.cand_logit[j];
-    } else {
-      o->token[j] = -1;
-      o->logit[j] = -INFINITY;
-    }
-  }
+  rank_sort_out(sh, count, 0, o);
   if (tid == 0) {
     const float t = p.temperature[r];
     const bool greedy = t < kernels::cpu::kLogitsTopCGreedyTemperature;
