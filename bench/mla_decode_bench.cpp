@@ -159,11 +159,8 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
     }
   }
 
-  // The warpgroup-MMA kernel (sm_90a, dense fp8 pages), on the same inputs: both consumer schedules
-  // (mla_wgmma::Config::seesaw), and how far apart their outputs are (one untimed launch each; unset
-  // MOESERVE_MLA_WGMMA_SCHEDULE, which would force one schedule on both).
-  float t_wg = 0, t_wg_seesaw = 0;
-  double wg_diff = 0, wg_max = 0;
+  // The warpgroup-MMA kernel (sm_90a, dense fp8 pages), on the same inputs.
+  float t_wg = 0;
   gpu::mla_wgmma::Config wcfg;
   if (!s.topk && s.fp8) wcfg = gpu::mla_decode_wgmma_choose(p, gpu::limits_of(caps));
   if (wcfg.heads_per_block > 0) {
@@ -171,29 +168,13 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
     if (wcfg.workspace) CUDA_CHECK(cudaMalloc(&wws, wcfg.workspace));
     gpu::MlaDecodeSm90Params pw = p;
     pw.workspace = wws;
-    std::vector<float> outs[2];
-    for (bool seesaw : {false, true}) {
-      gpu::mla_wgmma::Config c = wcfg;
-      c.seesaw = seesaw;
-      (seesaw ? t_wg_seesaw : t_wg) = time_graph_ms(
-          [&](cudaStream_t st) {
-            pw.block_table = tables[which];
-            gpu::mla_decode_wgmma(c, pw, st);
-            which = (which + 1) % reps;
-          },
-          20);
-      pw.block_table = tables[0];
-      CUDA_CHECK(cudaMemset(out, 0xff, out_elems * 4));
-      gpu::mla_decode_wgmma(c, pw, nullptr);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      outs[seesaw].resize(out_elems);
-      CUDA_CHECK(cudaMemcpy(outs[seesaw].data(), out, out_elems * 4, cudaMemcpyDeviceToHost));
-    }
-    for (size_t i = 0; i < out_elems; ++i) {
-      const double a = outs[0][i], b = outs[1][i];
-      wg_diff = std::isfinite(a) && std::isfinite(b) ? std::max(wg_diff, std::abs(a - b)) : INFINITY;
-      wg_max = std::max(wg_max, std::abs(a));
-    }
+    t_wg = time_graph_ms(
+        [&](cudaStream_t st) {
+          pw.block_table = tables[which];
+          gpu::mla_decode_wgmma(wcfg, pw, st);
+          which = (which + 1) % reps;
+        },
+        20);
     cudaFree(wws);
   }
 
@@ -285,16 +266,10 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
       cfg.heads_per_block);
   if (t_wg > 0)
     std::printf(
-        "%-26s   wgmma, first schedule: %.2f us (%.0f%% of roofline, %.2fx the sm90 kernel, %.2fx the old "
-        "one), %d splits, "
+        "%-26s   wgmma: %.2f us (%.0f%% of roofline, %.2fx the sm90 kernel, %.2fx the old one), %d splits, "
         "%d heads/block\n",
         "", t_wg * 1e3, 100.0 * roof_us / (t_wg * 1e3), t / t_wg, t_old / t_wg, wcfg.max_splits,
         wcfg.heads_per_block);
-  if (t_wg_seesaw > 0)
-    std::printf(
-        "%-26s   wgmma seesaw: %.2f us (%.0f%% of roofline, %.2fx the first schedule); outputs differ by at "
-        "most %.3g (max |out| %.3g)\n",
-        "", t_wg_seesaw * 1e3, 100.0 * roof_us / (t_wg_seesaw * 1e3), t_wg / t_wg_seesaw, wg_diff, wg_max);
   if (t_alt > 0)
     std::printf("%-26s   one block per SM, %d-tile ring: %.2f us (%.0f%% of roofline)\n", "", alt_stages,
                 t_alt * 1e3, 100.0 * roof_us / (t_alt * 1e3));

@@ -56,10 +56,9 @@ struct Case {
   // The selection as the DSA indexer writes it (ascending distinct positions, -1 only at the tail) and
   // declared compact to the kernel, which then stops at each token's first positions + 1 entries.
   bool compact = false;
-  bool wgmma = false;  // run mla_decode_wgmma (sm_90a warpgroup MMA, dense fp8) instead of mla_decode_sm90
-  bool wgmma_seesaw = false;  // mla_wgmma::Config::seesaw
-  int forced_splits = 0;      // > 0: also run with max_splits = this
-  int min_tiles = 0;          // > 0: the wgmma kernel's min_tiles_per_split (splits of 1-2 tiles)
+  bool wgmma = false;     // run mla_decode_wgmma (sm_90a warpgroup MMA, dense fp8) instead of mla_decode_sm90
+  int forced_splits = 0;  // > 0: also run with max_splits = this
+  int min_tiles = 0;      // > 0: the wgmma kernel's min_tiles_per_split (splits of 1-2 tiles)
 };
 
 std::string describe(const Case& c) {
@@ -245,7 +244,6 @@ void run_case(const Case& c, uint32_t seed) {
   if (c.wgmma) {
     wcfg = gpu::mla_decode_wgmma_choose(p, gpu::limits_of(caps));
     ASSERT_GT(wcfg.heads_per_block, 0);
-    wcfg.seesaw = c.wgmma_seesaw;
     if (c.min_tiles > 0) wcfg.min_tiles_per_split = c.min_tiles;
     split_counts = {wcfg.max_splits, wcfg.max_splits > 1 ? 1 : 3};
     if (c.forced_splits > 0) split_counts.push_back(c.forced_splits);
@@ -395,12 +393,8 @@ Case wgmma_case(int heads, std::vector<int> lens, int q, int page) {
   return c;
 }
 
-// Both consumer schedules (mla_wgmma::Config::seesaw) on the same case and inputs.
-void run_wgmma(Case c, uint32_t seed) {
-  for (bool seesaw : {false, true}) {
-    c.wgmma_seesaw = seesaw;
-    run_case(c, seed);
-  }
+void run_wgmma(const Case& c, uint32_t seed) {
+  run_case(c, seed);
 }
 
 }  // namespace

@@ -1,41 +1,27 @@
 // Warpgroup-MMA MLA decode (see mla_decode_wgmma.h): split pass and log-sum-exp combine pass.
 //
 // Split pass, one block = (split, head group, sequence), 384 threads: warp 8 is the producer (warps 9-11
-// only lend it its warpgroup for setmaxnreg), warps 0-7 are two consumer warpgroups (WG 0, WG 1).
-// Rows r = j * hb + local head (query token j), padded to 64.
-//   producer: per tile of 64 keys, waits for the ring stage to be free (mbarrier `empty`), then bulk-copies
-//     the tile's raw fp8 rows (one copy of the whole tile when pages hold a multiple of 64 tokens, else one
-//     576-byte copy per row, page looked up per key) into the stage, completing on mbarrier `full` with the
-//     byte count of the rows that exist. Rows past the sequence are not copied.
-//   consumers, per tile:
-//     1. widen the raw tile to f16 (exact: e4m3 is a subset of f16, one cvt per pair) into the swizzled
-//        K-major tile K[64 keys][576]; rows past the sequence are written as zeros, so NaN bytes of page
-//        tails or stale ring rows never reach the math; release the stage.
-//     2. S = Q K^T, computed once and split over the keys: WG w computes S[64 rows, keys 32w..32w+31] over
-//        the whole 576-long k range (36 x wgmma m64n32k16, Q and K from shared memory).
-//        Why split over keys, and not over k with both partial sums exchanged or S computed twice: S twice
-//        would add 53% to the block's MMA work (QK is 576 of the 1088 FLOP per row and key), and a k split
-//        needs a 2 x 16 KB f32 exchange that does not fit next to Q, K and a two-stage ring (227 KB). Split
-//        over keys, the exchange is the row maxima (2 x 64 f32) and P itself as f16 (8 KB), which the P V
-//        product needs in registers anyway.
-//     3. online softmax in registers: scores pre-scaled by softmax_scale * kv_scale * log2 e, masked by the
-//        row's position (causal for several query tokens) and by the tile's valid rows; row maxima over the
-//        32 own keys, exchanged through shared memory so both warpgroups hold the same running maximum;
-//        P = exp2(s - m) packed to f16 straight into the A fragment of the P V product; each warpgroup
-//        keeps its own partial row sums (summed across warpgroups once at the end).
-//     4. O[64, 256 w .. 256 w + 255] = corr * O + P V: 4 x wgmma m64n256k16 with P from registers (own
-//        32 keys from this warpgroup's registers, the other 32 read from the exchange) and V = the first 512
-//        columns of the same widened tile, read as an MN-major B operand (keys x dims, dims contiguous).
-//        O is 64 x 256 f32 per warpgroup = 128 registers a thread.
-//   Named barrier 1 (the 256 consumer threads) orders, per tile: the widening after the previous tile's
-//   MMAs, the MMAs after the widening, the P exchange after the maxima exchange.
+// only lend it its warpgroup for setmaxnreg), warps 0-7 are two consumer warpgroups (WG 0, WG 1) that take
+// alternate 64-key tiles of the split, each in a tile buffer of its own (the seesaw schedule, described at
+// mla_wgmma_split_seesaw). Rows r = j * hb + local head (query token j), padded to 64.
+//   producer: per tile of 64 keys, waits until the owner warpgroup's buffer region is free, then
+//     bulk-copies the tile's raw fp8 rows (one copy of the whole tile when pages hold a multiple of 64
+//     tokens, else one 576-byte copy per row, page looked up per key) into it, completing on the buffer's
+//     mbarrier `full` with the byte count of the rows that exist. Rows past the sequence are not copied.
+//   consumers, per tile: widen the raw tile to f16 in place (exact: e4m3 is a subset of f16; rows past the
+//     sequence are written as zeros, so NaN bytes of page tails or stale rows never reach the math); S = Q
+//     K^T over the whole tile (wgmma m64n64k16, Q and K from shared memory); online softmax in registers
+//     (scores pre-scaled by softmax_scale * kv_scale * log2 e, masked by the row's position and the tile's
+//     valid rows), P = exp2(s - m) packed to f16 straight into A fragments; the row maxima and P exchanged
+//     between the warpgroups so that both hold the same running maximum; each warpgroup accumulates its 256
+//     output columns of O = corr * O + P V over both warpgroups' tiles (4 x wgmma m64n256k16, P from
+//     registers, V the first 512 columns of the widened tiles as an MN-major B operand). O is 64 x 256 f32
+//     per warpgroup = 128 registers a thread.
 // Every mbarrier wait is bounded (mla_wgmma.cuh mbar_wait): one that has not completed after about 4 s
-// records the block, thread, barrier (full[s] = s, empty[s] = kStages + s) and parity in mapped host memory
-// and traps; mla_decode_wgmma_hang_report() (and stderr at exit) names it.
-// The pipeline overlaps only the loads with the math (the widened tile is single-buffered: no room for a
-// second one), which the measured roofline fraction will tell.
-// The above is the first consumer schedule (Config::seesaw = false); the seesaw schedule
-// (mla_wgmma_split_seesaw below) gives each consumer warpgroup alternate tiles in a buffer of its own.
+// records the block, thread, barrier and parity in mapped host memory and traps;
+// mla_decode_wgmma_hang_report() (and stderr at exit) names it.
+// (A first schedule, with both warpgroups widening every tile and S split over the keys by m64n32k16, was
+// 1.07-1.17x slower on an H200 with identical outputs and is gone; docs/PERFORMANCE.md has the figures.)
 #include "kernels/cuda/mla_decode/mla_decode_wgmma.h"
 
 #include <cuda_bf16.h>
@@ -65,11 +51,10 @@ MbarHang* host_hang = nullptr;  // the host view of hang_record(), once allocate
 
 [[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
 [[maybe_unused]] constexpr uint32_t kBlockBytes = 64 * 128;  // one swizzled block: 64 lines x 64 f16
-[[maybe_unused]] constexpr int kChunks16 = kDim / 16;        // 16-byte pieces of a raw fp8 row
-// The seesaw schedule's named barriers (1 is the consumers' 256-thread barrier of both schedules): WG 0's
+// The named barriers (1 is the consumers' 256-thread barrier): WG 0's
 // maxima and P published (WG 0 arrives, WG 1 waits), WG 1's (the reverse), and one per warpgroup (128).
 constexpr int kSeesawBarPub0 = 2, kSeesawBarPub1 = 3, kSeesawBarWg = 4;
-// Its mbarriers in hang records: full[w] = 8 + w, land_free[w] = 10 + w, other_free[w] = 12 + w.
+// The mbarriers in hang records: full[w] = 8 + w, land_free[w] = 10 + w, other_free[w] = 12 + w.
 constexpr uint32_t kSeesawBarBase = 8;
 // Its key tile buffers (see mla_decode_wgmma_split_seesaw): the owner region, 8 groups of 8 keys x 5 atoms
 // (rope, then the owner's four 64-column blocks), then the other region's four dense 64-column blocks.
@@ -128,7 +113,7 @@ __device__ __forceinline__ uint4 load_q8(const MlaDecodeSm90Params& p, int64_t o
 #endif
 
 #if MS_MLA_WGMMA_ENABLED
-// The end of both schedules: row sums over the quad and over the two warpgroups (through `scratch`, [2][64]
+// The end of the split pass: row sums over the quad and over the two warpgroups (through `scratch`, [2][64]
 // f32, free once named barrier 1 has been passed), then this warpgroup's 256 output columns of rows row0 and
 // row0 + 8, to the output (one split) or to the split's partial row and log-sum-exp.
 __device__ __forceinline__ void write_rows(const MlaDecodeSm90Params& p, int hb, int hg, int u, int split,
@@ -191,251 +176,6 @@ __device__ __forceinline__ void write_rows(const MlaDecodeSm90Params& p, int hb,
   }
 }
 #endif
-
-__global__ void __launch_bounds__(kThreads, 1)
-    mla_wgmma_split(MlaDecodeSm90Params p, int hb, int max_splits, int min_tiles, float* __restrict__ part,
-                    float* __restrict__ lse, MbarHang* __restrict__ hang) {
-  dev::grid_dep_enter();
-#if MS_MLA_WGMMA_ENABLED
-  extern __shared__ uint4 smem_dyn[];
-  unsigned char* sm =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_dyn) + 1023) / 1024 * 1024);
-  unsigned char* q_s = sm;                                      // [9 blocks][64 rows][64] f16, swizzled
-  unsigned char* k_s = sm + kOffK;                              // [9 blocks][64 keys][64] f16, swizzled
-  unsigned char* raw = sm + kOffRaw;                            // [kStages][64][576] fp8
-  uint32_t* px = reinterpret_cast<uint32_t*>(sm + kOffPx);      // [2][128][8] f16x2
-  float* rowmax_s = reinterpret_cast<float*>(sm + kOffRowMax);  // [2][64]
-  int* rowpos_s = reinterpret_cast<int*>(sm + kOffRowPos);      // [64]
-  uint64_t* full = reinterpret_cast<uint64_t*>(sm + kOffBars);  // [kStages]
-  uint64_t* empty = full + kStages;                             // [kStages]
-  int* red = reinterpret_cast<int*>(sm + kOffRed);              // [16]
-
-  const int split = blockIdx.x, hg = blockIdx.y, u = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
-  const int keys = unit_keys(p, u);
-  const int nsplit = unit_splits(keys, tps);
-  if (split >= nsplit) return;
-  const int total_tiles = (keys + kTileKeys - 1) / kTileKeys;
-  const int tile_begin = split * tps;
-  const int ntiles = max(0, min(total_tiles, tile_begin + tps) - tile_begin);
-  const int qu = p.q_per_seq;
-  const int32_t* table = p.block_table + static_cast<int64_t>(u) * p.block_table_stride;
-
-  auto row_token = [&](int r, int& token, int& head) {
-    head = hg * hb + r % hb;
-    token = u * qu + r / hb;
-    return r < hb * qu && head < p.heads;
-  };
-  if (tid < kRows) {
-    int token, head;
-    rowpos_s[tid] = row_token(tid, token, head) ? p.positions[token] : -1;
-  }
-  for (int i = tid; i < kRows * (kDim / 8); i += kThreads) {
-    const int r = i / (kDim / 8), c8 = i % (kDim / 8);
-    int token, head;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row_token(r, token, head))
-      v = load_q8(p, token * p.q_token_stride + static_cast<int64_t>(head) * kDim + c8 * 8);
-    *reinterpret_cast<uint4*>(q_s + (c8 / 8) * kBlockBytes + swizzle128_offset(r, (c8 % 8) * 8)) = v;
-  }
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, 8);  // one arrival per consumer warp
-    }
-    mbar_init_fence();
-  }
-  fence_proxy_async();  // Q's stores, for the wgmma reads
-  __syncthreads();
-
-  const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
-  if (warp >= 8) {  // the producer warpgroup: warp 8 copies, warps 9-11 only give their registers up
-    regs_dealloc<kProducerRegs>();
-    if (warp > 8) return;
-    const bool whole_tiles = p.page_size % kTileKeys == 0;
-    for (int T = 0; T < ntiles; ++T) {
-      const int s = T % kStages;
-      if (T >= kStages) mbar_wait(empty + s, ((T / kStages) - 1) & 1, kStages + s, hang);
-      const int k0 = (tile_begin + T) * kTileKeys;
-      const int valid = min(kTileKeys, keys - k0);
-      unsigned char* dst = raw + s * kRawBytes;
-      if (lane == 0) mbar_arrive_expect_tx(full + s, static_cast<uint32_t>(valid * kDim));
-      __syncwarp();
-      if (whole_tiles) {
-        if (lane == 0) {
-          const int page = min(max(__ldg(table + k0 / p.page_size), 0), p.num_pages - 1);
-          const int64_t row = static_cast<int64_t>(page) * p.page_size + k0 % p.page_size;
-          bulk_copy_g2s(dst, kv + row * kDim, static_cast<uint32_t>(valid * kDim), full + s);
-        }
-      } else {
-        for (int r = lane; r < valid; r += 32) {
-          const int pos = k0 + r;
-          const int page = min(max(__ldg(table + pos / p.page_size), 0), p.num_pages - 1);
-          const int64_t row = static_cast<int64_t>(page) * p.page_size + pos % p.page_size;
-          bulk_copy_g2s(dst + r * kDim, kv + row * kDim, kDim, full + s);
-        }
-      }
-    }
-    return;
-  }
-
-  // Consumers.
-  regs_alloc<kConsumerRegs>();
-  const int wg = tid >> 7, ltid = tid & 127, g = lane >> 2, t = lane & 3;
-  const int row0 = 16 * (warp & 3) + g, row1 = row0 + 8;
-  const int rp0 = rowpos_s[row0], rp1 = rowpos_s[row1];
-  const float score_scale = p.softmax_scale * p.kv_scale * kLog2e;
-  const uint64_t q_desc = desc_sw128(q_s, 16, 1024);
-  const uint64_t k_desc = desc_sw128(k_s + wg * 32 * 128, 16, 1024);  // keys 32 wg.. of every block
-  const uint64_t v_desc = desc_sw128(k_s + wg * 4 * kBlockBytes, kBlockBytes, 1024);  // dims 256 wg..
-
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_run0 = -INFINITY, m_run1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-
-  for (int i = 0; i < ntiles; ++i) {
-    const int s = i % kStages;
-    const int k0 = (tile_begin + i) * kTileKeys;
-    const int valid = min(kTileKeys, keys - k0);
-    mbar_wait(full + s, (i / kStages) & 1, s, hang);
-    named_barrier(1, 256);  // both warpgroups' MMAs of the previous tile are done with k_s
-
-    // 1. Widen: piece c = 16 fp8 of row c / 36 -> two swizzled 16-byte chunks.
-    const uint4* src = reinterpret_cast<const uint4*>(raw + s * kRawBytes);
-    for (int c = tid; c < kTileKeys * kChunks16; c += 256) {
-      const int r = c / kChunks16, pc = c % kChunks16;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (r < valid) {
-        const uint4 v = src[c];
-        lo = make_uint4(tc::fp8x2_to_f16x2(v.x), tc::fp8x2_to_f16x2(v.x >> 16), tc::fp8x2_to_f16x2(v.y),
-                        tc::fp8x2_to_f16x2(v.y >> 16));
-        hi = make_uint4(tc::fp8x2_to_f16x2(v.z), tc::fp8x2_to_f16x2(v.z >> 16), tc::fp8x2_to_f16x2(v.w),
-                        tc::fp8x2_to_f16x2(v.w >> 16));
-      }
-      unsigned char* blk = k_s + (pc / 4) * kBlockBytes;
-      const int e0 = (pc % 4) * 16;
-      *reinterpret_cast<uint4*>(blk + swizzle128_offset(r, e0)) = lo;
-      *reinterpret_cast<uint4*>(blk + swizzle128_offset(r, e0 + 8)) = hi;
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + s);
-    fence_proxy_async();
-    named_barrier(1, 256);
-
-    // 2. S[64, 32 own keys] over k = 0..575.
-    float sacc[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) sacc[j] = 0.f;
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kDim / 16; ++ks) {
-      const uint64_t off = ((ks / 4) * kBlockBytes + (ks % 4) * 32) >> 4;
-      wgmma_ss_m64n32k16_f16<0>(sacc, q_desc + off, k_desc + off, ks > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int j = 0; j < 16; ++j) fence_operand(sacc[j]);
-
-    // 3. Softmax. sacc[4 j + e] = S[row0][32 wg + 8 j + 2 t + e], sacc[4 j + 2 + e] = S[row1][same key].
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = 32 * wg + 8 * j + 2 * t + e;
-        const bool in = key < valid;
-        const float a = in && k0 + key <= rp0 ? sacc[4 * j + e] * score_scale : -INFINITY;
-        const float b = in && k0 + key <= rp1 ? sacc[4 * j + 2 + e] * score_scale : -INFINITY;
-        sacc[4 * j + e] = a;
-        sacc[4 * j + 2 + e] = b;
-        mx0 = fmaxf(mx0, a);
-        mx1 = fmaxf(mx1, b);
-      }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    if (t == 0) {
-      rowmax_s[wg * kRows + row0] = mx0;
-      rowmax_s[wg * kRows + row1] = mx1;
-    }
-    named_barrier(1, 256);
-    mx0 = fmaxf(mx0, rowmax_s[(1 - wg) * kRows + row0]);
-    mx1 = fmaxf(mx1, rowmax_s[(1 - wg) * kRows + row1]);
-    const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
-    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;  // no key yet: p = 0
-    const float corr0 = exp2f(m_run0 - mu0), corr1 = exp2f(m_run1 - mu1);
-    m_run0 = mn0;
-    m_run1 = mn1;
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sacc[4 * j + e] = exp2f(sacc[4 * j + e] - mu0);
-        sacc[4 * j + 2 + e] = exp2f(sacc[4 * j + 2 + e] - mu1);
-        sum0 += sacc[4 * j + e];
-        sum1 += sacc[4 * j + 2 + e];
-      }
-    l0 = l0 * corr0 + sum0;
-    l1 = l1 * corr1 + sum1;
-    // A fragments of the two k steps over the own keys: step kl covers own key columns 16 kl..16 kl + 15.
-    uint32_t own[2][4], oth[2][4];
-#pragma unroll
-    for (int kl = 0; kl < 2; ++kl) {
-      const int j0 = 2 * kl, j1 = 2 * kl + 1;
-      own[kl][0] = tc::pack_f16_sat(sacc[4 * j0], sacc[4 * j0 + 1]);
-      own[kl][1] = tc::pack_f16_sat(sacc[4 * j0 + 2], sacc[4 * j0 + 3]);
-      own[kl][2] = tc::pack_f16_sat(sacc[4 * j1], sacc[4 * j1 + 1]);
-      own[kl][3] = tc::pack_f16_sat(sacc[4 * j1 + 2], sacc[4 * j1 + 3]);
-    }
-    uint4* mine = reinterpret_cast<uint4*>(px + (wg * 128 + ltid) * 8);
-    mine[0] = make_uint4(own[0][0], own[0][1], own[0][2], own[0][3]);
-    mine[1] = make_uint4(own[1][0], own[1][1], own[1][2], own[1][3]);
-    named_barrier(1, 256);
-    const uint4* theirs = reinterpret_cast<const uint4*>(px + ((1 - wg) * 128 + ltid) * 8);
-    const uint4 t0 = theirs[0], t1 = theirs[1];
-    oth[0][0] = t0.x;
-    oth[0][1] = t0.y;
-    oth[0][2] = t0.z;
-    oth[0][3] = t0.w;
-    oth[1][0] = t1.x;
-    oth[1][1] = t1.y;
-    oth[1][2] = t1.z;
-    oth[1][3] = t1.w;
-
-    // 4. O = corr * O + P V over the tile's 64 keys (k steps 0-1: WG 0's keys, 2-3: WG 1's).
-#pragma unroll
-    for (int j = 0; j < 128; ++j) o[j] *= (j & 2) ? corr1 : corr0;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const bool mine_step = (kk >> 1) == wg;
-      uint32_t a[4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x) a[x] = mine_step ? own[kk & 1][x] : oth[kk & 1][x];
-      wgmma_rs_m64n256k16_f16<1>(o, a, v_desc + ((kk * 2 * 1024) >> 4), 1);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int j = 0; j < 128; ++j) fence_operand(o[j]);
-  }
-
-  write_rows(p, hb, hg, u, split, nsplit, max_splits, wg, o, l0, l1, m_run0, m_run1, rowmax_s, part, lse);
-#else
-  (void)p;
-  (void)hb;
-  (void)max_splits;
-  (void)min_tiles;
-  (void)part;
-  (void)lse;
-  (void)hang;
-#endif
-}
 
 #if MS_MLA_WGMMA_ENABLED
 // 2^(from - to) for running maxima from <= to; 1 while the row has seen no key (to = -inf: O and l are 0).
@@ -531,9 +271,9 @@ __device__ __forceinline__ void pv_tile(float (&o)[128], const uint32_t (&a)[4][
 }
 #endif
 
-// The seesaw schedule (Config::seesaw). Same block, rows, producer warp and split plan as the first schedule;
-// the consumer warpgroups take alternate tiles of the split (WG w: local tiles 2 n + w, round n), each tile
-// in its own buffer B_w, so that one warpgroup's softmax and widening run while the other's MMAs do.
+// The seesaw schedule: the consumer warpgroups take alternate tiles of the split (WG w: local tiles 2 n + w,
+// round n), each tile in its own buffer B_w, so that one warpgroup's softmax and widening run while the
+// other's MMAs do.
 //   Buffer (73,728 bytes, 128-byte swizzle, 1,024-byte atoms of 8 key lines x 64 columns): the owner
 //   region (bytes 0..40,959: 8 groups of 8 keys, each 5 atoms: rope columns 512-575, then the owner's 256
 //   output columns 256 w..) and the other region (40,960..: four dense blocks of 64 keys x 64 columns, the
@@ -552,8 +292,7 @@ __device__ __forceinline__ void pv_tile(float (&o)[128], const uint32_t (&a)[4][
 //   Both warpgroups thus hold the same m after each round; their row sums (WG 0 of the even tiles, WG 1 of
 //   the odd ones, both relative to m) are added at the end. A round without an odd tile (odd tile count):
 //   WG 1 has no S, P1 = 0, and nobody multiplies B1's stale contents.
-// Shared-memory reads per 64-key tile: Q 72 KB once (N = 64), K 72 KB, V 64 KB (each half once) against the
-// first schedule's Q twice (N = 32).
+// Shared-memory reads per 64-key tile: Q 72 KB once (N = 64), K 72 KB, V 64 KB (each half once).
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_split_seesaw(MlaDecodeSm90Params p, int hb, int max_splits, int min_tiles,
                            float* __restrict__ part, float* __restrict__ lse, MbarHang* __restrict__ hang) {
@@ -921,35 +660,18 @@ MbarHang* hang_record() {
   return rec;
 }
 
-// Registers each split kernel is launched with, against the setmaxnreg budgets (read once a kernel).
-void check_registers(bool seesaw) {
-  static const int regs[2] = {[] {
-                                cudaFuncAttributes a{};
-                                CUDA_CHECK(cudaFuncGetAttributes(&a, mla_wgmma_split));
-                                return a.numRegs;
-                              }(),
-                              [] {
-                                cudaFuncAttributes a{};
-                                CUDA_CHECK(cudaFuncGetAttributes(&a, mla_wgmma_split_seesaw));
-                                return a.numRegs;
-                              }()};
-  const int r = regs[seesaw ? 1 : 0];
-  MS_CHECK(r * kThreads >= 2 * 128 * kConsumerRegs + 128 * kProducerRegs,
-           "mla_decode_wgmma: the {} split kernel was built with {} registers a thread, {} x {} do not cover "
-           "the setmaxnreg budgets (2 x 128 x {} + 128 x {})",
-           seesaw ? "seesaw" : "first", r, r, kThreads, kConsumerRegs, kProducerRegs);
-}
-
-// MOESERVE_MLA_WGMMA_SCHEDULE=first or =seesaw runs that consumer schedule whatever the config asks (A/B
-// timing of a whole run); unset or anything else: the config's choice.
-int schedule_by_env() {
-  static const int v = [] {
-    const char* e = std::getenv("MOESERVE_MLA_WGMMA_SCHEDULE");
-    if (e == nullptr) return -1;
-    const std::string s(e);
-    return s == "first" ? 0 : s == "seesaw" ? 1 : -1;
+// Registers the split kernel is launched with, against the setmaxnreg budgets (read once).
+void check_registers() {
+  static const int r = [] {
+    cudaFuncAttributes a{};
+    CUDA_CHECK(cudaFuncGetAttributes(&a, mla_wgmma_split_seesaw));
+    return a.numRegs;
   }();
-  return v;
+  MS_CHECK(
+      r * kThreads >= 2 * 128 * kConsumerRegs + 128 * kProducerRegs,
+      "mla_decode_wgmma: the split kernel was built with {} registers a thread, {} x {} do not cover the "
+      "setmaxnreg budgets (2 x 128 x {} + 128 x {})",
+      r, r, kThreads, kConsumerRegs, kProducerRegs);
 }
 
 void check_params(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p) {
@@ -995,12 +717,8 @@ std::string mla_decode_wgmma_hang_report() {
   const volatile MbarHang* r = host_hang;
   if (r->seen == 0) return {};
   const uint32_t b = r->barrier;
-  const char* name = b < static_cast<uint32_t>(kStages)       ? "full"
-                     : b < static_cast<uint32_t>(2 * kStages) ? "empty"
-                     : b < kSeesawBarBase + 2                 ? "seesaw full"
-                     : b < kSeesawBarBase + 4                 ? "seesaw land_free"
-                                                              : "seesaw other_free";
-  const uint32_t index = b < kSeesawBarBase ? b % kStages : (b - kSeesawBarBase) % 2;
+  const char* name = b < kSeesawBarBase + 2 ? "full" : b < kSeesawBarBase + 4 ? "land_free" : "other_free";
+  const uint32_t index = (b - kSeesawBarBase) % 2;
   return fmt::format(
       "mla_decode_wgmma: block ({}, {}, {}) thread {} waited {:.1f} s for mbarrier {}[{}] to complete the "
       "phase of parity {}, and trapped",
@@ -1016,23 +734,20 @@ mla_wgmma::Config mla_decode_wgmma_choose(const MlaDecodeSm90Params& p, const De
 void mla_decode_wgmma(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p, cudaStream_t stream) {
   check_params(c, p);
   check_fit(current_device_caps(), need());
-  const int forced = schedule_by_env();
-  const bool seesaw = forced >= 0 ? forced == 1 : c.seesaw;
-  check_registers(seesaw);
+  check_registers();
   {
     const std::string hung = mla_decode_wgmma_hang_report();
     MS_CHECK(hung.empty(), "{} (an earlier launch)", hung);
   }
-  auto* const split_kernel = seesaw ? mla_wgmma_split_seesaw : mla_wgmma_split;
+  auto* const split_kernel = mla_wgmma_split_seesaw;
   CUDA_CHECK(cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmemBytes)));
   const size_t n = static_cast<size_t>(c.units) * c.max_splits * c.q_per_unit * p.heads;
   float* part = static_cast<float*>(p.workspace);
   float* lse = part ? part + (n * kLatent * 4 + 255) / 256 * 64 : nullptr;
   const dim3 grid(c.max_splits, c.head_groups, c.units);
-  launch_kernel(seesaw ? "mla_decode_wgmma (seesaw)" : "mla_decode_wgmma", split_kernel, grid, kThreads,
-                kSmemBytes, stream, p, c.heads_per_block, c.max_splits, c.min_tiles_per_split, part, lse,
-                hang_record());
+  launch_kernel("mla_decode_wgmma", split_kernel, grid, kThreads, kSmemBytes, stream, p, c.heads_per_block,
+                c.max_splits, c.min_tiles_per_split, part, lse, hang_record());
   if (c.max_splits > 1)
     launch_kernel("mla_wgmma_combine", mla_wgmma_combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4,
                   0, stream, p, c.max_splits, c.min_tiles_per_split, lse, part);

@@ -17,32 +17,19 @@ constexpr int kDim = 576;      // latent 512 + rope 64
 constexpr int kLatent = 512;   // the value part and the output width
 constexpr int kRows = 64;      // query rows of one block (the M of every wgmma)
 constexpr int kTileKeys = 64;  // keys per pipeline tile (the N of S, the K of P V)
-constexpr int kStages = 2;     // raw fp8 tiles in flight
 constexpr int kThreads = 384;  // two consumer warpgroups + the producer warpgroup (one warp of it copies)
 constexpr int kMaxSplits = 128;
 
-// Shared memory (bytes, from a 1024-aligned base): Q [64][576] f16 and the widened key tile [64][576] f16,
-// both as nine 128-byte-swizzled blocks of 64 columns; the ring of raw tiles [kStages][64][576] fp8; the P
-// exchange [2 warpgroups][128 threads][8] f16x2; row maxima [2][64] f32; row positions [64]; mbarriers.
-constexpr size_t kQBytes = size_t{2} * kRows * kDim;
-constexpr size_t kKBytes = size_t{2} * kTileKeys * kDim;
-constexpr size_t kRawBytes = size_t{kTileKeys} * kDim;
-constexpr size_t kPxBytes = size_t{4} * 2 * 128 * 8;
-constexpr size_t kOffK = kQBytes;
-constexpr size_t kOffRaw = kOffK + kKBytes;
-constexpr size_t kOffPx = kOffRaw + kStages * kRawBytes;
-constexpr size_t kOffRowMax = kOffPx + kPxBytes;
-constexpr size_t kOffRowPos = kOffRowMax + size_t{4} * 2 * kRows;
-constexpr size_t kOffBars = kOffRowPos + size_t{4} * kRows;
-constexpr size_t kOffRed = kOffBars + size_t{8} * 2 * kStages;
-constexpr size_t kFirstSmemBytes = kOffRed + 64 + 1024;  // + the alignment of the dynamic base to 1024
+constexpr size_t kQBytes = size_t{2} * kRows * kDim;      // Q [64][576] f16
+constexpr size_t kKBytes = size_t{2} * kTileKeys * kDim;  // a widened key tile [64][576] f16
+constexpr size_t kRawBytes = size_t{kTileKeys} * kDim;    // a raw fp8 tile [64][576]
 
-// The seesaw schedule (Config::seesaw, mla_decode_wgmma.cu): Q [64][576] f16 and one key tile buffer a
-// consumer warpgroup (B0, B1: [64 keys][576] f16 each, swizzled, laid out as mla_decode_wgmma.cu says), the
-// raw fp8 tile landing in the first 36,864 bytes of its buffer and widened there in place (no separate ring:
-// Q + two widened tiles are 221,184 of the 232,448 bytes, a raw stage would need 36,864 more); the P
-// exchange [4 k steps][128 threads][4] f16x2;
-// the published row maxima [2][64] f32; row positions [64]; 6 mbarriers.
+// Shared memory (bytes, from a 1024-aligned base; the seesaw schedule, mla_decode_wgmma.cu): Q [64][576] f16
+// and one key tile buffer a consumer warpgroup (B0, B1: [64 keys][576] f16 each, swizzled, laid out as
+// mla_decode_wgmma.cu says), the raw fp8 tile landing in the first 36,864 bytes of its buffer and widened
+// there in place (no separate ring: Q + two widened tiles are 221,184 of the 232,448 bytes, a raw stage would
+// need 36,864 more); the P exchange [4 k steps][128 threads][4] f16x2; the published row maxima [2][64] f32;
+// row positions [64]; 6 mbarriers.
 //   Q 73,728 + B0 73,728 + B1 73,728 + P 8,192 + maxima 512 + positions 256 + barriers 48 + reduction 64
 //   = 230,256, + 1,024 to align the base = 231,280 <= 232,448.
 constexpr size_t kSwOffB0 = kQBytes;
@@ -56,8 +43,8 @@ constexpr size_t kSwOffRed = kSwOffBars + size_t{8} * 6;
 constexpr size_t kSeesawSmemBytes = kSwOffRed + 64 + 1024;
 static_assert(kRawBytes <= 5 * size_t{64} * 128, "the raw tile lands in the first 5 blocks of its buffer");
 
-// The block's dynamic shared memory: the larger of the two schedules' needs (one attribute for both).
-constexpr size_t kSmemBytes = kFirstSmemBytes > kSeesawSmemBytes ? kFirstSmemBytes : kSeesawSmemBytes;
+// The block's dynamic shared memory.
+constexpr size_t kSmemBytes = kSeesawSmemBytes;
 
 struct Config {
   int q_per_unit = 1;       // query tokens per sequence
@@ -68,12 +55,6 @@ struct Config {
   // Fewest 64-key tiles in a split: a split of 64 rows writes 128 KB of f32 partial output, a tile reads
   // 36 KB of fp8 keys.
   int min_tiles_per_split = 4;
-  // The consumer schedule (mla_decode_wgmma.cu). false: the first one (both warpgroups widen each tile, S by
-  // m64n32k16 split over the keys). true: seesaw (the warpgroups take alternate tiles, each S over its whole
-  // tile by m64n64k16, P and the row maxima exchanged, each warpgroup accumulating its 256 output columns
-  // over both tiles; the default: 1.07-1.17x the first schedule on an H200 with identical outputs).
-  // MOESERVE_MLA_WGMMA_SCHEDULE=first|seesaw overrides it at launch.
-  bool seesaw = true;
   size_t smem = kSmemBytes;
   size_t workspace = 0;  // partial outputs and log-sum-exps (mla_sm90::workspace_bytes layout), bytes
 };
