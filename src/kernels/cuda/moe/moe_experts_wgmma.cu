@@ -42,19 +42,36 @@
 // flight keep the handshake deadlock-free (the producer finishes stage q - S + 2 before it waits for slot
 // q - S).
 //
+// Tensor-copy loads (MoeWgLoad::Tma, kTma; the default where the caller passes per-expert tensor maps):
+// the launcher first copies the bf16 activation rows into grouped order (xg[pos] = xb[token of pos]), so a
+// stage's A tile is 128 consecutive rows; thread 0 of the producer warpgroup alone waits on `empty`, arrives
+// on `full` with the stage's byte count (expect_tx) and issues the tensor copies (producer_tma), the other
+// 127 producer threads return. A and bf16 W boxes land in the 128-byte swizzle by the copy itself; NVFP4
+// codes and scales land raw and the consumers expand them as above (scale rows 16 bytes wide: a copy's
+// minimum). `full` then completes on one arrival plus the bytes. Why: with cp.async the same 128 threads
+// issued ~1000 copies a stage and waited on their own loads (tensor pipe 29% busy at 8192 GLM-5 tokens).
+//
+// Every mbarrier wait is bounded (wg::mbar_wait_bounded): after about 4 s it records the barrier (full[s] =
+// s, empty[s] = kEmptyTag | s), block and thread in mapped host memory and traps; the next launch and the
+// process's exit report it.
+//
 // Work items as in moe_experts_mma.cu: (expert, N tile, M tile), M tile fastest; expert e has
 // ceil(count_e / 128) M tiles; every block scans the counts into a shared prefix and maps items by binary
 // search; block b takes items b, b + grid, ... (producer and consumers walk the same list). A consumer whose
 // 64 rows are all past the item's rows skips its MMAs (still hands the stages back).
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/common/cp_async.cuh"
 #include "kernels/cuda/common/cuda_check.h"
@@ -76,7 +93,12 @@ constexpr int kRowBytes = kBK * 2;   // one bf16 tile row: 128 bytes, the swizzl
 constexpr int kRawRow = kBK / 2;     // packed NVFP4 bytes of one row per stage
 constexpr int kRawScale = kBK / 16;  // e4m3 scale bytes of one row per stage
 constexpr int kEmptyArrivals = 8;    // one per consumer warp
-constexpr int kFullArrivals = 128;   // every producer thread
+constexpr int kFullArrivals = 128;   // every producer thread (cp.async loads)
+constexpr int kTmaScaleRow = kMoeWgTmaScaleRow;
+// Tensor maps per expert (Tma loads): gate, up, down data, then gate, up, down scales (NVFP4; else unused).
+constexpr int kMapsPerExpert = 6;
+// Barrier numbers in a timeout record: full[s] = s, empty[s] = kEmptyTag | s.
+constexpr uint32_t kEmptyTag = 1u << 16;
 static_assert(kThreads == 384 && kBM == 128 && kBK == 64, "the thread mappings below assume these");
 
 struct WgParams {
@@ -93,6 +115,10 @@ struct WgParams {
   int n_out = 0;    // inter (gate_up: act columns) or hidden (down)
   int n_tiles = 0;  // gate_up: inter / (BN / 2); down: hidden / BN
   int stages = 0;   // ring depth S, kMoeWgMinStages .. kMoeWgMaxStages
+  // Tma loads: [n_experts][kMapsPerExpert] maps (moe_experts_wgmma_maps); entries of experts without rows
+  // are never read.
+  const CUtensorMap* __restrict__ wmaps;
+  wg::MbarTimeout* hang;  // where a timed-out mbarrier wait is recorded (may be null)
 };
 
 // Byte offsets inside the 1024-aligned dynamic window (moe_wgmma_smem_bytes sizes the same).
@@ -103,11 +129,12 @@ struct WgLayout {
 
 // cx: NVFP4 expanded by the consumers (3 W buffers, a raw ring of `stages`); else the bf16 ring of `stages`
 // and, for NVFP4, a raw ring of stages - 1.
-__device__ __forceinline__ WgLayout wg_layout(int bn, int stages, bool nvfp4, bool cx) {
+// tma: raw rows carry kTmaScaleRow scale bytes (consumer expansion only).
+__device__ __forceinline__ WgLayout wg_layout(int bn, int stages, bool nvfp4, bool cx, bool tma) {
   WgLayout L;
   L.a_stage = kBM * kRowBytes;
   L.w_stage = static_cast<uint32_t>(bn) * kRowBytes;
-  L.raw_stage = static_cast<uint32_t>(bn) * (kRawRow + kRawScale);
+  L.raw_stage = static_cast<uint32_t>(bn) * (kRawRow + (tma ? kTmaScaleRow : kRawScale));
   L.a = 0;
   L.w = L.a + stages * L.a_stage;
   L.raw = L.w + (cx ? kMoeWgConsumerWBufs : stages) * L.w_stage;
@@ -122,13 +149,13 @@ using dev::cp_async4;
 using dev::cp_async_commit;
 using dev::cp_async_wait_pending;
 
-// Expands row r of a raw NVFP4 stage (bn rows of 32 packed bytes, then bn rows of 4 e4m3 scales) into row r
-// of the swizzled bf16 W tile.
-template <int BN>
+// Expands row r of a raw NVFP4 stage (BN rows of 32 packed bytes, then BN rows of kScaleRow bytes whose first
+// 4 are the stage's e4m3 scales) into row r of the swizzled bf16 W tile.
+template <int BN, int kScaleRow = kRawScale>
 __device__ __forceinline__ void expand_row(const unsigned char* raw, unsigned char* wt, int r) {
   const uint4 q0 = *reinterpret_cast<const uint4*>(raw + r * kRawRow);
   const uint4 q1 = *reinterpret_cast<const uint4*>(raw + r * kRawRow + 16);
-  const uint32_t sc = *reinterpret_cast<const uint32_t*>(raw + BN * kRawRow + r * kRawScale);
+  const uint32_t sc = *reinterpret_cast<const uint32_t*>(raw + BN * kRawRow + r * kScaleRow);
   // e4m3 -> bf16 is exact; code x scale has at most 6 significant bits: exact in bf16 too.
   __nv_bfloat162 s[4];
 #pragma unroll
@@ -242,7 +269,8 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
 
     for (int kc = 0; kc < nk; ++kc) {
       const uint32_t slot = q % S;
-      if (q >= static_cast<uint32_t>(S)) wg::mbar_wait(&empty[slot], (q / S - 1) & 1u);
+      if (q >= static_cast<uint32_t>(S))
+        wg::mbar_wait_bounded(&empty[slot], (q / S - 1) & 1u, kEmptyTag | slot, p.hang);
       const uint32_t a_base = sbase + L.a + slot * L.a_stage;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -310,11 +338,76 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
   while (qf < q) finish(0);
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
+// Tma loads: thread 0 alone issues every copy (the other producer threads return at once). Stage q, slot
+// q % S: wait empty[slot] (phase q / S - 1) unless q < S; arrive on full[slot] announcing the stage's bytes;
+// tensor copies that complete on full[slot]:
+//   A:     tmap_a box {64 k, 128 rows} at (64 kc, pos0), 128-byte swizzle              16384 bytes
+//   BF16:  two boxes {64 k, BN/2 rows} (the W tile's halves), 128-byte swizzle          2 x 64 BN bytes
+//   NVFP4: two code boxes {32 bytes, BN/2 rows} at (32 kc, row), raw rows 0 .. BN - 1  2 x 16 BN bytes
+//          two scale boxes {16 bytes, BN/2 rows} at (4 kc, row) after the codes        2 x 8 BN bytes
+// = the expect_tx count kStageBytes below (boxes past a tensor's end are zero-filled and still counted).
+template <int BN, MoeMmaFormat F, bool kGateUp>
+__device__ __forceinline__ void producer_tma(const WgParams& p, const CUtensorMap* tmap_a, const WgLayout& L,
+                                             uint32_t sbase, uint64_t* full, uint64_t* empty, const int* s_mt,
+                                             int total_items) {
+  if (threadIdx.x != 0) return;
+  constexpr bool kNv = F == MoeMmaFormat::NVFP4;
+  constexpr uint32_t kWBytes = kNv ? BN * (kRawRow + kTmaScaleRow) : BN * kRowBytes;
+  constexpr uint32_t kStageBytes = kBM * kRowBytes + kWBytes;
+  static_assert(kBM * kRowBytes == 128 * 64 * 2 && kRawRow == 32 && kRawScale == 4, "box sizes above");
+  const int S = p.stages;
+  const int nk = p.k / kBK;
+  uint32_t q = 0;
+  int last_e = -1;
+  const CUtensorMap *d0 = nullptr, *d1 = nullptr, *s0 = nullptr, *s1 = nullptr;
+  for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
+    const Item it = decode_item(item, s_mt, p);
+    if (it.e != last_e) {
+      const CUtensorMap* em = p.wmaps + static_cast<int64_t>(it.e) * kMapsPerExpert;
+      d0 = kGateUp ? em : em + 2;
+      d1 = kGateUp ? em + 1 : em + 2;
+      s0 = kGateUp ? em + 3 : em + 5;
+      s1 = kGateUp ? em + 4 : em + 5;
+      wg::tmap_acquire(d0);
+      wg::tmap_acquire(d1);
+      if constexpr (kNv) {
+        wg::tmap_acquire(s0);
+        wg::tmap_acquire(s1);
+      }
+      last_e = it.e;
+    }
+    // Weight rows of the W tile's two halves: gate_up gate / up rows nt * BN/2 ..; down rows nt * BN and
+    // nt * BN + BN/2.
+    const int r0 = kGateUp ? it.nt * (BN / 2) : it.nt * BN;
+    const int r1 = kGateUp ? r0 : r0 + BN / 2;
+    for (int kc = 0; kc < nk; ++kc) {
+      const uint32_t slot = q % S;
+      if (q >= static_cast<uint32_t>(S))
+        wg::mbar_wait_bounded(&empty[slot], (q / S - 1) & 1u, kEmptyTag | slot, p.hang);
+      wg::mbar_arrive_expect_tx(&full[slot], kStageBytes);
+      wg::tma_load_2d(sbase + L.a + slot * L.a_stage, tmap_a, kc * kBK, it.pos0, &full[slot]);
+      if constexpr (!kNv) {
+        const uint32_t w = sbase + L.w + slot * L.w_stage;
+        wg::tma_load_2d(w, d0, kc * kBK, r0, &full[slot]);
+        wg::tma_load_2d(w + (BN / 2) * kRowBytes, d1, kc * kBK, r1, &full[slot]);
+      } else {
+        const uint32_t raw = sbase + L.raw + slot * L.raw_stage;
+        wg::tma_load_2d(raw, d0, kc * kRawRow, r0, &full[slot]);
+        wg::tma_load_2d(raw + (BN / 2) * kRawRow, d1, kc * kRawRow, r1, &full[slot]);
+        wg::tma_load_2d(raw + BN * kRawRow, s0, kc * kRawScale, r0, &full[slot]);
+        wg::tma_load_2d(raw + BN * kRawRow + (BN / 2) * kTmaScaleRow, s1, kc * kRawScale, r1, &full[slot]);
+      }
+      ++q;
+    }
+  }
+}
+
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma>
 __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, uint32_t sbase,
                                          unsigned char* smem, uint64_t* full, uint64_t* empty,
                                          const int* s_mt, int total_items, int cw) {
   static_assert(!kCx || F == MoeMmaFormat::NVFP4, "consumer expansion is an NVFP4 layout");
+  static_assert(!kTma || kCx || F == MoeMmaFormat::BF16, "Tma loads expand NVFP4 in the consumers");
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, t4 = lane & 3;
   const int S = p.stages;
@@ -329,13 +422,15 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
     const bool active = wg::warp_uniform(cw * 64 < it.rows ? 1 : 0) != 0;  // warpgroup-uniform
     for (int kc = 0; kc < nk; ++kc) {
       const uint32_t slot = q % S;
-      wg::mbar_wait(&full[slot], (q / S) & 1u);
+      wg::mbar_wait_bounded(&full[slot], (q / S) & 1u, slot, p.hang);
       // The W tile of this stage: the ring slot, or (consumer expansion) buffer q % 3, free since both
       // warpgroups passed the barrier of stage q - 1 after waiting for their MMAs of stage q - 3.
       const uint32_t wbuf = kCx ? q % kMoeWgConsumerWBufs : slot;
       if constexpr (kCx) {
         const int ct = threadIdx.x - 128;  // 0 .. 255: row ct of the tile (bn 128: the first warpgroup)
-        if (ct < BN) expand_row<BN>(smem + L.raw + slot * L.raw_stage, smem + L.w + wbuf * L.w_stage, ct);
+        if (ct < BN)
+          expand_row<BN, kTma ? kTmaScaleRow : kRawScale>(smem + L.raw + slot * L.raw_stage,
+                                                          smem + L.w + wbuf * L.w_stage, ct);
         wg::fence_proxy_async();
         consumers_sync();
       }
@@ -391,15 +486,18 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
   }
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
-__global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p) {
+// tmap_a (Tma loads): the A rows [rows, k] bf16 in grouped order, box {64, 128}, 128-byte swizzle; unused
+// otherwise.
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_wgmma_kernel(const WgParams p, const __grid_constant__ CUtensorMap tmap_a) {
 #if MS_WGMMA_SM90A
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   const uint32_t dyn = wg::smem_u32(smem_dyn);
   const uint32_t pad = ((dyn + 1023u) & ~1023u) - dyn;  // the 128-byte swizzle wants 1024-aligned tiles
   unsigned char* smem = smem_dyn + pad;
   const uint32_t sbase = dyn + pad;
-  const WgLayout L = wg_layout(BN, p.stages, F == MoeMmaFormat::NVFP4, kCx);
+  const WgLayout L = wg_layout(BN, p.stages, F == MoeMmaFormat::NVFP4, kCx, kTma);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* empty = full + p.stages;
   int* s_mt = reinterpret_cast<int*>(smem + L.table);  // [n_experts + 1]
@@ -408,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
 
   if (tid == 0) {
     for (int s = 0; s < p.stages; ++s) {
-      wg::mbar_init(&full[s], kFullArrivals);
+      wg::mbar_init(&full[s], kTma ? 1 : kFullArrivals);
       wg::mbar_init(&empty[s], kEmptyArrivals);
     }
     wg::mbar_init_fence();
@@ -421,13 +519,38 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
 
   const int wgi = wg::warp_uniform(tid / 128);
   if (wgi == 0) {
-    producer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items);
+    if constexpr (kTma) {
+      producer_tma<BN, F, kGateUp>(p, &tmap_a, L, sbase, full, empty, s_mt, total_items);
+    } else {
+      producer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items);
+    }
   } else {
-    consumer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items, wgi - 1);
+    consumer<BN, F, kGateUp, kCx, kTma>(p, L, sbase, smem, full, empty, s_mt, total_items, wgi - 1);
   }
 #else
   wg::trap_not_sm90a();
 #endif
+}
+
+// xb bf16 [m, hidden] packed -> xg bf16 [slots, hidden] packed in grouped order: xg[pos] =
+// xb[sorted_slots[pos] / top_k] for pos < offsets[n_experts] (rows past it stay unwritten: a Tma A tile that
+// reaches them feeds only rows whose results are dropped). One warp per row, 16 bytes a lane (hidden % 8 ==
+// 0).
+__global__ void __launch_bounds__(256)
+    moe_wg_group_rows_kernel(const __nv_bfloat16* __restrict__ xb, const int32_t* __restrict__ sorted_slots,
+                             const int32_t* __restrict__ offsets, int n_experts, int top_k, int hidden,
+                             __nv_bfloat16* __restrict__ xg) {
+  dev::grid_dep_enter();
+  const int64_t rows = offsets[n_experts];
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t pos = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; pos < rows;
+       pos += warps) {
+    const int64_t t = sorted_slots[pos] / top_k;
+    const uint4* src = reinterpret_cast<const uint4*>(xb + t * hidden);
+    uint4* dst = reinterpret_cast<uint4*>(xg + pos * hidden);
+    for (int c = lane; c < hidden / 8; c += 32) dst[c] = src[c];
+  }
 }
 
 MoeMmaFormat wg_format(MoeWeightFormat f) {
@@ -448,34 +571,136 @@ MoeWgExpand wg_expand() {
   return x;
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
-void launch_one(const WgParams& wp, const MoeExpertsParams& p, const DeviceCaps& caps, size_t smem,
-                cudaStream_t stream) {
-  const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx>);
+// The loads asked for: p.wgmma_load if set, else MOESERVE_MOE_WGMMA_LOAD (cpasync | tma; read once), else
+// tensor copies where the maps exist. Tma without maps is refused by the launcher.
+MoeWgLoad wg_load(const MoeExpertsParams& p) {
+  static const int env = [] {
+    const char* v = std::getenv("MOESERVE_MOE_WGMMA_LOAD");
+    if (v != nullptr && std::strcmp(v, "cpasync") == 0) return 0;
+    if (v != nullptr && std::strcmp(v, "tma") == 0) return 1;
+    return -1;
+  }();
+  const int want = p.wgmma_load >= 0 ? p.wgmma_load : env;
+  if (want == 0) return MoeWgLoad::CpAsync;
+  if (want == 1) return MoeWgLoad::Tma;
+  return p.wgmma_maps != nullptr ? MoeWgLoad::Tma : MoeWgLoad::CpAsync;
+}
+
+// The record of a timed-out mbarrier wait: host memory mapped into the device, allocated at the first launch,
+// printed to stderr at exit when a wait timed out. Null when it cannot be allocated: the wait still traps.
+wg::MbarTimeout* host_timeout = nullptr;
+
+std::string timeout_report() {
+  if (host_timeout == nullptr) return {};
+  const volatile wg::MbarTimeout* r = host_timeout;
+  if (r->seen == 0) return {};
+  const uint32_t b = r->barrier;
+  return fmt::format(
+      "moe_experts_wgmma: block ({}, {}, {}) thread {} waited {:.1f} s for mbarrier {}[{}] to complete the "
+      "phase of parity {}, and trapped",
+      r->block[0], r->block[1], r->block[2], r->thread, static_cast<double>(wg::kMbarTimeoutNs) * 1e-9,
+      (b & kEmptyTag) != 0 ? "empty" : "full", b & (kEmptyTag - 1), r->parity);
+}
+
+wg::MbarTimeout* timeout_record() {
+  static wg::MbarTimeout* const rec = [] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // allocating is not captured work
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    void* h = nullptr;
+    void* d = nullptr;
+    if (cudaHostAlloc(&h, sizeof(wg::MbarTimeout), cudaHostAllocMapped | cudaHostAllocPortable) !=
+            cudaSuccess ||
+        cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
+      cudaGetLastError();
+      d = nullptr;
+    } else {
+      std::memset(h, 0, sizeof(wg::MbarTimeout));
+      host_timeout = static_cast<wg::MbarTimeout*>(h);
+      std::atexit([] {
+        const std::string msg = timeout_report();
+        if (!msg.empty()) std::fprintf(stderr, "%s\n", msg.c_str());
+      });
+    }
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return static_cast<wg::MbarTimeout*>(d);
+  }();
+  return rec;
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against the driver library).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 2D map over [rows, cols] elements of `dtype` (row stride row_bytes) with box {box_cols, box_rows}.
+CUtensorMap encode_2d(const char* what, const void* base, CUtensorMapDataType dtype, uint64_t cols,
+                      uint64_t rows, uint64_t row_bytes, uint32_t box_cols, uint32_t box_rows,
+                      CUtensorMapSwizzle swizzle) {
+  const auto fn = encode_fn();
+  MS_CHECK(fn != nullptr, "moe_experts_wgmma: cuTensorMapEncodeTiled is not available from the driver");
+  MS_CHECK(
+      base != nullptr && reinterpret_cast<uintptr_t>(base) % 16 == 0 && row_bytes % 16 == 0,
+      "moe_experts_wgmma: {} tensor map: base {} must be 16-byte aligned and row bytes {} a multiple of 16",
+      what, base, row_bytes);
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r =
+      fn(&m, dtype, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+         swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MS_CHECK(r == CUDA_SUCCESS, "moe_experts_wgmma: {} tensor map ([{}, {}], box {} x {}) failed: CUresult {}",
+           what, rows, cols, box_rows, box_cols, static_cast<int>(r));
+  return m;
+}
+
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma>
+void launch_one(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+                const DeviceCaps& caps, size_t smem, cudaStream_t stream) {
+  const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma>);
   const int per_sm = moe_launch::resident_blocks("moe_experts_wgmma", fn, kThreads, smem, caps.device);
   const unsigned grid = moe_launch::grid(p, kBM, wp.n_tiles, per_sm, caps.multiprocessors);
-  launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp, kCx>, grid, kThreads, smem, stream, wp);
+  launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma>, grid, kThreads, smem, stream, wp,
+                tmap_a);
+}
+
+template <int BN, bool kGateUp>
+void launch_bn(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+               const MoeWgmmaGemmConfig& cfg, const DeviceCaps& caps, cudaStream_t stream) {
+  const bool nv = p.format == MoeWeightFormat::NVFP4, cx = cfg.expand == MoeWgExpand::Consumer;
+  if (cfg.load == MoeWgLoad::Tma) {
+    if (!nv)
+      launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+    else
+      launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+  } else if (!nv) {
+    launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+  } else if (cx) {
+    launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+  } else {
+    launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, false, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+  }
 }
 
 template <bool kGateUp>
-void launch_gemm(const WgParams& wp, const MoeExpertsParams& p, const MoeWgmmaGemmConfig& cfg,
-                 const DeviceCaps& caps, cudaStream_t stream) {
-  const bool nv = p.format == MoeWeightFormat::NVFP4, cx = cfg.expand == MoeWgExpand::Consumer;
-  if (cfg.bn == 256) {
-    if (!nv)
-      launch_one<256, MoeMmaFormat::BF16, kGateUp, false>(wp, p, caps, cfg.smem, stream);
-    else if (cx)
-      launch_one<256, MoeMmaFormat::NVFP4, kGateUp, true>(wp, p, caps, cfg.smem, stream);
-    else
-      launch_one<256, MoeMmaFormat::NVFP4, kGateUp, false>(wp, p, caps, cfg.smem, stream);
-  } else {
-    if (!nv)
-      launch_one<128, MoeMmaFormat::BF16, kGateUp, false>(wp, p, caps, cfg.smem, stream);
-    else if (cx)
-      launch_one<128, MoeMmaFormat::NVFP4, kGateUp, true>(wp, p, caps, cfg.smem, stream);
-    else
-      launch_one<128, MoeMmaFormat::NVFP4, kGateUp, false>(wp, p, caps, cfg.smem, stream);
-  }
+void launch_gemm(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+                 const MoeWgmmaGemmConfig& cfg, const DeviceCaps& caps, cudaStream_t stream) {
+  if (cfg.bn == 256)
+    launch_bn<256, kGateUp>(wp, tmap_a, p, cfg, caps, stream);
+  else
+    launch_bn<128, kGateUp>(wp, tmap_a, p, cfg, caps, stream);
 }
 
 }  // namespace
@@ -486,7 +711,10 @@ std::optional<std::string> moe_experts_wgmma_unavailable(const MoeExpertsParams&
                        static_cast<int>(p.format));
   const DeviceCaps caps = current_device_caps();
   std::string why;
-  if (!choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand())) return why;
+  const MoeWgLoad load = wg_load(p);
+  if (load == MoeWgLoad::Tma && p.wgmma_maps == nullptr)
+    return std::string("moe_experts_wgmma: tensor-copy loads asked for without wgmma_maps");
+  if (!choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand(), load)) return why;
   return std::nullopt;
 }
 
@@ -494,15 +722,70 @@ MoeWgmmaConfig moe_experts_wgmma_config(const MoeExpertsParams& p) {
   MS_CHECK(p.format == MoeWeightFormat::BF16 || p.format == MoeWeightFormat::NVFP4,
            "moe_experts_wgmma: weight format {} is not NVFP4 or BF16", static_cast<int>(p.format));
   const DeviceCaps caps = current_device_caps();
+  const MoeWgLoad load = wg_load(p);
+  MS_CHECK(load != MoeWgLoad::Tma || p.wgmma_maps != nullptr,
+           "moe_experts_wgmma: tensor-copy loads asked for (wgmma_load / MOESERVE_MOE_WGMMA_LOAD) without "
+           "wgmma_maps");
   std::string why;
-  const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand());
+  const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand(), load);
   MS_CHECK(cfg.has_value(), "{}", why);
   check_smem(caps, "moe_experts_wgmma gate_up", cfg->gate_up.smem);
   check_smem(caps, "moe_experts_wgmma down", cfg->down.smem);
   return *cfg;
 }
 
-void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* act, cudaStream_t stream) {
+size_t moe_experts_wgmma_maps_bytes(int n_experts) {
+  return static_cast<size_t>(std::max(n_experts, 0)) * kMapsPerExpert * sizeof(CUtensorMap);
+}
+
+void* moe_experts_wgmma_maps(const MoeExpertWeights* host_table, int n_experts, MoeWeightFormat format,
+                             int hidden, int inter) {
+  MS_CHECK(n_experts >= 1 && host_table != nullptr, "moe_experts_wgmma_maps: {} experts, table {}", n_experts,
+           static_cast<const void*>(host_table));
+  MS_CHECK(format == MoeWeightFormat::BF16 || format == MoeWeightFormat::NVFP4,
+           "moe_experts_wgmma_maps: weight format {} is not NVFP4 or BF16", static_cast<int>(format));
+  const MoeMmaShape shape{wg_format(format), 0, 1, n_experts, hidden, inter};
+  if (auto bad = moe_wgmma_shape_unsupported(shape)) MS_THROW("{}", *bad);
+  if (auto bad = moe_wgmma_tma_shape_unsupported(shape)) MS_THROW("{}", *bad);
+  const bool nv = format == MoeWeightFormat::NVFP4;
+  const uint32_t gu_half = static_cast<uint32_t>(moe_wgmma_bn(true, hidden, inter) / 2);
+  const uint32_t dn_half = static_cast<uint32_t>(moe_wgmma_bn(false, hidden, inter) / 2);
+  std::vector<CUtensorMap> maps(static_cast<size_t>(n_experts) * kMapsPerExpert);
+  std::memset(maps.data(), 0, maps.size() * sizeof(CUtensorMap));
+  // One weight matrix [rows, cols]: bf16 box {64, half} swizzled like the wgmma operand; NVFP4 codes (bytes)
+  // box {32, half} and scales box {16, half}, unswizzled (the consumers expand them).
+  auto put = [&](CUtensorMap* data_map, CUtensorMap* scale_map, const void* data, const void* scale,
+                 uint64_t rows, uint64_t cols, uint32_t half, const char* what) {
+    if (!nv) {
+      *data_map = encode_2d(what, data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cols, rows, cols * 2, kBK, half,
+                            CU_TENSOR_MAP_SWIZZLE_128B);
+      return;
+    }
+    *data_map = encode_2d(what, data, CU_TENSOR_MAP_DATA_TYPE_UINT8, cols / 2, rows, cols / 2, kRawRow, half,
+                          CU_TENSOR_MAP_SWIZZLE_NONE);
+    *scale_map = encode_2d(what, scale, CU_TENSOR_MAP_DATA_TYPE_UINT8, cols / 16, rows, cols / 16,
+                           kTmaScaleRow, half, CU_TENSOR_MAP_SWIZZLE_NONE);
+  };
+  for (size_t e = 0; e < static_cast<size_t>(n_experts); ++e) {
+    const MoeExpertWeights& w = host_table[e];
+    if (w.gate == nullptr || w.up == nullptr || w.down == nullptr) continue;  // an expert that is never used
+    CUtensorMap* m = maps.data() + e * kMapsPerExpert;
+    put(m + 0, m + 3, w.gate, w.gate_scale, inter, hidden, gu_half, "gate");
+    put(m + 1, m + 4, w.up, w.up_scale, inter, hidden, gu_half, "up");
+    put(m + 2, m + 5, w.down, w.down_scale, hidden, inter, dn_half, "down");
+  }
+  void* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, maps.size() * sizeof(CUtensorMap)));
+  CUDA_CHECK(cudaMemcpy(d, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
+  return d;
+}
+
+bool moe_experts_wgmma_groups_rows(const MoeExpertsParams& p) {
+  return moe_experts_wgmma_config(p).gate_up.load == MoeWgLoad::Tma;
+}
+
+void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg, void* act,
+                             cudaStream_t stream) {
   const MoeWgmmaConfig cfg = moe_experts_wgmma_config(p);
   if (p.m == 0) return;
   MS_CHECK(xb != nullptr && reinterpret_cast<uintptr_t>(xb) % 16 == 0,
@@ -511,6 +794,15 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
            "moe_experts_wgmma: act is null or not 16-byte aligned");
   MS_CHECK(p.slot_out != nullptr && reinterpret_cast<uintptr_t>(p.slot_out) % 16 == 0,
            "moe_experts_wgmma: slot_out is null or not 16-byte aligned");
+  const bool tma = cfg.gate_up.load == MoeWgLoad::Tma;
+  MS_CHECK(!tma || (xg != nullptr && reinterpret_cast<uintptr_t>(xg) % 128 == 0),
+           "moe_experts_wgmma: xg (grouped rows for the tensor-copy loads) is null or not 128-byte aligned");
+  MS_CHECK(!tma || reinterpret_cast<uintptr_t>(p.wgmma_maps) % 64 == 0,
+           "moe_experts_wgmma: wgmma_maps is not 64-byte aligned");
+  {
+    const std::string hung = timeout_report();
+    MS_CHECK(hung.empty(), "{} (an earlier launch)", hung);
+  }
   const DeviceCaps caps = current_device_caps();
 
   WgParams wp;
@@ -520,6 +812,25 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   wp.experts = p.experts;
   wp.top_k = p.top_k;
   wp.n_experts = p.n_experts;
+  wp.wmaps = static_cast<const CUtensorMap*>(p.wgmma_maps);
+  wp.hang = timeout_record();
+  const uint64_t slots = static_cast<uint64_t>(p.m) * p.top_k;
+
+  CUtensorMap a_gu, a_dn;
+  std::memset(&a_gu, 0, sizeof a_gu);
+  std::memset(&a_dn, 0, sizeof a_dn);
+  if (tma) {
+    // One warp per grouped row (at most `slots` of them), 8 warps a block.
+    const int blocks = static_cast<int>(
+        std::min<int64_t>((static_cast<int64_t>(slots) + 7) / 8, int64_t{caps.multiprocessors} * 16));
+    launch_kernel("moe_wg_group_rows", moe_wg_group_rows_kernel, std::max(blocks, 1), 256, 0, stream,
+                  static_cast<const __nv_bfloat16*>(xb), p.sorted_slots, p.expert_offsets, p.n_experts,
+                  p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg));
+    a_gu = encode_2d("xg", xg, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p.hidden, slots, uint64_t{2} * p.hidden, kBK,
+                     kBM, CU_TENSOR_MAP_SWIZZLE_128B);
+    a_dn = encode_2d("act", act, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p.inter, slots, uint64_t{2} * p.inter, kBK,
+                     kBM, CU_TENSOR_MAP_SWIZZLE_128B);
+  }
 
   WgParams gu = wp;
   gu.a = static_cast<const __nv_bfloat16*>(xb);
@@ -529,7 +840,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   gu.n_out = p.inter;
   gu.n_tiles = p.inter / (cfg.gate_up.bn / 2);
   gu.stages = cfg.gate_up.stages;
-  launch_gemm<true>(gu, p, cfg.gate_up, caps, stream);
+  launch_gemm<true>(gu, a_gu, p, cfg.gate_up, caps, stream);
 
   WgParams dn = wp;
   dn.a = static_cast<const __nv_bfloat16*>(act);
@@ -539,7 +850,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   dn.n_out = p.hidden;
   dn.n_tiles = p.hidden / cfg.down.bn;
   dn.stages = cfg.down.stages;
-  launch_gemm<false>(dn, p, cfg.down, caps, stream);
+  launch_gemm<false>(dn, a_dn, p, cfg.down, caps, stream);
 }
 
 }  // namespace ms::cuda

@@ -29,6 +29,18 @@ constexpr int kMoeWgMinStages = 3;
 // (MOESERVE_MOE_WGMMA_EXPAND=producer).
 enum class MoeWgExpand { Consumer, Producer };
 
+// How the producer fills the ring. CpAsync: the producer warpgroup's 128 threads copy with cp.async (A rows
+// gathered through the plan's permutation), arriving on `full` when their own copies landed. Tma: one thread
+// issues tensor copies (TMA) that complete on `full` by bytes: A from activation rows already in grouped
+// order (a tile is 128 consecutive rows, swizzled by the copy), weight tiles through per-expert tensor maps
+// built on the host (moe_experts_wgmma_maps); NVFP4 codes and scales land raw (scales as 16-byte row pieces,
+// of which a stage uses the first 4) and the consumers expand them (Tma implies MoeWgExpand::Consumer).
+enum class MoeWgLoad { CpAsync, Tma };
+
+// Scale bytes per weight row in one raw NVFP4 stage of the Tma layout: a tensor copy's row is a multiple of
+// 16 bytes; the stage's 4 scales are the first 4.
+constexpr int kMoeWgTmaScaleRow = 16;
+
 // Bf16 W buffers of the consumer-expansion layout: the consumers write buffer q % 3 after the barrier of
 // stage q - 1, which both warpgroups pass only after their MMAs of stage q - 3 completed.
 constexpr int kMoeWgConsumerWBufs = 3;
@@ -38,6 +50,7 @@ struct MoeWgmmaGemmConfig {
   int stages = 4;   // shared-memory ring depth (the producer keeps stages - 1 copies in flight)
   size_t smem = 0;  // dynamic shared memory per block, bytes
   MoeWgExpand expand = MoeWgExpand::Consumer;  // NVFP4 only
+  MoeWgLoad load = MoeWgLoad::CpAsync;
 };
 
 struct MoeWgmmaConfig {
@@ -50,12 +63,17 @@ struct MoeWgmmaConfig {
 //     + 4 e4m3 scales).
 //   NVFP4 with MoeWgExpand::Consumer: A ring [stages] x [128][64] bf16, 3 bf16 W buffers [bn][64], raw ring
 //     [stages] x bn x 36 bytes.
+//   MoeWgLoad::Tma: as the layouts above (NVFP4 always the consumer one) with raw rows of 32 packed bytes +
+//     kMoeWgTmaScaleRow scale bytes.
 // Then 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums.
 inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts,
-                                   MoeWgExpand x = MoeWgExpand::Consumer) {
+                                   MoeWgExpand x = MoeWgExpand::Consumer,
+                                   MoeWgLoad load = MoeWgLoad::CpAsync) {
+  const bool tma = load == MoeWgLoad::Tma;
   const size_t a_tile = size_t{kMoeWgBM} * kMoeWgBK * 2, w_tile = static_cast<size_t>(bn) * kMoeWgBK * 2;
-  const size_t raw_stage = static_cast<size_t>(bn) * (kMoeWgBK / 2 + kMoeWgBK / 16);
-  const bool nv = f == MoeMmaFormat::NVFP4, cx = nv && x == MoeWgExpand::Consumer;
+  const size_t raw_stage =
+      static_cast<size_t>(bn) * (kMoeWgBK / 2 + (tma ? kMoeWgTmaScaleRow : kMoeWgBK / 16));
+  const bool nv = f == MoeMmaFormat::NVFP4, cx = nv && (tma || x == MoeWgExpand::Consumer);
   const size_t ring = static_cast<size_t>(stages) * a_tile + (cx ? kMoeWgConsumerWBufs : stages) * w_tile;
   const size_t raw = nv ? static_cast<size_t>(cx ? stages : stages - 1) * raw_stage : 0;
   const size_t bars = static_cast<size_t>(2) * stages * 8;
@@ -87,32 +105,48 @@ inline std::optional<std::string> moe_wgmma_shape_unsupported(const MoeMmaShape&
 // *why when none does or `dev` is not sm_90 (the kernel is sm_90a code).
 inline std::optional<MoeWgmmaGemmConfig> choose_moe_wgmma_gemm(MoeMmaFormat f, int bn, int n_experts,
                                                                const DeviceLimits& dev, std::string* why,
-                                                               MoeWgExpand x = MoeWgExpand::Consumer) {
+                                                               MoeWgExpand x = MoeWgExpand::Consumer,
+                                                               MoeWgLoad load = MoeWgLoad::CpAsync) {
   std::string last;
+  if (load == MoeWgLoad::Tma) x = MoeWgExpand::Consumer;
   const bool cx = f == MoeMmaFormat::NVFP4 && x == MoeWgExpand::Consumer;
   for (int stages = bn == 256 && !cx ? 4 : kMoeWgMaxStages; stages >= kMoeWgMinStages; --stages) {
-    const KernelNeed need{fmt::format("moe_experts_wgmma bn{} stages{}", bn, stages),
-                          moe_wgmma_smem_bytes(f, bn, stages, n_experts, x), 90, true};
+    const KernelNeed need{
+        fmt::format("moe_experts_wgmma bn{} stages{}{}", bn, stages, load == MoeWgLoad::Tma ? " tma" : ""),
+        moe_wgmma_smem_bytes(f, bn, stages, n_experts, x, load), 90, true};
     const auto no = why_cannot_run(need, dev);
-    if (!no) return MoeWgmmaGemmConfig{bn, stages, need.smem_bytes, x};
+    if (!no) return MoeWgmmaGemmConfig{bn, stages, need.smem_bytes, x, load};
     last = *no;
   }
   if (why != nullptr) *why = last;
   return std::nullopt;
 }
 
+// Why the shape cannot take the Tma loads (nullopt when it can): NVFP4 scale rows (k / 16 bytes) must be
+// multiples of 16 bytes for a tensor map, so hidden and inter multiples of 256.
+inline std::optional<std::string> moe_wgmma_tma_shape_unsupported(const MoeMmaShape& s) {
+  if (s.format == MoeMmaFormat::NVFP4 && (s.hidden % 256 != 0 || s.inter % 256 != 0))
+    return fmt::format("moe_experts_wgmma tma: NVFP4 hidden {} and inter {} must be multiples of 256",
+                       s.hidden, s.inter);
+  return std::nullopt;
+}
+
+// Both projections' configurations. load Tma where the shape does not allow it falls back to CpAsync (the
+// configuration says which it got).
 inline std::optional<MoeWgmmaConfig> choose_moe_wgmma_config(const MoeMmaShape& s, const DeviceLimits& dev,
                                                              std::string* why = nullptr,
-                                                             MoeWgExpand x = MoeWgExpand::Consumer) {
+                                                             MoeWgExpand x = MoeWgExpand::Consumer,
+                                                             MoeWgLoad load = MoeWgLoad::CpAsync) {
   if (auto bad = moe_wgmma_shape_unsupported(s)) {
     if (why != nullptr) *why = *bad;
     return std::nullopt;
   }
+  if (load == MoeWgLoad::Tma && moe_wgmma_tma_shape_unsupported(s)) load = MoeWgLoad::CpAsync;
   const auto gu =
-      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why, x);
+      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why, x, load);
   if (!gu) return std::nullopt;
   const auto dn =
-      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why, x);
+      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why, x, load);
   if (!dn) return std::nullopt;
   return MoeWgmmaConfig{*gu, *dn};
 }
