@@ -240,7 +240,9 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
 // 2D tensor copy global -> shared (TMA) completing its box's bytes on bar. tmap: a CUtensorMap in the
 // kernel's parameters (__grid_constant__) or in global memory (then acquired first: tmap_acquire); c0 the
 // innermost coordinate (elements), c1 the row. Box elements outside the tensor land as zeros and still count
-// as bytes.
+// as bytes. c0 times the element size must be a multiple of 16 (the box's first global byte 16-byte aligned;
+// the hardware reports any other start as an illegal instruction, whatever the map allows); dst 128-byte
+// aligned (1024 for a 128-byte-swizzled box, so that the swizzle matches sw128_offset).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint64_t* bar) {
 #if MS_SM90
   asm volatile(

@@ -47,9 +47,10 @@
 // stage's A tile is 128 consecutive rows; thread 0 of the producer warpgroup alone waits on `empty`, arrives
 // on `full` with the stage's byte count (expect_tx) and issues the tensor copies (producer_tma), the other
 // 127 producer threads return. A and bf16 W boxes land in the 128-byte swizzle by the copy itself; NVFP4
-// codes and scales land raw and the consumers expand them as above (scale rows 16 bytes wide: a copy's
-// minimum). `full` then completes on one arrival plus the bytes. Why: with cp.async the same 128 threads
-// issued ~1000 copies a stage and waited on their own loads (tensor pipe 29% busy at 8192 GLM-5 tokens).
+// codes and scales land raw and the consumers expand them as above (scale rows: the 16-byte aligned piece
+// that holds the stage's 4 scales, since a box must start 16-byte aligned). `full` then completes on one
+// arrival plus the bytes. Why: with cp.async the same 128 threads issued ~1000 copies a stage and waited on
+// their own loads (tensor pipe 29% busy at 8192 GLM-5 tokens).
 //
 // Every mbarrier wait is bounded (wg::mbar_wait_bounded): after about 4 s it records the barrier (full[s] =
 // s, empty[s] = kEmptyTag | s), block and thread in mapped host memory and traps; the next launch and the
@@ -95,6 +96,7 @@ constexpr int kRawScale = kBK / 16;  // e4m3 scale bytes of one row per stage
 constexpr int kEmptyArrivals = 8;    // one per consumer warp
 constexpr int kFullArrivals = 128;   // every producer thread (cp.async loads)
 constexpr int kTmaScaleRow = kMoeWgTmaScaleRow;
+constexpr int kTmaScaleSteps = kTmaScaleRow / kRawScale;  // k steps whose scales one Tma scale piece holds
 // Tensor maps per expert (Tma loads): gate, up, down data, then gate, up, down scales (NVFP4; else unused).
 constexpr int kMapsPerExpert = 6;
 // Barrier numbers in a timeout record: full[s] = s, empty[s] = kEmptyTag | s.
@@ -149,13 +151,15 @@ using dev::cp_async4;
 using dev::cp_async_commit;
 using dev::cp_async_wait_pending;
 
-// Expands row r of a raw NVFP4 stage (BN rows of 32 packed bytes, then BN rows of kScaleRow bytes whose first
-// 4 are the stage's e4m3 scales) into row r of the swizzled bf16 W tile.
+// Expands row r of a raw NVFP4 stage (BN rows of 32 packed bytes, then BN rows of kScaleRow bytes whose bytes
+// scale_at .. scale_at + 3 are the stage's e4m3 scales; scale_at a multiple of 4) into row r of the swizzled
+// bf16 W tile.
 template <int BN, int kScaleRow = kRawScale>
-__device__ __forceinline__ void expand_row(const unsigned char* raw, unsigned char* wt, int r) {
+__device__ __forceinline__ void expand_row(const unsigned char* raw, unsigned char* wt, int r,
+                                           int scale_at = 0) {
   const uint4 q0 = *reinterpret_cast<const uint4*>(raw + r * kRawRow);
   const uint4 q1 = *reinterpret_cast<const uint4*>(raw + r * kRawRow + 16);
-  const uint32_t sc = *reinterpret_cast<const uint32_t*>(raw + BN * kRawRow + r * kScaleRow);
+  const uint32_t sc = *reinterpret_cast<const uint32_t*>(raw + BN * kRawRow + r * kScaleRow + scale_at);
   // e4m3 -> bf16 is exact; code x scale has at most 6 significant bits: exact in bf16 too.
   __nv_bfloat162 s[4];
 #pragma unroll
@@ -344,8 +348,10 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
 //   A:     tmap_a box {64 k, 128 rows} at (64 kc, pos0), 128-byte swizzle              16384 bytes
 //   BF16:  two boxes {64 k, BN/2 rows} (the W tile's halves), 128-byte swizzle          2 x 64 BN bytes
 //   NVFP4: two code boxes {32 bytes, BN/2 rows} at (32 kc, row), raw rows 0 .. BN - 1  2 x 16 BN bytes
-//          two scale boxes {16 bytes, BN/2 rows} at (4 kc, row) after the codes        2 x 8 BN bytes
+//          two scale boxes {16 bytes, BN/2 rows} at (16 (kc / 4), row) after the codes 2 x 8 BN bytes
+//          (the aligned piece holding the stage's scales at 4 (kc % 4): a box must start 16-byte aligned)
 // = the expect_tx count kStageBytes below (boxes past a tensor's end are zero-filled and still counted).
+// Every box's innermost start, in bytes, is a multiple of 16 (asserted below): the hardware faults on others.
 template <int BN, MoeMmaFormat F, bool kGateUp>
 __device__ __forceinline__ void producer_tma(const WgParams& p, const CUtensorMap* tmap_a, const WgLayout& L,
                                              uint32_t sbase, uint64_t* full, uint64_t* empty, const int* s_mt,
@@ -355,6 +361,10 @@ __device__ __forceinline__ void producer_tma(const WgParams& p, const CUtensorMa
   constexpr uint32_t kWBytes = kNv ? BN * (kRawRow + kTmaScaleRow) : BN * kRowBytes;
   constexpr uint32_t kStageBytes = kBM * kRowBytes + kWBytes;
   static_assert(kBM * kRowBytes == 128 * 64 * 2 && kRawRow == 32 && kRawScale == 4, "box sizes above");
+  static_assert(
+      kRowBytes % 16 == 0 && kRawRow % 16 == 0 && kTmaScaleRow % 16 == 0 && kTmaScaleRow % kRawScale == 0,
+      "every box's innermost start coordinate (64 kc bf16, 32 kc and 16 (kc / 4) bytes) must be a "
+      "multiple of 16 bytes");
   const int S = p.stages;
   const int nk = p.k / kBK;
   uint32_t q = 0;
@@ -394,8 +404,9 @@ __device__ __forceinline__ void producer_tma(const WgParams& p, const CUtensorMa
         const uint32_t raw = sbase + L.raw + slot * L.raw_stage;
         wg::tma_load_2d(raw, d0, kc * kRawRow, r0, &full[slot]);
         wg::tma_load_2d(raw + (BN / 2) * kRawRow, d1, kc * kRawRow, r1, &full[slot]);
-        wg::tma_load_2d(raw + BN * kRawRow, s0, kc * kRawScale, r0, &full[slot]);
-        wg::tma_load_2d(raw + BN * kRawRow + (BN / 2) * kTmaScaleRow, s1, kc * kRawScale, r1, &full[slot]);
+        const int sc = (kc / kTmaScaleSteps) * kTmaScaleRow;
+        wg::tma_load_2d(raw + BN * kRawRow, s0, sc, r0, &full[slot]);
+        wg::tma_load_2d(raw + BN * kRawRow + (BN / 2) * kTmaScaleRow, s1, sc, r1, &full[slot]);
       }
       ++q;
     }
@@ -430,7 +441,8 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
         const int ct = threadIdx.x - 128;  // 0 .. 255: row ct of the tile (bn 128: the first warpgroup)
         if (ct < BN)
           expand_row<BN, kTma ? kTmaScaleRow : kRawScale>(smem + L.raw + slot * L.raw_stage,
-                                                          smem + L.w + wbuf * L.w_stage, ct);
+                                                          smem + L.w + wbuf * L.w_stage, ct,
+                                                          kTma ? (kc % kTmaScaleSteps) * kRawScale : 0);
         wg::fence_proxy_async();
         consumers_sync();
       }

@@ -33,12 +33,15 @@ enum class MoeWgExpand { Consumer, Producer };
 // gathered through the plan's permutation), arriving on `full` when their own copies landed. Tma: one thread
 // issues tensor copies (TMA) that complete on `full` by bytes: A from activation rows already in grouped
 // order (a tile is 128 consecutive rows, swizzled by the copy), weight tiles through per-expert tensor maps
-// built on the host (moe_experts_wgmma_maps); NVFP4 codes and scales land raw (scales as 16-byte row pieces,
-// of which a stage uses the first 4) and the consumers expand them (Tma implies MoeWgExpand::Consumer).
+// built on the host (moe_experts_wgmma_maps); NVFP4 codes and scales land raw (scales as the 16-byte row
+// piece that holds the stage's 4, see kMoeWgTmaScaleRow) and the consumers expand them (Tma implies
+// MoeWgExpand::Consumer).
 enum class MoeWgLoad { CpAsync, Tma };
 
-// Scale bytes per weight row in one raw NVFP4 stage of the Tma layout: a tensor copy's row is a multiple of
-// 16 bytes; the stage's 4 scales are the first 4.
+// Scale bytes per weight row in one raw NVFP4 stage of the Tma layout. A tensor copy's box row is a multiple
+// of 16 bytes AND must start at a 16-byte aligned global address (a box whose innermost start is not is an
+// illegal instruction on the hardware), so k step kc loads the aligned piece at byte 16 * (kc / 4) of the
+// scale row (scales of k 256 * (kc / 4) .. + 255) and uses its bytes 4 * (kc % 4) .. + 3.
 constexpr int kMoeWgTmaScaleRow = 16;
 
 // Bf16 W buffers of the consumer-expansion layout: the consumers write buffer q % 3 after the barrier of
