@@ -227,11 +227,12 @@ int main() {
       const char* path_name = decode ? "decode" : decode_fp8 ? "fp8dec" : stream ? "stream" : "grouped";
       const int iters = m <= 128 ? 20 : 3;
       int which = 0;
-      auto run = [&](cudaStream_t s, bool disable, bool no_decode, int ring = 0) {
+      auto run = [&](cudaStream_t s, bool disable, bool no_decode, int ring = 0, int variant = -1) {
         p.experts = tables[which];
         p.disable_stream = disable;
         p.disable_decode = no_decode;
         p.decode_ring = ring;
+        p.decode_variant = variant;
         ms::cuda::moe_experts(p, s);
         which = (which + 1) % kCopies;
       };
@@ -262,6 +263,27 @@ int main() {
             "%.0f%% of floor, max |ring - registers| %g\n",
             m, skewed ? "skewed" : "uniform", rc.ring_depth_gate_up, rc.ring_depth_down, t_ring * 1e3,
             100.0 * floor_us / (t_ring * 1e3), ring_diff);
+      }
+      // The register kernels' variants (MoeDecodeVariant), each timed in the same run, one line each, with
+      // the largest |difference| of one step's output against base (sc8 is meant to agree bit for bit, the
+      // acc2 and half variants to the last bits of f32 sums).
+      if (decode) {
+        std::vector<float> o_base(xh.size()), o_v(xh.size());
+        for (int v : ms::cuda::kMoeDecodeVariantList) {
+          const float t_v = time_graph_ms([&](cudaStream_t s) { run(s, false, false, 0, v); }, iters);
+          CUDA_CHECK(cudaMemset(out, 0, xh.size() * 4));
+          which = 0;
+          run(nullptr, false, false, 0, v);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          CUDA_CHECK(cudaMemcpy((v == 0 ? o_base : o_v).data(), out, xh.size() * 4, cudaMemcpyDeviceToHost));
+          float diff = 0.f;
+          if (v > 0)
+            for (size_t i = 0; i < xh.size(); ++i) diff = std::max(diff, std::fabs(o_v[i] - o_base[i]));
+          std::printf(
+              "%-8d %-8s decode registers, variant %-8s %.2f us, %.0f%% of floor, max |%s - base| %g\n", m,
+              skewed ? "skewed" : "uniform", ms::cuda::moe_decode_variant_name(v), t_v * 1e3,
+              100.0 * floor_us / (t_v * 1e3), ms::cuda::moe_decode_variant_name(v), diff);
+        }
       }
       const float t_stream = decode && stream && path_mode == "both"
                                  ? time_graph_ms([&](cudaStream_t s) { run(s, false, true); }, iters)

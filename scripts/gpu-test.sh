@@ -3,10 +3,13 @@
 # every GPU test (ctest -L gpu) including the CUDA executor on the golden fixtures and on a full-width
 # glm5-slice checkpoint, bench-one-batch on that checkpoint, the e2e suite against `serve` on the GPU, the
 # kernel benchmarks, and one summary table at the end.
-# Switches: GPU_TEST_SLICE=0 (no glm5-slice checkpoint), GPU_TEST_SLICE_FORMATS="nvfp4 fp8 bf16",
-# GPU_TEST_E2E=0, GPU_TEST_E2E_SLICE=0 (the e2e suite on the built-in model only), GPU_TEST_BENCH=0,
+# Switches: GPU_TEST_SLICE=0 (no glm5-slice checkpoint), GPU_TEST_SLICE_FORMATS (default "nvfp4 fp8 bf16"; the
+# first is benchmarked and served), GPU_TEST_E2E=0, GPU_TEST_E2E_SLICE=0 (the e2e suite on the built-in model
+# only), GPU_TEST_BENCH=0 (no bench-one-batch, profiles or kernel benchmarks), GPU_TEST_KERNEL_BENCH=0 (no
+# kernel benchmarks),
 # GPU_TEST_NO_GRAPH_BENCH=0 (bench-one-batch with graphs only),
-# GPU_TEST_NO_PDL_BENCH=0 (no bench-one-batch run with --disable-pdl),
+# GPU_TEST_NO_PDL_BENCH=0 (no bench-one-batch run with --disable-pdl), GPU_TEST_TESTS=0 (no ctest: e.g. a second
+# run for the e2e suite on the same machine where one run would pass a time limit),
 # GPU_TEST_BENCH_TIMEOUT=seconds (each kernel benchmark), GPU_TEST_SHARD=K/N (a shard of the GPU tests),
 # BUILD=dir.
 set -uo pipefail
@@ -34,11 +37,14 @@ fi
 bin="$build/moeserve"
 
 # glm5-slice checkpoints (full GLM-5 widths, 1 dense + 1 MoE layer) in the formats of GPU_TEST_SLICE_FORMATS
-# (nvfp4 about 10 GB, fp8 about 15 GB, bf16 about 25 GB on disk); the first one is benchmarked. They are
-# written while the tests and benchmarks build.
+# (nvfp4 about 10 GB, fp8 about 15 GB, bf16 about 25 GB on disk). The first is written while the tests build
+# and is the one the GPU tests, the benchmarks and the e2e suite use; the others are written while those run,
+# and the GPU Executor is compared with the CPU Executor on each of them at the end.
+read -r -a formats <<<"${GPU_TEST_SLICE_FORMATS:-nvfp4 fp8 bf16}"
+[ "${GPU_TEST_SLICE:-1}" = 1 ] || formats=()
 slices=()
 gen_slices() {
-  for fmt in ${GPU_TEST_SLICE_FORMATS:-nvfp4}; do
+  for fmt in "$@"; do
     dir="$PWD/$build/slices/glm5_$fmt"
     if [ ! -f "$dir/config.json" ]; then
       start=$(date +%s)
@@ -52,7 +58,7 @@ gen_slices() {
     fi
   done
 }
-[ "${GPU_TEST_SLICE:-1}" = 1 ] && { gen_slices & gen_pid=$!; }
+[ ${#formats[@]} -gt 0 ] && { gen_slices "${formats[0]}" & gen_pid=$!; }
 targets=(test_gpu)
 known=$(cmake --build "$build" --target help 2>/dev/null)
 for t in "${benches[@]}"; do grep -q "\b$t\b" <<<"$known" && targets+=("$t"); done
@@ -63,14 +69,12 @@ else
   status build FAILED
 fi
 [ -n "${gen_pid:-}" ] && wait "$gen_pid"
-if [ "${GPU_TEST_SLICE:-1}" = 1 ]; then
-  for fmt in ${GPU_TEST_SLICE_FORMATS:-nvfp4}; do
-    dir="$PWD/$build/slices/glm5_$fmt"
-    [ -f "$dir/config.json" ] && slices+=("$dir")
-  done
+slice=""
+if [ ${#formats[@]} -gt 0 ] && [ -f "$PWD/$build/slices/glm5_${formats[0]}/config.json" ]; then
+  slice="$PWD/$build/slices/glm5_${formats[0]}"
+  export MOESERVE_TEST_SLICES="$slice"
 fi
-slice="${slices[0]:-}"
-[ ${#slices[@]} -gt 0 ] && export MOESERVE_TEST_SLICES=$(IFS=,; echo "${slices[*]}")
+[ ${#formats[@]} -gt 1 ] && { gen_slices "${formats[@]:1}" & rest_pid=$!; }
 
 # GPU_TEST_SHARD=K/N runs the K-th of N shards of every GPU test binary (gtest sharding; K from 0), so that
 # the whole suite can be spread over several shorter runs.
@@ -85,10 +89,12 @@ if [ -n "${GPU_TEST_SHARD:-}" ]; then
     exit 2
   fi
 fi
-(cd "$build" && ctest -L gpu -V) >"$log/ctest" 2>&1
-grep -h "^\[ measured \]" "$log/ctest" | sed 's/^\[ measured \] /  /'
-grep -E "^\[  FAILED  \]|Failure$" -A3 "$log/ctest" | head -60
-if grep -q "100% tests passed" "$log/ctest"; then status "gpu tests" ok; else status "gpu tests" FAILED; fi
+if [ "${GPU_TEST_TESTS:-1}" = 1 ]; then
+  (cd "$build" && ctest -L gpu -V) >"$log/ctest" 2>&1
+  grep -h "^\[ measured \]" "$log/ctest" | sed 's/^\[ measured \] /  /'
+  grep -E "^\[  FAILED  \]|Failure$" -A3 "$log/ctest" | head -60
+  if grep -q "100% tests passed" "$log/ctest"; then status "gpu tests" ok; else status "gpu tests" FAILED; fi
+fi
 
 if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ -n "$slice" ]; then
   graph_modes=("")
@@ -138,7 +144,25 @@ if [ "${GPU_TEST_E2E:-1}" = 1 ]; then
   fi
 fi
 
-if [ "${GPU_TEST_BENCH:-1}" = 1 ]; then
+# The other storage formats' slices: GPU Executor against the CPU Executor (CudaExecutorSlice).
+if [ -n "${rest_pid:-}" ]; then
+  wait "$rest_pid"
+  for fmt in "${formats[@]:1}"; do
+    dir="$PWD/$build/slices/glm5_$fmt"
+    [ -f "$dir/config.json" ] && slices+=("$dir")
+  done
+  if [ ${#slices[@]} -gt 0 ] && [ -x "$build/tests/test_gpu" ]; then
+    if MOESERVE_TEST_SLICES=$(IFS=,; echo "${slices[*]}") "$build/tests/test_gpu" \
+         --gtest_filter='CudaExecutorSlice.*' >"$log/slices" 2>&1; then
+      status "slices ${formats[*]:1}" ok
+    else
+      status "slices ${formats[*]:1}" FAILED
+    fi
+    grep -h "^\[ measured \]" "$log/slices" | sed 's/^\[ measured \] /  /'
+  fi
+fi
+
+if [ "${GPU_TEST_BENCH:-1}" = 1 ] && [ "${GPU_TEST_KERNEL_BENCH:-1}" = 1 ]; then
   for t in "${benches[@]}"; do
     [ -x "$build/$t" ] || continue
     if timeout "${GPU_TEST_BENCH_TIMEOUT:-240}" "$build/$t" >"$log/$t" 2>&1; then status "$t" ran; else

@@ -191,9 +191,9 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         "grouped_decode",
         "cuda",
         "nvfp4",
-        "decode steps of 1 to 128 tokens (m * top_k <= 1024, up to 1024 experts); hidden a multiple of "
-        "1024 and intermediate of 512; weights streamed straight into registers (from 8 tokens through "
-        "a per-warp cp.async ring; MOESERVE_MOE_DECODE_KERNEL=registers|ring), tensor cores with f16 "
+        "decode steps of 1 to 128 tokens (m * top_k <= 1152, up to 1024 experts); hidden a multiple of "
+        "1024 and intermediate of 512; weights streamed straight into registers (or through a per-warp "
+        "cp.async ring: MOESERVE_MOE_DECODE_KERNEL=registers|ring), tensor cores with f16 "
         "activations, down summed in a fixed order; used by `grouped` first where it applies (not in "
         "exact mode)",
         "sm_80 or newer",
@@ -213,7 +213,7 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         "grouped_decode_fp8",
         "cuda",
         "fp8 128x128 blocks",
-        "decode steps of 1 to 128 tokens (m * top_k <= 1024, up to 1024 experts); hidden and intermediate "
+        "decode steps of 1 to 128 tokens (m * top_k <= 1152, up to 1024 experts); hidden and intermediate "
         "multiples of 128; e4m3 weights streamed into registers, converted to f16 by the hardware, tensor "
         "cores with f16 activations, each 128-k block's partial sum times its scale, down summed in a fixed "
         "order; used by `grouped` first where it applies (not in exact mode)",

@@ -529,29 +529,34 @@ TEST(CudaPointwise, AppendExpertSlotMatchesTheCpuOp) {
   }
 }
 
+// n = 301: one column a thread; n = 300 with strides multiples of 4: four columns a thread (16-byte loads).
 TEST(CudaPointwise, CastBf16IsBitExact) {
   MS_REQUIRE_GPU();
-  const int64_t m = 7, n = 301, xs = 305, os = 304;
-  auto x = random_floats(static_cast<size_t>(m * xs), 80, 0.0f, 100.0f);
-  const float special[] = {0.0f,     -0.0f,  NAN,     -NAN,        INFINITY,    -INFINITY, 3.4e38f,
-                           -3.4e38f, 1e-40f, -1e-45f, 1.00390625f, 1.01171875f, 65504.0f,  1.0f + 1.0f / 256};
-  for (size_t i = 0; i < std::size(special); ++i) x[i] = special[i];
-  DeviceBuffer<float> d_x(x);
-  DeviceBuffer<uint16_t> d_out(static_cast<size_t>(m * os));
-  ms::cuda::CastBf16Params p;
-  p.x = d_x.get();
-  p.x_stride = xs;
-  p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
-  p.out_stride = os;
-  p.m = m;
-  p.n = n;
-  ms::cuda::cast_f32_to_bf16(p, nullptr);
-  const auto got = d_out.download();
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < os; ++c) {
-      const uint16_t want = c < n ? ms::quant::f32_to_bf16(x[r * xs + c]) : uint16_t{0xffff};
-      ASSERT_EQ(got[r * os + c], want) << "row " << r << " col " << c << " x " << x[r * xs + c];
-    }
+  for (const auto& [m, n, xs, os] :
+       {std::array<int64_t, 4>{7, 301, 305, 304}, std::array<int64_t, 4>{5, 300, 304, 308}}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    auto x = random_floats(static_cast<size_t>(m * xs), 80, 0.0f, 100.0f);
+    const float special[] = {
+        0.0f,     -0.0f,  NAN,     -NAN,        INFINITY,    -INFINITY, 3.4e38f,
+        -3.4e38f, 1e-40f, -1e-45f, 1.00390625f, 1.01171875f, 65504.0f,  1.0f + 1.0f / 256};
+    for (size_t i = 0; i < std::size(special); ++i) x[i] = special[i];
+    DeviceBuffer<float> d_x(x);
+    DeviceBuffer<uint16_t> d_out(static_cast<size_t>(m * os));
+    ms::cuda::CastBf16Params p;
+    p.x = d_x.get();
+    p.x_stride = xs;
+    p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
+    p.out_stride = os;
+    p.m = m;
+    p.n = n;
+    ms::cuda::cast_f32_to_bf16(p, nullptr);
+    const auto got = d_out.download();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < os; ++c) {
+        const uint16_t want = c < n ? ms::quant::f32_to_bf16(x[r * xs + c]) : uint16_t{0xffff};
+        ASSERT_EQ(got[r * os + c], want) << "row " << r << " col " << c << " x " << x[r * xs + c];
+      }
+  }
 }
 
 // The whole cache (poisoned with 0xff bytes) must equal the CPU reference's after writing the valid rows.

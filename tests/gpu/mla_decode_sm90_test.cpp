@@ -303,7 +303,11 @@ void run_case(const Case& c, uint32_t seed) {
           continue;
         }
         ASSERT_LT(worst, 1e-2 * scale) << "token " << i << " (pos " << positions[i] << ") head " << h;
-        ASSERT_LT(mean, 2e-3 * scale) << "token " << i << " (pos " << positions[i] << ") head " << h;
+        // The wgmma kernel rounds Q, K, V and P to f16 for its tensor-core products: over a full 64-key tile
+        // of 4 query tokens its mean error reached 1.003e-3 of the row's largest output on an H200 (both
+        // schedules, identical outputs), so its mean bound is 3e-3; the worst-element bound stays 1e-2.
+        const double mean_tol = c.wgmma ? 3e-3 : 2e-3;
+        ASSERT_LT(mean, mean_tol * scale) << "token " << i << " (pos " << positions[i] << ") head " << h;
       }
   }
 }

@@ -146,11 +146,14 @@ const Nvfp4Experts& glm5_full_width() {
 
 enum class Path { Old, Stream, Decode };
 
-// Runs plan + experts on the device through `path` (checked on the host to be the one moe_experts() takes).
+// Runs plan + experts on the device through `path` (checked on the host to be the one moe_experts() takes);
+// decode_variant picks the register kernels' variant explicitly (base unless a test asks for another,
+// whatever the environment says).
 std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, const std::vector<float>& x,
                            const std::vector<int32_t>& ids, const std::vector<float>& wts,
                            const std::vector<float>& out0, int m, int K, Path path, int decode_ring = 0,
-                           std::vector<uint16_t>* act_out = nullptr) {
+                           std::vector<uint16_t>* act_out = nullptr,
+                           int decode_variant = ms::cuda::kMoeDecodeBase) {
   const int E = xs.E, H = xs.H, I = xs.I;
   Dev<ms::cuda::MoeExpertWeights> d_table(dx.table);
   Dev<float> d_x(x), d_w(wts), d_out(out0);
@@ -184,6 +187,8 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
   p.disable_stream = path == Path::Old;
   p.disable_decode = path != Path::Decode;
   p.decode_ring = decode_ring;
+  p.decode_variant = decode_variant;
+  EXPECT_EQ(ms::cuda::moe_decode_variant(p), decode_variant);
   EXPECT_EQ(ms::cuda::moe_experts_decode_applies(p), path == Path::Decode);
   // The ring variant is asked for only where the test expects it to fit (else the comparison would be void).
   EXPECT_EQ(ms::cuda::moe_experts_decode_uses_ring(p), path == Path::Decode && decode_ring == 1);
@@ -201,11 +206,19 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
 }
 
 // decode_ring (Path::Decode): 1 runs the cp.async ring variant, checks it against the CPU reference and
-// requires the register variant's output bit for bit (same decode, k order and summation order).
+// requires the base register kernels' output bit for bit (same decode, k order and summation order).
+// variant (Path::Decode, register kernels): the MoeDecodeVariant to run, checked against the CPU reference;
+// the sc8 variants (same math, only the scale loads differ) must also match the same variant without sc8 bit
+// for bit (sc8: base, acc2sc8: acc2, halfsc8: half); acc2 and half (other f32 summation orders) only the
+// reference's tolerances.
 void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, bool poison_untouched,
-              Path path = Path::Stream, Routing routing = Routing::Uniform, int decode_ring = 0) {
+              Path path = Path::Stream, Routing routing = Routing::Uniform, int decode_ring = 0,
+              int variant = ms::cuda::kMoeDecodeBase) {
   if (skewed && routing == Routing::Uniform) routing = Routing::Skewed;
   SCOPED_TRACE(std::string(path == Path::Decode ? (decode_ring == 1 ? "decode ring" : "decode") : "stream") +
+               (path == Path::Decode && decode_ring != 1
+                    ? std::string(" variant ") + ms::cuda::moe_decode_variant_name(variant)
+                    : std::string()) +
                " routing " + std::to_string(static_cast<int>(routing)) + " E=" + std::to_string(xs.E) +
                " H=" + std::to_string(xs.H) + " I=" + std::to_string(xs.I) + " m=" + std::to_string(m) +
                " K=" + std::to_string(K) + (skewed ? " skewed" : " uniform"));
@@ -237,19 +250,26 @@ void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, 
                          ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
   }
   std::vector<uint16_t> act_ring, act_regs;
-  const auto got = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, decode_ring, &act_ring);
-  if (path == Path::Decode && decode_ring == 1) {
-    const auto regs = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, 0, &act_regs);
+  const auto got = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, decode_ring, &act_ring, variant);
+  const bool sc8 = (variant & ms::cuda::kMoeDecodeSc8) != 0;
+  const int ref_variant = decode_ring == 1 ? ms::cuda::kMoeDecodeBase : variant & ~ms::cuda::kMoeDecodeSc8;
+  const std::string what = decode_ring == 1 ? "ring" : ms::cuda::moe_decode_variant_name(variant);
+  const std::string regs_name = ms::cuda::moe_decode_variant_name(ref_variant);
+  if (path == Path::Decode && (decode_ring == 1 || sc8)) {
+    // act_ring: this run's act (ring or variant); act_regs, regs: the register kernels' of ref_variant.
+    const auto regs = run_gpu(xs, dx, x, ids, wts, out0, m, K, path, 0, &act_regs, ref_variant);
     // gate_up first: act rows are grouped positions (expert-sorted slots), columns intermediate indices.
     int act_differ = 0;
     for (size_t i = 0; i < act_ring.size(); ++i) {
       if (act_ring[i] == act_regs[i]) continue;
       if (act_differ++ < 5)
-        ADD_FAILURE() << "gate_up: ring != registers at act index " << i << ": position " << i / xs.I
-                      << " intermediate " << i % xs.I << " (tile " << (i % xs.I) / 16 << "): ring f16 0x"
-                      << std::hex << act_ring[i] << " registers 0x" << act_regs[i] << std::dec;
+        ADD_FAILURE() << "gate_up: " << what << " != " << regs_name << " at act index " << i << ": position "
+                      << i / xs.I << " intermediate " << i % xs.I << " (tile " << (i % xs.I) / 16
+                      << "): " << what << " f16 0x" << std::hex << act_ring[i] << " " << regs_name << " 0x"
+                      << act_regs[i] << std::dec;
     }
-    EXPECT_EQ(act_differ, 0) << "act values differing between the ring and register gate_up kernels";
+    EXPECT_EQ(act_differ, 0) << "act values differing between the " << what << " and " << regs_name
+                             << " gate_up kernels";
     int differ = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       if (std::memcmp(&got[i], &regs[i], sizeof(float)) == 0) continue;
@@ -258,12 +278,14 @@ void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, 
         const size_t tok = i / H, col = i % H;
         std::string experts;
         for (int k = 0; k < K; ++k) experts += " " + std::to_string(ids[tok * K + k]);
-        ADD_FAILURE() << "ring != registers at index " << i << ": token " << tok << " col " << col
-                      << " (down block " << col / 16 << " row " << col % 16 << ", experts" << experts
-                      << "): ring " << got[i] << " registers " << regs[i] << " cpu " << ref[i];
+        ADD_FAILURE() << what << " != " << regs_name << " at index " << i << ": token " << tok << " col "
+                      << col << " (down block " << col / 16 << " row " << col % 16 << ", experts" << experts
+                      << "): " << what << " " << got[i] << " " << regs_name << " " << regs[i] << " cpu "
+                      << ref[i];
       }
     }
-    EXPECT_EQ(differ, 0) << "outputs differing between the ring and register variants";
+    EXPECT_EQ(differ, 0) << "outputs differing between the " << what << " and " << regs_name
+                         << " register kernels";
   }
   const double tol_rel = path == Path::Decode ? 2.5e-2 : 2e-3, rms_rel = path == Path::Decode ? 8e-3 : 5e-4;
   double ss = 0, se = 0;
@@ -283,7 +305,7 @@ void run_case(const Nvfp4Experts& xs, int m, int K, bool skewed, uint32_t seed, 
   EXPECT_EQ(bad, 0);
   EXPECT_LE(std::sqrt(se / ref.size()), rms_rel * rms) << "relative RMS error";
   // Deterministic: the same bits again.
-  EXPECT_EQ(run_gpu(xs, dx, x, ids, wts, out0, m, K, path, decode_ring), got);
+  EXPECT_EQ(run_gpu(xs, dx, x, ids, wts, out0, m, K, path, decode_ring, nullptr, variant), got);
 }
 
 TEST(CudaMoeStream, ScaledDownGlm5MatchesCpu) {
@@ -480,6 +502,114 @@ TEST(CudaMoeDecodeRing, UntouchedExpertsAreNotRead) {
     run_case(xs, m, 4, true, 522u + m, true, Path::Decode, Routing::Skewed, 1);
   }
   run_case(xs, 16, 4, false, 523, true, Path::Decode, Routing::OneHot, 1);
+}
+
+// ---- the register kernels' variants (MoeDecodeVariant) ------------------------------------------------
+// Each against the CPU reference with the decode tolerances; sc8 also against base, acc2sc8 against acc2 and
+// halfsc8 against half bit for bit (run_case). hidden 1024 .. 3072 give 1 .. 3 gate_up steps a warp (fewer
+// than sc8's 4 a scale load; half: 2 .. 6), 7168 seven (a partial last block; half: 14, a second pass of
+// halfsc8's 12-step loop), 6144 GLM-5's six (half: 12); down always has 4 a piece. The half variants' work
+// items alternate between two groups inside runs of one work-list entry: one-hot routing (many chunks of one
+// expert), skew and m up to 128 (several entries a block) exercise the restaging between entries.
+
+constexpr int kVariantsBeyondBase[] = {ms::cuda::kMoeDecodeAcc2, ms::cuda::kMoeDecodeSc8,
+                                       ms::cuda::kMoeDecodeAcc2Sc8, ms::cuda::kMoeDecodeHalf,
+                                       ms::cuda::kMoeDecodeHalfSc8};
+constexpr int kHalfVariants[] = {ms::cuda::kMoeDecodeHalf, ms::cuda::kMoeDecodeHalfSc8};
+
+TEST(CudaMoeDecodeVariant, ScaledDownShapesMatchCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts h1(32, 1024, 512, 600), h2(16, 2048, 1024, 601), h3(16, 3072, 512, 602);
+  const Nvfp4Experts odd(16, 7168, 1024, 603);
+  for (int v : kVariantsBeyondBase) {
+    for (int m : {1, 3, 8, 32, 100, 128}) {
+      run_case(h1, m, 8, false, 611u + m, false, Path::Decode, Routing::Uniform, 0, v);
+      run_case(h1, m, 8, true, 612u + m, false, Path::Decode, Routing::Skewed, 0, v);
+    }
+    run_case(h1, 16, 8, false, 613, false, Path::Decode, Routing::OneHot, 0, v);
+    run_case(h1, 8, 8, false, 614, false, Path::Decode, Routing::EmptySlots, 0, v);
+    run_case(h2, 5, 4, true, 615, false, Path::Decode, Routing::Skewed, 0, v);
+    run_case(h3, 9, 4, false, 616, false, Path::Decode, Routing::Uniform, 0, v);
+    run_case(odd, 1, 8, false, 617, false, Path::Decode, Routing::Uniform, 0, v);
+    run_case(odd, 17, 6, false, 618, false, Path::Decode, Routing::OneHot, 0, v);
+  }
+}
+
+TEST(CudaMoeDecodeVariant, FullWidthGlm5MatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts& xs = glm5_full_width();
+  for (int v : kVariantsBeyondBase) {
+    for (int m : {1, 8, 32, 128})
+      run_case(xs, m, 8, false, 621u + m, false, Path::Decode, Routing::Uniform, 0, v);
+    run_case(xs, 3, 8, true, 622, false, Path::Decode, Routing::Skewed, 0, v);
+  }
+}
+
+// hidden a multiple of 512 but not of 1024: only the half variants take it (4 warps split an item's k);
+// 512 gives one step a warp, 1536 three, 5632 eleven (halfsc8: a partial third scale block).
+TEST(CudaMoeDecodeVariant, HalfTakesHiddenMultiplesOf512) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts h05(16, 512, 512, 640), h15(32, 1536, 512, 641), h55(16, 5632, 1024, 642);
+  for (int v : kHalfVariants) {
+    for (int m : {1, 5, 8, 64, 128}) {
+      run_case(h15, m, 8, false, 651u + m, false, Path::Decode, Routing::Uniform, 0, v);
+      run_case(h15, m, 8, true, 652u + m, false, Path::Decode, Routing::Skewed, 0, v);
+    }
+    run_case(h05, 3, 4, false, 653, false, Path::Decode, Routing::Uniform, 0, v);
+    run_case(h05, 32, 4, false, 654, false, Path::Decode, Routing::OneHot, 0, v);
+    run_case(h15, 8, 8, false, 655, false, Path::Decode, Routing::EmptySlots, 0, v);
+    run_case(h55, 1, 8, false, 656, false, Path::Decode, Routing::Uniform, 0, v);
+    run_case(h55, 24, 6, true, 657, false, Path::Decode, Routing::Skewed, 0, v);
+  }
+  // The other variants leave such a shape to the streamed path.
+  const Nvfp4Experts& xs = h15;
+  ms::cuda::MoeExpertsParams p;
+  p.format = ms::cuda::MoeWeightFormat::NVFP4;
+  p.hidden = xs.H;
+  p.inter = xs.I;
+  p.m = 4;
+  p.top_k = 8;
+  p.n_experts = xs.E;
+  for (int v : ms::cuda::kMoeDecodeVariantList) {
+    p.decode_variant = v;
+    EXPECT_EQ(ms::cuda::moe_decode_config::choose_variant(
+                  ms::cuda::moe_decode_shape(p), ms::cuda::limits_of(ms::cuda::current_device_caps()),
+                  (v & ms::cuda::kMoeDecodeHalf) != 0)
+                  .use,
+              (v & ms::cuda::kMoeDecodeHalf) != 0)
+        << ms::cuda::moe_decode_variant_name(v);
+  }
+}
+
+TEST(CudaMoeDecodeVariant, UntouchedExpertsAreNotRead) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Nvfp4Experts xs(64, 2048, 1024, 630);
+  for (int v : kVariantsBeyondBase) {
+    run_case(xs, 1, 4, false, 631, true, Path::Decode, Routing::Uniform, 0, v);
+    run_case(xs, 4, 4, true, 632, true, Path::Decode, Routing::Skewed, 0, v);
+  }
+}
+
+TEST(CudaMoeDecodeVariant, VariantFromEnvironment) {
+  EXPECT_EQ(ms::cuda::moe_decode_variant_from_env(nullptr), -1);
+  EXPECT_EQ(ms::cuda::moe_decode_variant_from_env(""), -1);
+  for (int v : ms::cuda::kMoeDecodeVariantList)
+    EXPECT_EQ(ms::cuda::moe_decode_variant_from_env(ms::cuda::moe_decode_variant_name(v)), v);
+  EXPECT_EQ(ms::cuda::moe_decode_variant_from_env("half"), ms::cuda::kMoeDecodeHalf);
+  EXPECT_EQ(ms::cuda::moe_decode_variant_from_env("halfsc8"), ms::cuda::kMoeDecodeHalfSc8);
+  EXPECT_THROW(ms::cuda::moe_decode_variant_from_env("acc4"), ms::Error);
+  EXPECT_THROW(ms::cuda::moe_decode_variant_from_env("acc2,sc8"), ms::Error);
+  EXPECT_THROW(ms::cuda::moe_decode_variant_from_env("acc2half"), ms::Error);
+  ms::cuda::MoeExpertsParams p;
+  p.decode_variant = ms::cuda::kMoeDecodeAcc2Sc8;
+  EXPECT_EQ(ms::cuda::moe_decode_variant(p), ms::cuda::kMoeDecodeAcc2Sc8);
+  p.decode_variant = ms::cuda::kMoeDecodeHalfSc8;
+  EXPECT_EQ(ms::cuda::moe_decode_variant(p), ms::cuda::kMoeDecodeHalfSc8);
+  for (int bad : {5, 7, 8}) {  // acc2 with half, and past the flags
+    p.decode_variant = bad;
+    EXPECT_THROW(ms::cuda::moe_decode_variant(p), ms::Error) << bad;
+    EXPECT_THROW(ms::cuda::moe_decode_variant_name(bad), ms::Error) << bad;
+  }
 }
 
 TEST(CudaMoeDecodeRing, KernelFromEnvironment) {

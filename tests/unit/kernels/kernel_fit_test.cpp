@@ -261,15 +261,16 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
   EXPECT_GE(c::blocks_per_sm(h200_128.smem_down + c::kStaticSmem, limits_h200()), c::kDownMinBlocks);
   // The work list at the largest step: one position per (expert, chunk) pair at most.
   EXPECT_GE(c::kMaxEc, c::kMaxM * 8);
-  // Outside its regime: other formats, m > 128, m * top_k > 1024, shapes that are not multiples of the warp
-  // split.
+  // Outside its regime: other formats, m > 128, m * top_k > 1152 (128 tokens of top-8 plus the fused shared
+  // expert fit), shapes that are not multiples of the warp split.
   EXPECT_FALSE(c::choose({false, 6144, 2048, 8, 8, 256}, limits_h200()).use);
   const c::Config m129 = c::choose({true, 6144, 2048, 129, 8, 256}, limits_h200());
   EXPECT_FALSE(m129.use);
   EXPECT_NE(m129.why.find("m = 129"), std::string::npos) << m129.why;
-  const c::Config slots = c::choose({true, 6144, 2048, 128, 9, 256}, limits_h200());
+  EXPECT_TRUE(c::choose({true, 6144, 2048, 128, 9, 257}, limits_h200()).use);
+  const c::Config slots = c::choose({true, 6144, 2048, 128, 10, 256}, limits_h200());
   EXPECT_FALSE(slots.use);
-  EXPECT_NE(slots.why.find("m * top_k = 1152"), std::string::npos) << slots.why;
+  EXPECT_NE(slots.why.find("m * top_k = 1280"), std::string::npos) << slots.why;
   EXPECT_FALSE(c::choose({true, 6144, 1408, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 5120 + 512, 2048, 8, 8, 256}, limits_h200()).use);
   EXPECT_FALSE(c::choose({true, 6144, 2048, 8, 8, 2048}, limits_h200()).use);
@@ -279,6 +280,58 @@ TEST(KernelFit, MoeDecodeChoosesOnlyWhatFits) {
   const c::Config t = c::choose({true, 6144, 2048, 8, 8, 256}, tiny);
   EXPECT_FALSE(t.use);
   EXPECT_NE(t.why.find("moe_decode"), std::string::npos) << t.why;
+}
+
+// The register kernels' half variants (choose_variant(..., true)): hidden a multiple of 512 instead of 1024,
+// the same shared-memory layout (red [2 groups][4 warps] takes the bytes of [8 warps]), so wherever both
+// run they get the same x_rows, shared memory and grid; the ring (8 warps on one item) only where hidden is a
+// multiple of 1024.
+TEST(KernelFit, MoeDecodeHalfChoosesOnlyWhatFits) {
+  namespace c = moe_decode_config;
+  static_assert(c::gate_up_red_bytes() ==
+                static_cast<size_t>(c::kHalfGroups) * c::kHalfWarps * 2 * c::kChunk * 16 * sizeof(float));
+  int used = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (int m : {1, 2, 3, 5, 8, 9, 32, 64, 65, 100, 127, 128})
+      for (int hidden : {512, 1024, 1536, 2048, 5632, 6144, 7168}) {
+        const moe_decode_common::Shape s{true, hidden, 2048, m, 8, 256};
+        const c::Config half = c::choose_variant(s, dev, true);
+        const c::Config base = c::choose(s, dev);
+        EXPECT_EQ(c::choose_variant(s, dev, false).x_rows, base.x_rows);
+        if (hidden % 1024 != 0) {
+          EXPECT_FALSE(base.use) << dev.name << " hidden " << hidden;
+          EXPECT_NE(base.why.find("multiple of 1024"), std::string::npos) << base.why;
+        }
+        if (!half.use) {
+          EXPECT_FALSE(half.why.empty());
+          EXPECT_FALSE(base.use) << dev.name << " m" << m << " hidden " << hidden;
+          continue;
+        }
+        ++used;
+        EXPECT_FALSE(why_cannot_run(c::need_gate_up(hidden, half.x_rows), dev).has_value()) << dev.name;
+        EXPECT_FALSE(why_cannot_run(c::need_down(m), dev).has_value()) << dev.name;
+        EXPECT_EQ(half.smem_gate_up, c::gate_up_smem(hidden, half.x_rows));
+        EXPECT_LE(half.smem_gate_up + c::kStaticSmem, dev.smem_per_block_optin);
+        EXPECT_GE(c::blocks_per_sm(half.smem_gate_up + c::kStaticSmem, dev),
+                  half.grid_gate_up / dev.multiprocessors);
+        if (base.use) {
+          EXPECT_EQ(half.x_rows, base.x_rows);
+          EXPECT_EQ(half.smem_gate_up, base.smem_gate_up);
+          EXPECT_EQ(half.grid_gate_up, base.grid_gate_up);
+          EXPECT_EQ(half.ring, base.ring);
+        } else {
+          EXPECT_EQ(hidden % 1024, 512);
+          EXPECT_FALSE(half.ring);
+          EXPECT_NE(half.ring_why.find("multiple of 1024"), std::string::npos) << half.ring_why;
+        }
+      }
+  EXPECT_GT(used, 0);
+  const c::Config h200 = c::choose_variant({true, 5632, 2048, 8, 8, 256}, limits_h200(), true);
+  EXPECT_TRUE(h200.use) << h200.why;
+  EXPECT_EQ(h200.grid_gate_up, 2 * 132);
+  const c::Config odd = c::choose_variant({true, 6144 + 256, 2048, 8, 8, 256}, limits_h200(), true);
+  EXPECT_FALSE(odd.use);
+  EXPECT_NE(odd.why.find("multiple of 512"), std::string::npos) << odd.why;
 }
 
 // The cp.async ring variant: where it is offered, its layout (ring after the register kernels' layout, the
@@ -397,9 +450,10 @@ TEST(KernelFit, MoeDecodeFp8ChoosesOnlyWhatFits) {
   refused({false, 128, 7168, 2048, 8, 8, 256}, "FP8Block");
   refused({true, 64, 7168, 2048, 8, 8, 256}, "fp8_block");
   refused({true, 128, 7168, 2048, 129, 8, 256}, "m = 129");
-  refused({true, 128, 7168, 2048, 128, 9, 256}, "m * top_k = 1152");
+  EXPECT_TRUE(c::choose({true, 128, 7168, 2048, 128, 9, 257}, limits_h200()).use);  // + the shared expert
+  refused({true, 128, 7168, 2048, 128, 10, 256}, "m * top_k = 1280");
   refused({true, 128, 7168, 2048, 0, 8, 256}, "m = 0");
-  refused({true, 128, 7168, 2048, 64, 17, 256}, "top_k");
+  refused({true, 128, 7168, 2048, 128, 17, 256}, "top_k");
   refused({true, 128, 7168, 2048, 8, 8, 2048}, "n_experts");
   refused({true, 128, 7168 + 64, 2048, 8, 8, 256}, "hidden");
   refused({true, 128, 7168, 2048 + 64, 8, 8, 256}, "inter");

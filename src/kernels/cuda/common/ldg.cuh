@@ -28,6 +28,13 @@ __device__ __forceinline__ uint4 ld_stream16_l2_256(const void* ptr) {
   return v;
 }
 
+// 8 bytes.
+__device__ __forceinline__ uint2 ld_stream8(const void* ptr) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
+  return v;
+}
+
 // 2 bytes, zero-extended.
 __device__ __forceinline__ uint32_t ld_stream2(const void* ptr) {
   unsigned short v;

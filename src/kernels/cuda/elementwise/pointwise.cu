@@ -117,6 +117,23 @@ __global__ void cast_bf16_kernel(CastBf16Params p) {
   }
 }
 
+// cast_bf16 four columns a thread (16-byte loads, 8-byte stores) where the rows allow it: the casts ahead of
+// every cuBLASLt product are 19 launches of a batch-64 glm5-slice step, 5.8 us apiece with 4-byte loads.
+__global__ void cast_bf16_x4_kernel(CastBf16Params p) {
+  dev::grid_dep_enter();
+  const int64_t n4 = p.n / 4;
+  MS_FOR_ROWS(p.m) {
+    const float4* x = reinterpret_cast<const float4*>(p.x + r * p.x_stride);
+    uint2* o = reinterpret_cast<uint2*>(reinterpret_cast<uint16_t*>(p.out) + r * p.out_stride);
+    MS_FOR_COLS(n4) {
+      const float4 v = x[c];
+      o[c] = make_uint2(
+          static_cast<uint32_t>(dev::f32_to_bf16_bits(v.x)) | (uint32_t{dev::f32_to_bf16_bits(v.y)} << 16),
+          static_cast<uint32_t>(dev::f32_to_bf16_bits(v.z)) | (uint32_t{dev::f32_to_bf16_bits(v.w)} << 16));
+    }
+  }
+}
+
 #undef MS_FOR_ROWS
 #undef MS_FOR_COLS
 
@@ -191,6 +208,12 @@ void cast_f32_to_bf16(const CastBf16Params& p, cudaStream_t stream) {
   check_matrix(p.x, p.m, p.n, p.x_stride, "cast_f32_to_bf16", "x");
   check_matrix(p.out, p.m, p.n, p.out_stride, "cast_f32_to_bf16", "out");
   if (p.m == 0 || p.n == 0) return;
+  if (p.n % 4 == 0 && p.x_stride % 4 == 0 && p.out_stride % 4 == 0 && is_aligned(p.x, 16) &&
+      is_aligned(p.out, 8)) {
+    launch_kernel("cast_bf16", cast_bf16_x4_kernel, rows_grid(p.m, p.n / 4), kElementwiseThreads, 0, stream,
+                  p);
+    return;
+  }
   launch_kernel("cast_bf16", cast_bf16_kernel, rows_grid(p.m, p.n), kElementwiseThreads, 0, stream, p);
 }
 

@@ -24,7 +24,8 @@ constexpr int kWarps = 8;
 // at 128 tokens: down_smem(128) is ~40 KB, three blocks still share an H200 multiprocessor and one fits
 // sm_120's 99 KB). Above 128 the streamed path (moe_stream_config.h) or the grouped GEMMs take the step.
 constexpr int kMaxM = 128;
-constexpr int kMaxSlots = 1024;  // m * top_k: 128 tokens x GLM-5's / DeepSeek-V3's top-8
+constexpr int kMaxSlots =
+    1152;  // m * top_k: 128 tokens x (top-8 + the fused shared expert) of GLM-5 / DeepSeek-V3
 // (expert, chunk) pairs of the work list: every pair holds at least one of the m * top_k positions, so there
 // are at most kMaxSlots of them.
 constexpr int kMaxEc = 1536;
@@ -48,9 +49,9 @@ constexpr int kGuUnroll = 3;  // gate_up: 32-k steps whose weights a lane loads 
 // own slots of a per-warp ring in shared memory, `depth` steps ahead of its math and across work items, and
 // reads back only what it copied. Per lane and step: gate_up 4 rows x (16 weight bytes + the 4-byte word that
 // holds the lane's 2 scale bytes), down 2 rows x (16 + 4).
-// Tokens from which the ring is the default: on an H200 (GLM-5 shapes) it was 5-9% faster at 8 and 32 tokens
-// and 21% slower at one (its gate_up leaves one block of 8 warps per multiprocessor).
-constexpr int kRingMinTokens = 8;
+// Not the default: on an H200 (GLM-5 shapes) it was 5-9% faster than the register kernels' base variant at 8
+// to 64 tokens and 21% slower at one, and the register kernels' sc8 variant (moe_experts_decode.h) now
+// matches or beats it at every size (8 tokens 639 against 665 us, 64 tokens 2290 against 2295 us).
 constexpr int kRingMinDepth = 3;  // fewer steps in flight than the register kernels keep: not worth a ring
 constexpr int kRingMaxDepth = 8;  // the kernels' cp.async.wait_group switch covers 0 .. kRingMaxDepth - 1
 constexpr int kGuRingRows = 4, kDownRingRows = 2;
@@ -67,7 +68,11 @@ constexpr size_t ring_step_bytes(int rows,
 constexpr int64_t xs_ld(int hidden) {
   return hidden + 16;
 }
-constexpr size_t gate_up_red_bytes() {  // [8 warps][2 gate/up][8 positions][16 rows] f32
+// red: [8 warps][2 gate/up][8 positions][16 rows] f32; the half variants' [2 groups][4 warps][2][8][16] take
+// the same bytes, so one layout (and one choice of x_rows) serves every variant of the register kernels.
+constexpr int kHalfGroups = 2;                    // half: groups of warps a block, each on its own work item
+constexpr int kHalfWarps = kWarps / kHalfGroups;  // half: warps of a group, splitting its item's k
+constexpr size_t gate_up_red_bytes() {
   return static_cast<size_t>(kWarps) * 2 * kChunk * 16 * sizeof(float);
 }
 constexpr size_t ec_bytes() {
@@ -143,7 +148,11 @@ inline RingFit ring_fit(size_t base, size_t step, const DeviceLimits& dev, int m
   return best;
 }
 
-inline Config choose(const Shape& s, const DeviceLimits& dev) {
+// half: the configuration for the register kernels' half variants (moe_experts_decode.h), whose gate_up
+// splits k over 4 warps of a group instead of all 8: hidden a multiple of 512 instead of 1024, the same
+// shared-memory layout; the ring (8 warps on one item) is offered only where hidden is a multiple of 1024.
+// choose(s, dev) is choose_variant(s, dev, false): every other variant (one name, so tests can pass it on).
+inline Config choose_variant(const Shape& s, const DeviceLimits& dev, bool half) {
   Config c;
   auto no = [&](std::string why) {
     c.use = false;
@@ -151,8 +160,10 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
     return c;
   };
   if (auto why = moe_decode_common::why_outside(s, "decode", kMaxM, kMaxSlots)) return no(*why);
-  if (s.hidden <= 0 || s.hidden % 1024 != 0)
-    return no(fmt::format("hidden = {} is not a multiple of 1024 (8 warps x 4 lanes x 32 k)", s.hidden));
+  const int split = (half ? kHalfWarps : kWarps) * 4 * 32;  // k of one step of every warp on an item
+  if (s.hidden <= 0 || s.hidden % split != 0)
+    return no(fmt::format("hidden = {} is not a multiple of {} ({} warps x 4 lanes x 32 k)", s.hidden, split,
+                          split / 128));
   if (s.inter <= 0 || s.inter % kDownKr != 0 || s.inter % kGuIdx != 0)
     return no(fmt::format("inter = {} is not a multiple of {}", s.inter, kDownKr));
   // gate_up: the most x rows per pass (up to min(m, 8)) that still let two blocks share a multiprocessor;
@@ -171,6 +182,12 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
   c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
   c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
+  if (s.hidden % (kWarps * 4 * 32) != 0) {
+    c.ring_why =
+        fmt::format("the cp.async ring of moe_decode_gate_up_ring needs hidden a multiple of {}, not {}",
+                    kWarps * 4 * 32, s.hidden);
+    return c;
+  }
   const RingFit gu = ring_fit(c.smem_gate_up, ring_step_bytes(kGuRingRows, kWarps), dev, 2);
   const RingFit dn = ring_fit(c.smem_down, ring_step_bytes(kDownRingRows, kDownWarps), dev, kDownMinBlocks);
   if (gu.depth == 0 || dn.depth == 0) {
@@ -189,6 +206,10 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   c.smem_down_ring = down_ring_smem(s.m, dn.depth);
   c.grid_gate_up_ring = gu.blocks * std::max(dev.multiprocessors, 1);
   return c;
+}
+
+inline Config choose(const Shape& s, const DeviceLimits& dev) {
+  return choose_variant(s, dev, false);
 }
 
 }  // namespace ms::cuda::moe_decode_config

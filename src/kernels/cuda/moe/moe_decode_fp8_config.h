@@ -33,7 +33,7 @@ constexpr int kDownMinBlocks = 4;
 // at 128 tokens: down_smem(128) is ~40 KB, two blocks a multiprocessor on sm_120's 99 KB, four on an H200).
 // Above 128 the grouped GEMMs or the CUDA-core kernels take the step.
 constexpr int kMaxM = 128;
-constexpr int kMaxSlots = 1024;  // m * top_k: 128 tokens x DeepSeek-V3's top-8
+constexpr int kMaxSlots = 1152;  // m * top_k: 128 tokens x (top-8 + the fused shared expert) of DeepSeek-V3
 // (expert, chunk) pairs of the work list: every pair holds at least one of the m * top_k positions, so there
 // are at most kMaxSlots of them.
 constexpr int kMaxEc = 1536;

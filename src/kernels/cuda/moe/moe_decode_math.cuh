@@ -70,6 +70,70 @@ __device__ __forceinline__ void tile_step(float (&acc)[4], const uint4& w0, cons
   }
 }
 
+// tile_step with the two mmas of every word in two accumulator sets (mma 2 j2 into acc0, 2 j2 + 1 into
+// acc1): two dependent chains of 4 mmas a step instead of one of 8. The caller adds the sets in a fixed
+// order.
+__device__ __forceinline__ void tile_step_split(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
+                                                const uint4& w1, uint32_t sc0, uint32_t sc1,
+                                                const uint4 (&b)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t s0 = scale_f16x2(sc0, h), s1 = scale_f16x2(sc1, h);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int j2 = 2 * h + q;
+      uint32_t lo0, hi0, lo1, hi1;
+      e2m1x8_to_e4m3(word_of(w0, j2), lo0, hi0);
+      e2m1x8_to_e4m3(word_of(w1, j2), lo1, hi1);
+      const uint32_t a[4] = {f16x2_mul(tc::fp8x2_to_f16x2(lo0), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1), s1),
+                             f16x2_mul(tc::fp8x2_to_f16x2(hi0), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1), s1)};
+      tc::mma_f16(acc0, a, b[j2].x, b[j2].y);
+      const uint32_t a2[4] = {
+          f16x2_mul(tc::fp8x2_to_f16x2(lo0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1 >> 16), s1),
+          f16x2_mul(tc::fp8x2_to_f16x2(hi0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1 >> 16), s1)};
+      tc::mma_f16(acc1, a2, b[j2].z, b[j2].w);
+    }
+  }
+}
+
+// The two mmas of word j2 of tile_step_split, with that word's B piece bj.
+__device__ __forceinline__ void word_step_split(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
+                                                const uint4& w1, uint32_t sc0, uint32_t sc1, int j2,
+                                                const uint4& bj) {
+  const uint32_t s0 = scale_f16x2(sc0, j2 >> 1), s1 = scale_f16x2(sc1, j2 >> 1);
+  uint32_t lo0, hi0, lo1, hi1;
+  e2m1x8_to_e4m3(word_of(w0, j2), lo0, hi0);
+  e2m1x8_to_e4m3(word_of(w1, j2), lo1, hi1);
+  const uint32_t a[4] = {f16x2_mul(tc::fp8x2_to_f16x2(lo0), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1), s1),
+                         f16x2_mul(tc::fp8x2_to_f16x2(hi0), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1), s1)};
+  tc::mma_f16(acc0, a, bj.x, bj.y);
+  const uint32_t a2[4] = {
+      f16x2_mul(tc::fp8x2_to_f16x2(lo0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1 >> 16), s1),
+      f16x2_mul(tc::fp8x2_to_f16x2(hi0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1 >> 16), s1)};
+  tc::mma_f16(acc1, a2, bj.z, bj.w);
+}
+
+// The sc8 scale exchange of one row inside a quad (lanes t = 0..3 of a warp, all 32 lanes calling): lane t
+// holds `raw`, the quad's 8 scale bytes of step 4 b + t (lane u's 2 bytes in 16-bit element u; zero where
+// that step does not exist); returns lane t's 2 bytes of steps 4 b + 0..3 in 16-bit elements 0..3 (x: steps
+// 0, 1; y: 2, 3). A 4 x 4 transpose of 16-bit elements in two xor shuffles: across lanes t ^ 2 the 2 x 2
+// blocks trade places, across t ^ 1 the elements inside them.
+__device__ __forceinline__ uint2 quad_scales(uint2 raw, int t) {
+  const int h = t >> 1, l = t & 1;
+  const uint32_t keep = h ? raw.y : raw.x;                                  // steps t, elements 2 h, 2 h + 1
+  const uint32_t got = __shfl_xor_sync(0xffffffffu, h ? raw.x : raw.y, 2);  // step t ^ 2, same elements
+  const uint32_t mine = __byte_perm(keep, got, l ? 0x7632u : 0x5410u);      // element t of steps t, t ^ 2
+  const uint32_t other = __shfl_xor_sync(0xffffffffu, __byte_perm(keep, got, l ? 0x5410u : 0x7632u), 1);
+  const uint32_t a = l ? other : mine, c = l ? mine : other;  // steps (2 h, 2 h ^ 2), (2 h + 1, 2 h + 1 ^ 2)
+  const uint32_t lo = __byte_perm(a, c, 0x5410u), hi = __byte_perm(a, c, 0x7632u);
+  return h ? make_uint2(hi, lo) : make_uint2(lo, hi);
+}
+
+// Lane's 2 scale bytes of step j (0..3) of a quad_scales result, in bits 0..15.
+__device__ __forceinline__ uint32_t quad_scale_of(const uint2& q, int j) {
+  return ((j & 2) ? q.y : q.x) >> ((j & 1) * 16);
+}
+
 // Index of element i of a k range in the B order of tile_step: within every 4 elements, 1 and 2 trade places
 // (an involution: the same function maps back).
 __host__ __device__ constexpr int b_order(int i) {

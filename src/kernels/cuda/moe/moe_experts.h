@@ -77,9 +77,13 @@ struct MoeExpertsParams {
   // (f32-exact to ~1e-5) or the old kernels run instead. Exact-mode callers and benchmarks set it.
   bool disable_decode = false;
   // The decode path's weight streaming (moe_experts_decode.h): -1 the environment's
-  // MOESERVE_MOE_DECODE_KERNEL (registers | ring), else the ring from moe_decode_config::kRingMinTokens
-  // tokens on; 0 registers; 1 the cp.async ring where it fits (bit-identical).
+  // MOESERVE_MOE_DECODE_KERNEL (registers | ring), else registers; 0 registers; 1 the cp.async ring where
+  // it fits (bit-identical).
   int decode_ring = -1;
+  // The register kernels' variant (moe_experts_decode.h: MoeDecodeVariant; the ring kernels ignore it): -1
+  // the environment's MOESERVE_MOE_DECODE_VARIANT (base | acc2 | sc8 | acc2sc8 | half | halfsc8), else
+  // halfsc8 from 2 tokens and sc8 at 1; else that MoeDecodeVariant value.
+  int decode_variant = -1;
   // Prefill path's GEMM kernel (benchmarks compare both; tests pin one).
   MoePrefillKernel prefill_kernel = MoePrefillKernel::Auto;
   // Per-expert tensor maps for the wgmma kernel's tensor-copy loads (moe_experts_wgmma.h

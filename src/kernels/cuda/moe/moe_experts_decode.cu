@@ -27,6 +27,15 @@
 // and keeps its sum in registers while the chunk stays the same; at a chunk change it adds the chunk's rows x
 // down_scale2 into its own tile out_w[warp][token][16] (positions in order); the block then sums the 8 tiles
 // in warp order and adds to out once.
+//
+// Variants of both register kernels (template V, moe_experts_decode.h: MoeDecodeVariant), same work split:
+// acc2 feeds the two mmas of every weight word into two accumulator sets (set 0 + set 1 at the end of a
+// gate_up item, at a down warp's chunk flush); sc8 has lane t of a quad load the quad's 8 scale bytes of step
+// 4 b + t per row and swaps them into each lane's own 2 bytes of steps 4 b .. 4 b + 3 (moe_decode_math.cuh:
+// quad_scales). To stay within gate_up's 128 registers without spills the variants address rows g + 8 from
+// rows g, sc8 finds its scale rows again from the expert table at each 8-byte load, and acc2sc8 reads its B
+// pieces one at a time. The half variants have a gate_up kernel of their own (described at it: two groups of
+// 4 warps on two items at a time) and run the down kernel of base (half) or sc8 (halfsc8).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -48,14 +57,20 @@ using namespace moe_decode_config;
 
 using dev::ld_stream16;
 using dev::ld_stream2;
+using dev::ld_stream8;
 using moe_decode_dev::b_order;
 using moe_decode_dev::kCodeScale;
 using moe_decode_dev::tile_step;
+using moe_decode_dev::tile_step_split;
 
 // ---- gate_up --------------------------------------------------------------------------------------------
 
+// V: MoeDecodeVariant (moe_experts_decode.h); base (0) is the code path described above.
+template <int V>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_decode_gate_up_kernel(const MoeExpertsParams p, int x_rows) {
+  constexpr bool kAcc2 = (V & kMoeDecodeAcc2) != 0, kSc8 = (V & kMoeDecodeSc8) != 0;
+  constexpr int kSets = kAcc2 ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
   const int64_t xld = xs_ld(H);
@@ -85,31 +100,63 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
 
   // The weights of the item being loaded: rows gate g, gate g + 8, up g, up g + 8 from the lane's k.
-  const uint8_t* wp[4];
-  const uint8_t* sp[4];
+  // The variants keep one pointer per matrix (rows g; rows g + 8 at a 32-bit offset), and sc8 none for the
+  // scales (it finds them again from the expert table once every 4 steps): registers for their extra
+  // accumulators or scale words under the 128 that two blocks a multiprocessor allow.
+  constexpr bool kSlim = V != kMoeDecodeBase;
+  constexpr int kPtrs = kSlim ? 2 : 4;
+  const int row8 = 8 * (H / 2), srow8 = 8 * (H / 16);
+  const uint8_t* wp[kPtrs];
+  const uint8_t* sp[kSc8 ? 1 : kPtrs];
   auto point = [&](int item) {
     const MoeExpertWeights& ew = p.experts[ec[item / tiles] & 1023];
     const int64_t idx = static_cast<int64_t>(item % tiles) * kGuIdx + g;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t row = idx + (r & 1) * 8;
-      wp[r] = static_cast<const uint8_t*>(r < 2 ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
-      sp[r] =
-          static_cast<const uint8_t*>(r < 2 ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k_lane / 16;
+    for (int r = 0; r < kPtrs; ++r) {
+      const bool gate = kSlim ? r == 0 : r < 2;
+      const int64_t row = idx + (kSlim ? 0 : (r & 1) * 8);
+      wp[r] = static_cast<const uint8_t*>(gate ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
+      if constexpr (!kSc8)
+        sp[r] =
+            static_cast<const uint8_t*>(gate ? ew.gate_scale : ew.up_scale) + row * srow_bytes + k_lane / 16;
     }
   };
+  // Rows gate g, gate g + 8, up g, up g + 8 (r = 0..3).
+  auto wrow = [&](int r) { return kSlim ? wp[r >> 1] + (r & 1) * row8 : wp[r]; };
   // Register slot u holds the steps s with s % kGuUnroll == u; a slot is reloaded with step s + kGuUnroll
   // right after step s's math, and an item's first kGuUnroll steps are loaded before the previous item's
   // epilogue (the first item's before its x rows are staged), so a lane's loads stay in flight across steps
   // and items instead of arriving in bursts.
   uint4 w[kGuUnroll][4];
-  uint32_t sc[kGuUnroll][4];
+  uint32_t sc[kSc8 ? 1 : kGuUnroll][4];
   auto load = [&](int s, int u) {
     if (s < steps) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        w[u][r] = ld_stream16(wp[r] + s * 64);
-        sc[u][r] = ld_stream2(sp[r] + s * 8);
+        w[u][r] = ld_stream16(wrow(r) + s * 64);
+        if constexpr (!kSc8) sc[u][r] = ld_stream2((kSlim ? sp[r >> 1] + (r & 1) * srow8 : sp[r]) + s * 8);
+      }
+    }
+  };
+  // sc8: raw[r] holds the 8 bytes lane t loaded for steps 4 b .. 4 b + 3 (those of step 4 b + t, the whole
+  // quad's), quad[r] the lane's own 2 bytes of each of them after the exchange (quad_scales). Block b + 1 is
+  // loaded at step 4 b + 1, 3 steps ahead of its use like the weights' slots (and the steps of quad
+  // already used free registers for it: no spills under 128 with acc2), an item's block 0 with its first
+  // weights.
+  uint2 raw[kSc8 ? 4 : 1], quad[kSc8 ? 4 : 1];
+  auto load_scales = [&](int item, int b) {
+    if constexpr (kSc8) {
+      if (4 * b < steps) {
+        const bool have = 4 * b + t < steps;
+        const MoeExpertWeights& ew = p.experts[ec[item / tiles] & 1023];
+        // The quad's scale bytes of row g start at (k_lane - 32 t) / 16; lane t reads those of step 4 b + t.
+        const int64_t off =
+            (static_cast<int64_t>(item % tiles) * kGuIdx + g) * srow_bytes + k_lane / 16 + 6 * t + 32 * b;
+        const uint8_t* gs = static_cast<const uint8_t*>(ew.gate_scale) + off;
+        const uint8_t* us = static_cast<const uint8_t*>(ew.up_scale) + off;
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          raw[r] = have ? ld_stream8((r < 2 ? gs : us) + (r & 1) * srow8) : make_uint2(0u, 0u);
       }
     }
   };
@@ -117,6 +164,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     point(it0);
 #pragma unroll
     for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+    load_scales(it0, 0);
   }
   int staged = -1;  // the work-list entry whose x rows xs holds
   for (int item = it0; item < it1; ++item) {
@@ -132,19 +180,49 @@ __global__ void __launch_bounds__(kThreads, 2)
       staged = eci;
     }
     __syncthreads();
-    float acc[2][4] = {};
-    for (int s0 = 0; s0 < steps; s0 += kGuUnroll) {
+    float acc[kSets][2][4] = {};
+    // sc8 unrolls 12 steps (the register slots' 3 times the scale blocks' 4): slot and place in the block
+    // are then known at compile time.
+    constexpr int kLoop = kSc8 ? 12 : kGuUnroll;
+    for (int s0 = 0; s0 < steps; s0 += kLoop) {
 #pragma unroll
-      for (int u = 0; u < kGuUnroll; ++u) {
-        const int s = s0 + u;
+      for (int v = 0; v < kLoop; ++v) {
+        const int u = v % kGuUnroll, s = s0 + v;
         if (s >= steps) break;
         uint4 b[4];
 #pragma unroll
         for (int j2 = 0; j2 < 4; ++j2)
           b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
                            : make_uint4(0u, 0u, 0u, 0u);
-        tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
-        tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
+        uint32_t scs[4];
+        if constexpr (kSc8) {
+          if (v % 4 == 0) {  // every lane of the warp runs the same steps: the shuffles see all 32
+#pragma unroll
+            for (int r = 0; r < 4; ++r) quad[r] = moe_decode_dev::quad_scales(raw[r], t);
+          }
+          if (v % 4 == 1) load_scales(item, (s >> 2) + 1);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) scs[r] = moe_decode_dev::quad_scale_of(quad[r], v % 4);
+        } else {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) scs[r] = sc[u][r];
+        }
+        if constexpr (kAcc2 && kSc8) {
+          // One B piece at a time for both tiles (its 4 registers instead of all 16 of the step live).
+#pragma unroll
+          for (int j2 = 0; j2 < 4; ++j2) {
+            const uint4 bj = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                                      : make_uint4(0u, 0u, 0u, 0u);
+            moe_decode_dev::word_step_split(acc[0][0], acc[1][0], w[u][0], w[u][1], scs[0], scs[1], j2, bj);
+            moe_decode_dev::word_step_split(acc[0][1], acc[1][1], w[u][2], w[u][3], scs[2], scs[3], j2, bj);
+          }
+        } else if constexpr (kAcc2) {
+          tile_step_split(acc[0][0], acc[1][0], w[u][0], w[u][1], scs[0], scs[1], b);
+          tile_step_split(acc[0][1], acc[1][1], w[u][2], w[u][3], scs[2], scs[3], b);
+        } else {
+          tile_step(acc[0][0], w[u][0], w[u][1], scs[0], scs[1], b);
+          tile_step(acc[0][1], w[u][2], w[u][3], scs[2], scs[3], b);
+        }
         load(s + kGuUnroll, u);  // the slot's next step goes in flight behind this one's math
       }
     }
@@ -152,11 +230,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       point(item + 1);
 #pragma unroll
       for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+      load_scales(item + 1, 0);  // sc8: the last block's bytes were exchanged at its first step
+    }
+    if constexpr (kAcc2) {  // the sets meet in a fixed order: set 0 + set 1
+#pragma unroll
+      for (int tl = 0; tl < 2; ++tl)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][tl][i] += acc[1][tl][i];
     }
     // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
     float* rw = red + warp * 2 * kChunk * 16;
-    moe_dev::store_c_tile(rw, acc[0], g, t);
-    moe_dev::store_c_tile(rw + kChunk * 16, acc[1], g, t);
+    moe_dev::store_c_tile(rw, acc[0][0], g, t);
+    moe_dev::store_c_tile(rw + kChunk * 16, acc[0][1], g, t);
     __syncthreads();  // also: every warp is done reading xs, so the next item may restage it
     if (tid < rows * 16) {
       const int r = tid >> 4, i = tid & 15;
@@ -172,10 +257,235 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// ---- gate_up, half variants ------------------------------------------------------------------------------
+//
+// Group q = warp / 4 of the block (bar.sync id 1 + q of its 128 threads; id 0 stays __syncthreads) takes
+// its own items; its warp w = warp % 4 takes k [w H / 4, (w + 1) H / 4) of both tiles (H / 512 steps).
+// The block's contiguous run of items is cut into segments of one work-list entry (one set of staged x
+// rows); in a segment, group 0 takes its items 0, 2, 4, .., group 1 items 1, 3, 5, .. (two neighbouring
+// 16-row stripes of one expert at a time). The block restages xs only between segments, at __syncthreads
+// (both groups have finished every item of the old rows: the same barrier count for both, since both walk
+// the same segments). Per item a group meets twice, back to back, at its named barrier: before its warps
+// write their partial sums into the group's red (its previous item's epilogue has read them) and after.
+// The entry's rows, positions, scales and routing weights are read once per segment.
+
+// Named barrier 1 + grp of the 128 threads of group grp (immediate ids: the kernel reserves 3 barriers).
+__device__ __forceinline__ void group_barrier(int grp) {
+  if (grp == 0)
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
+
+template <int V>
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_decode_gate_up_half_kernel(const MoeExpertsParams p, int x_rows) {
+  static_assert((V & kMoeDecodeHalf) != 0 && (V & kMoeDecodeAcc2) == 0, "half, with or without sc8");
+  constexpr bool kSc8 = (V & kMoeDecodeSc8) != 0;
+  constexpr int kGw = kHalfWarps, kGThreads = 32 * kHalfWarps;
+  static_assert(kHalfGroups == 2, "the items of a segment alternate between two groups");
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int H = p.hidden;
+  const int64_t xld = xs_ld(H);
+  __half* xs = reinterpret_cast<__half*>(smem);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
+  int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+  // The segment's constants, written with its x rows (read back where needed instead of held in registers
+  // through the k loop): seg_c the routing weights of its positions, then gate_scale2 and up_scale2 x
+  // kCodeScale; seg_i its first position and its expert. They live in the work list's tail, which a list
+  // never reaches (at most kMaxSlots entries: every entry holds a position).
+  float* seg_c = reinterpret_cast<float*>(ec + kMaxSlots);
+  int* seg_i = ec + kMaxSlots + kChunk + 2;
+  static_assert(kMaxEc - kMaxSlots >= kChunk + 4, "the segment constants fit the work list's tail");
+  __shared__ int s_nec;
+
+  moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int grp = warp / kGw, gw = warp % kGw, gtid = tid % kGThreads;
+  static_assert(kGThreads == 128, "group_barrier counts 128 threads");
+  float* red_g = red + grp * kGw * 2 * kChunk * 16;  // [4 warps][gate / up][position][16 rows]
+  const int tiles = p.inter / kGuIdx;
+  const int items = s_nec * tiles;
+  const int steps = H / (kGw * 128);  // 128-k steps of a warp's quarter of k
+  // Step s of lane (g, t) covers k [k_lane + 128 s, + 32); the swizzle bit of its 64-byte groups
+  // k_lane / 32 + 4 s is t >> 1 (H / 128 is a multiple of 4).
+  const int k_lane = gw * (H / kGw) + 32 * t;
+  const int64_t row_bytes = H / 2, srow_bytes = H / 16;
+  const __half* xs_lane = xs + g * xld + k_lane;
+  const int sw = (t >> 1) & 1;
+  uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
+  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
+  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
+
+  // The end of the segment that holds item i; the group's first item at or after segment start i; the
+  // group's item after item i (it1: none).
+  auto seg_end = [&](int i) { return min(it1, (i / tiles + 1) * tiles); };
+  auto first_from = [&](int i) {
+    while (i < it1) {
+      const int e = seg_end(i);
+      if (i + grp < e) return i + grp;
+      i = e;
+    }
+    return it1;
+  };
+  // The group's item after item i of the segment that ends at se.
+  auto next_of = [&](int i, int se) { return i + 2 < se ? i + 2 : first_from(se); };
+
+  // Rows gate g, up g (rows g + 8 at a 32-bit offset), from the lane's k.
+  const int row8 = 8 * (H / 2), srow8 = 8 * (H / 16);
+  const uint8_t* wp[2];
+  const uint8_t* sp[kSc8 ? 1 : 2];
+  // Item (expert e, tile).
+  auto point = [&](int e, int tile) {
+    const MoeExpertWeights& ew = p.experts[e];
+    const int64_t row = static_cast<int64_t>(tile) * kGuIdx + g;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      wp[r] = static_cast<const uint8_t*>(r == 0 ? ew.gate : ew.up) + row * row_bytes + k_lane / 2;
+      if constexpr (!kSc8)
+        sp[r] = static_cast<const uint8_t*>(r == 0 ? ew.gate_scale : ew.up_scale) + row * srow_bytes +
+                k_lane / 16;
+    }
+  };
+  // Rows gate g, gate g + 8, up g, up g + 8 (r = 0..3); register slots as in the 8-warp kernel.
+  uint4 w[kGuUnroll][4];
+  uint32_t sc[kSc8 ? 1 : kGuUnroll][4];
+  auto load = [&](int s, int u) {
+    if (s < steps) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        w[u][r] = ld_stream16(wp[r >> 1] + (r & 1) * row8 + s * 64);
+        if constexpr (!kSc8) sc[u][r] = ld_stream2(sp[r >> 1] + (r & 1) * srow8 + s * 8);
+      }
+    }
+  };
+  uint2 raw[kSc8 ? 4 : 1], quad[kSc8 ? 4 : 1];
+  // sc8: soff (scale_off(tile)) is where lane t's bytes of block 0 of row gate / up g start.
+  auto scale_off = [&](int tile) {
+    return static_cast<int>((static_cast<int64_t>(tile) * kGuIdx + g) * srow_bytes + k_lane / 16 + 6 * t);
+  };
+  auto load_scales = [&](int e, int soff, int b) {
+    if constexpr (kSc8) {
+      if (4 * b < steps) {
+        const bool have = 4 * b + t < steps;
+        const MoeExpertWeights& ew = p.experts[e];
+        const int off = soff + 32 * b;
+        const uint8_t* gs = static_cast<const uint8_t*>(ew.gate_scale) + off;
+        const uint8_t* us = static_cast<const uint8_t*>(ew.up_scale) + off;
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          raw[r] = have ? ld_stream8((r < 2 ? gs : us) + (r & 1) * srow8) : make_uint2(0u, 0u);
+      }
+    }
+  };
+  // The first steps of item i (its expert from the work list) go in flight.
+  auto start = [&](int i) {
+    const int e = ec[i / tiles] & 1023, tile = i % tiles;
+    point(e, tile);
+#pragma unroll
+    for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+    load_scales(e, scale_off(tile), 0);
+  };
+  int item = first_from(it0);
+  if (item < it1) start(item);
+  // Epilogue thread of the group: position r_e, index i_e of the tile.
+  const int r_e = gtid >> 4, i_e = gtid & 15;
+  for (int seg = it0; seg < it1;) {
+    const int se = seg_end(seg);
+    const int code = ec[seg / tiles];
+    const int e = code & 1023, chunk = code >> 10;
+    const int count = p.expert_counts[e], off = p.expert_offsets[e];
+    const int rows = min(x_rows, count - chunk * x_rows);
+    const int pos0 = off + chunk * x_rows;
+    if (seg != it0) __syncthreads();  // both groups are done with the old rows and constants
+    moe_decode_dev::stage_x_rows(p, pos0, rows, xs, xld, tid, kThreads);
+    if (tid < rows) seg_c[tid] = p.topk_weights[p.sorted_slots[pos0 + tid]];
+    if (tid == kThreads - 1) {
+      seg_c[kChunk] = p.experts[e].gate_scale2 * kCodeScale;
+      seg_c[kChunk + 1] = p.experts[e].up_scale2 * kCodeScale;
+      seg_i[0] = pos0;
+      seg_i[1] = e;
+    }
+    __syncthreads();
+    const bool have_row = g < rows, have_pos = r_e < rows;
+    for (; item < se;) {
+      const int soff = kSc8 ? scale_off(item % tiles) : 0;
+      float acc[2][4] = {};
+      constexpr int kLoop = kSc8 ? 12 : kGuUnroll;
+      for (int s0 = 0; s0 < steps; s0 += kLoop) {
+#pragma unroll
+        for (int v = 0; v < kLoop; ++v) {
+          const int u = v % kGuUnroll, s = s0 + v;
+          if (s >= steps) break;
+          uint32_t scs[4];
+          if constexpr (kSc8) {
+            if (v % 4 == 0) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) quad[r] = moe_decode_dev::quad_scales(raw[r], t);
+            }
+            if (v % 4 == 1) load_scales(seg_i[1], soff, (s >> 2) + 1);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              scs[r] = moe_decode_dev::quad_scale_of(quad[r], v % 4);
+            }
+            // One B piece at a time for both tiles (its 4 registers instead of all 16 of the step live): the
+            // same mmas into each tile in the same order as tile_step (bit-identical to half).
+#pragma unroll
+            for (int j2 = 0; j2 < 4; ++j2) {
+              const uint4 bj = have_row ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                                        : make_uint4(0u, 0u, 0u, 0u);
+              moe_decode_dev::word_step_split(acc[0], acc[0], w[u][0], w[u][1], scs[0], scs[1], j2, bj);
+              moe_decode_dev::word_step_split(acc[1], acc[1], w[u][2], w[u][3], scs[2], scs[3], j2, bj);
+            }
+          } else {
+            uint4 b[4];
+#pragma unroll
+            for (int j2 = 0; j2 < 4; ++j2)
+              b[j2] = have_row ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                               : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) scs[r] = sc[u][r];
+            tile_step(acc[0], w[u][0], w[u][1], scs[0], scs[1], b);
+            tile_step(acc[1], w[u][2], w[u][3], scs[2], scs[3], b);
+          }
+          load(s + kGuUnroll, u);
+        }
+      }
+      const int nxt = next_of(item, se);
+      if (nxt < it1) start(nxt);  // the group's next item's first steps go in flight before the reduction
+      group_barrier(grp);         // the previous item's epilogue has read red_g
+      float* rw = red_g + gw * 2 * kChunk * 16;
+      moe_dev::store_c_tile(rw, acc[0], g, t);
+      moe_dev::store_c_tile(rw + kChunk * 16, acc[1], g, t);
+      group_barrier(grp);
+      if (have_pos) {
+        // sum_gate_up_tiles' order (warps 0..3), from one base address.
+        const float* rr = red_g + r_e * 16 + i_e;
+        float gs = 0.f, us = 0.f;
+#pragma unroll
+        for (int w2 = 0; w2 < kGw; ++w2) {
+          gs += rr[w2 * 2 * kChunk * 16];
+          us += rr[(w2 * 2 + 1) * kChunk * 16];
+        }
+        const float gv = gs * seg_c[kChunk], uv = us * seg_c[kChunk + 1];
+        const float v = gv / (1.0f + expf(-gv)) * uv * seg_c[r_e];
+        acth[static_cast<int64_t>(seg_i[0] + r_e) * p.inter + (item % tiles) * kGuIdx + b_order(i_e)] =
+            tc::f16_sat_bits(v);
+      }
+      item = nxt;
+    }
+    seg = se;
+  }
+}
+
 // ---- down (+ routing weight, already in act, + combine) --------------------------------------------------
 
+template <int V>
 __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
     moe_decode_down_kernel(const MoeExpertsParams p) {
+  constexpr bool kAcc2 = (V & kMoeDecodeAcc2) != 0, kSc8 = (V & kMoeDecodeSc8) != 0;
+  constexpr int kSets = kAcc2 ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
   float* out_w = reinterpret_cast<float*>(smem);    // [warps][m][16]
@@ -199,9 +509,13 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
 
   int cur = -1, rows = 0, pos0 = 0;
   float s2 = 0.f;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[kSets][4] = {};
   auto flush = [&]() {
-    moe_dev::store_c_tile(scr_w, acc, g, t);
+    if constexpr (kAcc2) {  // the sets meet in a fixed order: set 0 + set 1
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[0][i] += acc[1][i];
+    }
+    moe_dev::store_c_tile(scr_w, acc[0], g, t);
     __syncwarp();
     if (lane < kDownRows) {
       // Positions in order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
@@ -216,7 +530,11 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   // contiguous bytes of its row); a piece's 8 loads are issued one piece ahead of its math (two register
   // buffers), so a warp always has the next piece's bytes in flight.
   constexpr int kSteps = kDownKr / 128;
-  auto load = [&](int pc, uint4(&w)[kSteps][2], uint32_t(&sc)[kSteps][2]) {
+  static_assert(kSteps == 4, "sc8: one 8-byte scale load per lane and row covers a piece");
+  // Scales of a piece: base 2 bytes a step and row (sc[st][r]); sc8 the 8 bytes of step t of the quad per row
+  // (sc[0][r] | sc[1][r] << 32), exchanged inside the quad when the piece's math starts.
+  using Sc = uint32_t[kSteps][2];
+  auto load = [&](int pc, uint4(&w)[kSteps][2], Sc& sc) {
     const int ei = pc / ks_per, ks = pc - ei * ks_per;
     const MoeExpertWeights& ew = p.experts[ec[ei] & 1023];
     const int64_t k0 = static_cast<int64_t>(ks) * kDownKr + 32 * t;
@@ -229,10 +547,18 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         w[st][r] = ld_stream16(wb + r * 8 * row_bytes + 64 * st);
-        sc[st][r] = ld_stream2(sb + r * 8 * srow_bytes + 8 * st);
+        if constexpr (!kSc8) sc[st][r] = ld_stream2(sb + r * 8 * srow_bytes + 8 * st);
       }
+    if constexpr (kSc8) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {  // the quad's bytes start at sb - 2 t; step t's 8 at + 8 t
+        const uint2 v = ld_stream8(sb + r * 8 * srow_bytes + 6 * t);
+        sc[0][r] = v.x;
+        sc[1][r] = v.y;
+      }
+    }
   };
-  auto process = [&](int pc, const uint4(&w)[kSteps][2], const uint32_t(&sc)[kSteps][2]) {
+  auto process = [&](int pc, const uint4(&w)[kSteps][2], const Sc& sc) {
     const int ei = pc / ks_per, ks = pc - ei * ks_per;
     if (ei != cur) {
       if (cur >= 0) flush();
@@ -244,9 +570,16 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
       pos0 = p.expert_offsets[e] + chunk * kChunk;
       s2 = p.experts[e].down_scale2 * kCodeScale;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+      for (int k = 0; k < kSets; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[k][i] = 0.f;
     }
     const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
+    uint2 quad[2];
+    if constexpr (kSc8) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) quad[r] = moe_decode_dev::quad_scales(make_uint2(sc[0][r], sc[1][r]), t);
+    }
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       uint4 b[4];
@@ -254,11 +587,16 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
       for (int j2 = 0; j2 < 4; ++j2)
         b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
                          : make_uint4(0u, 0u, 0u, 0u);
-      tile_step(acc, w[st][0], w[st][1], sc[st][0], sc[st][1], b);
+      const uint32_t sc0 = kSc8 ? moe_decode_dev::quad_scale_of(quad[0], st) : sc[st][0];
+      const uint32_t sc1 = kSc8 ? moe_decode_dev::quad_scale_of(quad[1], st) : sc[st][1];
+      if constexpr (kAcc2)
+        tile_step_split(acc[0], acc[1], w[st][0], w[st][1], sc0, sc1, b);
+      else
+        tile_step(acc[0], w[st][0], w[st][1], sc0, sc1, b);
     }
   };
   uint4 wa[kSteps][2], wb2[kSteps][2];
-  uint32_t sa[kSteps][2], sb2[kSteps][2];
+  uint32_t sa[kSteps][2], sb2[kSteps][2];  // sc8: only [0..1][2] used
   if (p_begin < p_end) load(p_begin, wa, sa);
   for (int pc = p_begin; pc < p_end; pc += 2) {
     if (pc + 1 < p_end) load(pc + 1, wb2, sb2);
@@ -556,6 +894,25 @@ bool aligned(const void* ptr, size_t a) {
   return reinterpret_cast<uintptr_t>(ptr) % a == 0;
 }
 
+// The half variants' down kernel is the one of the same variant without half (base, sc8).
+template <int V>
+void launch_registers(const MoeExpertsParams& p, const Config& c, cudaStream_t stream) {
+  constexpr int kDownV = V & ~kMoeDecodeHalf;
+  void (*gate_up)(const MoeExpertsParams, int) = nullptr;
+  if constexpr ((V & kMoeDecodeHalf) != 0)
+    gate_up = moe_decode_gate_up_half_kernel<V>;
+  else
+    gate_up = moe_decode_gate_up_kernel<V>;
+  CUDA_CHECK(cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_gate_up)));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_kernel<kDownV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_down)));
+  gate_up<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
+  CUDA_CHECK(cudaGetLastError());
+  moe_decode_down_kernel<kDownV><<<c.grid_down, kDownThreads, c.smem_down, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 int moe_decode_kernel_from_env(const char* value) {
@@ -566,19 +923,64 @@ int moe_decode_kernel_from_env(const char* value) {
   MS_THROW("MOESERVE_MOE_DECODE_KERNEL = '{}' is not one of registers, ring", v);
 }
 
+const char* moe_decode_variant_name(int variant) {
+  switch (variant) {
+    case kMoeDecodeBase:
+      return "base";
+    case kMoeDecodeAcc2:
+      return "acc2";
+    case kMoeDecodeSc8:
+      return "sc8";
+    case kMoeDecodeAcc2Sc8:
+      return "acc2sc8";
+    case kMoeDecodeHalf:
+      return "half";
+    case kMoeDecodeHalfSc8:
+      return "halfsc8";
+    default:
+      MS_THROW("moe_decode_variant_name: variant {} is not one of 0, 1, 2, 3, 4, 6", variant);
+  }
+}
+
+int moe_decode_variant_from_env(const char* value) {
+  const std::string_view v = value ? value : "";
+  if (v.empty()) return -1;
+  for (int i : kMoeDecodeVariantList)
+    if (v == moe_decode_variant_name(i)) return i;
+  MS_THROW("MOESERVE_MOE_DECODE_VARIANT = '{}' is not one of base, acc2, sc8, acc2sc8, half, halfsc8", v);
+}
+
+int moe_decode_variant(const MoeExpertsParams& p) {
+  if (p.decode_variant >= 0) {
+    MS_CHECK(moe_decode_variant_valid(p.decode_variant),
+             "moe_experts_decode: decode_variant = {} is not a MoeDecodeVariant (0, 1, 2, 3, 4, 6)",
+             p.decode_variant);
+    return p.decode_variant;
+  }
+  static const int from_env = moe_decode_variant_from_env(std::getenv("MOESERVE_MOE_DECODE_VARIANT"));
+  // Default: halfsc8 from 2 tokens (6.5-9% faster than sc8 at 8 and 64 tokens on an H200, GLM-5 experts;
+  // sc8 itself 7% faster than base, bit-identical to it), sc8 at one token (halfsc8 2% slower there).
+  return from_env >= 0 ? from_env : p.m >= 2 ? kMoeDecodeHalfSc8 : kMoeDecodeSc8;
+}
+
 namespace {
-// p.decode_ring, else MOESERVE_MOE_DECODE_KERNEL (read once), else the ring from kRingMinTokens tokens.
+// p.decode_ring, else MOESERVE_MOE_DECODE_KERNEL (read once), else the register kernels.
 int wanted_variant(const MoeExpertsParams& p) {
   if (p.decode_ring >= 0) return p.decode_ring;
   static const int from_env = moe_decode_kernel_from_env(std::getenv("MOESERVE_MOE_DECODE_KERNEL"));
   if (from_env >= 0) return from_env;
-  return p.m >= kRingMinTokens ? 1 : 0;
+  return 0;
+}
+
+// The configuration for p's variant of the register kernels (the half variants take more hidden sizes).
+Config choose_for(const MoeExpertsParams& p) {
+  return choose_variant(moe_decode_shape(p), limits_of(current_device_caps()),
+                        (moe_decode_variant(p) & kMoeDecodeHalf) != 0);
 }
 }  // namespace
 
 bool moe_experts_decode_uses_ring(const MoeExpertsParams& p) {
-  return moe_experts_decode_applies(p) && wanted_variant(p) == 1 &&
-         choose(moe_decode_shape(p), limits_of(current_device_caps())).ring;
+  return moe_experts_decode_applies(p) && wanted_variant(p) == 1 && choose_for(p).ring;
 }
 
 moe_decode_config::Shape moe_decode_shape(const MoeExpertsParams& p) {
@@ -589,7 +991,7 @@ bool moe_experts_decode_applies(const MoeExpertsParams& p) {
   if (p.disable_stream || p.disable_decode || !p.experts_aligned16 || p.format != MoeWeightFormat::NVFP4)
     return false;
   if (!aligned(p.x, 16) || p.ldx % 4 != 0 || !aligned(p.act, 16)) return false;
-  return choose(moe_decode_shape(p), limits_of(current_device_caps())).use;
+  return choose_for(p).use;
 }
 
 void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
@@ -601,7 +1003,9 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   MS_CHECK(aligned(p.x, 16) && p.ldx % 4 == 0, "moe_experts_decode: x must be 16-byte aligned, ldx % 4 == 0");
   MS_CHECK(aligned(p.act, 16), "moe_experts_decode: act workspace must be 16-byte aligned");
   const DeviceCaps caps = current_device_caps();
-  const Config c = choose(moe_decode_shape(p), limits_of(caps));
+  const int register_variant = moe_decode_variant(p);
+  const Config c =
+      choose_variant(moe_decode_shape(p), limits_of(caps), (register_variant & kMoeDecodeHalf) != 0);
   MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
   const int variant = wanted_variant(p);
   if (variant == 1 && c.ring) {
@@ -622,14 +1026,20 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   }
   check_smem(caps, "moe_decode_gate_up", c.smem_gate_up);
   check_smem(caps, "moe_decode_down", c.smem_down);
-  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(c.smem_gate_up)));
-  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(c.smem_down)));
-  moe_decode_gate_up_kernel<<<c.grid_gate_up, kThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
-  CUDA_CHECK(cudaGetLastError());
-  moe_decode_down_kernel<<<c.grid_down, kDownThreads, c.smem_down, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  switch (register_variant) {
+    case kMoeDecodeAcc2:
+      return launch_registers<kMoeDecodeAcc2>(p, c, stream);
+    case kMoeDecodeSc8:
+      return launch_registers<kMoeDecodeSc8>(p, c, stream);
+    case kMoeDecodeAcc2Sc8:
+      return launch_registers<kMoeDecodeAcc2Sc8>(p, c, stream);
+    case kMoeDecodeHalf:
+      return launch_registers<kMoeDecodeHalf>(p, c, stream);
+    case kMoeDecodeHalfSc8:
+      return launch_registers<kMoeDecodeHalfSc8>(p, c, stream);
+    default:
+      return launch_registers<kMoeDecodeBase>(p, c, stream);
+  }
 }
 
 }  // namespace ms::cuda

@@ -16,9 +16,9 @@
 // that need f32-exact activations set p.disable_decode (the executor's exact_linear mode does): they get the
 // streamed hi/lo kernels (moe_experts_stream.h) or the f32 kernels.
 //
-// Preconditions beyond moe_experts_check: format NVFP4, moe_decode_config::choose(...).use, every data and
-// scale pointer of the touched experts 16-byte aligned (p.experts_aligned16), x 16-byte aligned with
-// ldx % 4 == 0, act 16-byte aligned.
+// Preconditions beyond moe_experts_check: format NVFP4, moe_decode_config::choose_variant(shape, device,
+// whether the variant is a half one).use, every data and scale pointer of the touched experts 16-byte
+// aligned (p.experts_aligned16), x 16-byte aligned with ldx % 4 == 0, act 16-byte aligned.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,10 +39,54 @@ bool moe_experts_decode_applies(const MoeExpertsParams& p);
 // asked for but does not fit, the register kernels run.
 bool moe_experts_decode_uses_ring(const MoeExpertsParams& p);
 
-// MOESERVE_MOE_DECODE_KERNEL's value: unset or empty -1 (the default: the cp.async ring from
-// moe_decode_config::kRingMinTokens tokens, else the register kernels), "registers" 0, "ring" 1; anything
+// MOESERVE_MOE_DECODE_KERNEL's value: unset or empty -1 (the default: the register kernels), "registers" 0,
+// "ring" 1; anything
 // else throws ms::Error naming the variable.
 int moe_decode_kernel_from_env(const char* value);
+
+// Variants of the register kernels, timed against each other by bench_moe_experts (bit flags):
+//   acc2: two accumulator sets per tile (mma 2 j2 into one, 2 j2 + 1 into the other), set 0 + set 1 at the
+//         end of a gate_up item and where a down warp hands on an expert chunk's sum: dependent mma chains
+//         half as long; f32 sums in another (fixed) order, so the last bits differ from base (deterministic
+//         all the same).
+//   sc8:  a lane's scale bytes of 4 steps come from one 8-byte load per row (the quad's bytes of one step
+//         each) redistributed by two shuffles inside the quad, instead of one 2-byte load per step and row;
+//         bit-identical to base.
+//   half: gate_up only (down runs base, or sc8's with halfsc8): the block's 8 warps form two groups of 4
+//         that take two different work items at a time, each splitting its item's k over its 4 warps (twice
+//         the steps a warp per item) and meeting only at a named barrier of its own 128 threads for the
+//         partial sums and the epilogue (block-wide barriers only where the staged x rows change); hidden a
+//         multiple of 512 instead of 1024. f32 partial sums over 4 warps instead of 8, so the last bits
+//         differ from base (deterministic all the same).
+//   halfsc8: half with sc8's scale loads; bit-identical to half.
+// Values are bit flags (acc2 1, sc8 2, half 4); acc2 with half is not a variant.
+enum MoeDecodeVariant : int {
+  kMoeDecodeBase = 0,
+  kMoeDecodeAcc2 = 1,
+  kMoeDecodeSc8 = 2,
+  kMoeDecodeAcc2Sc8 = 3,
+  kMoeDecodeHalf = 4,
+  kMoeDecodeHalfSc8 = 6
+};
+// How many variants there are; their values are not 0..kMoeDecodeVariants - 1 (kMoeDecodeVariantList).
+constexpr int kMoeDecodeVariants = 6;
+constexpr int kMoeDecodeVariantList[kMoeDecodeVariants] = {
+    kMoeDecodeBase, kMoeDecodeAcc2, kMoeDecodeSc8, kMoeDecodeAcc2Sc8, kMoeDecodeHalf, kMoeDecodeHalfSc8};
+constexpr bool moe_decode_variant_valid(int variant) {
+  for (int v : kMoeDecodeVariantList)
+    if (v == variant) return true;
+  return false;
+}
+// "base", "acc2", "sc8", "acc2sc8", "half", "halfsc8"; throws ms::Error for any other value.
+const char* moe_decode_variant_name(int variant);
+
+// MOESERVE_MOE_DECODE_VARIANT's value: unset or empty -1 (base), else the variant of that name; anything else
+// throws ms::Error naming the variable.
+int moe_decode_variant_from_env(const char* value);
+
+// The variant moe_experts_decode(p) runs with the register kernels: p.decode_variant, else the environment's
+// (read once), else halfsc8 from 2 tokens and sc8 at one.
+int moe_decode_variant(const MoeExpertsParams& p);
 
 // Both launches; throws ms::Error naming the reason when the path does not apply.
 void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream);

@@ -1,8 +1,9 @@
-// Top-C of a row by radix selection on an order-preserving 32-bit key: three histogram passes (11, 11 and 10
-// bits, most significant first) find the key K of the C-th best entry and how many entries equal to K it
-// takes; a fourth pass gathers the entries above K and the lowest-id entries equal to K; a rank sort of the C
-// in shared memory orders them. The row max (pass 0) and both exp-sums (pass 1) ride along. Every pass reads
-// the row once (about 620 KB for GLM-5, mostly from L2 after the first), whatever C is.
+// Top-C of a row by radix selection on an order-preserving 32-bit key: a first pass finds the row max and a
+// lower bound on the C-th best key (block_lower_bound); three histogram passes (11, 11 and 10 bits, most
+// significant first) over the entries at or above that bound find the key K of the C-th best entry and how
+// many entries equal to K it takes; a fifth pass gathers the entries above K and the lowest-id entries equal
+// to K; a rank sort of the C in shared memory orders them. Both exp-sums ride along the first histogram pass.
+// Every pass reads the row once (about 620 KB for GLM-5, mostly from L2 after the first), whatever C is.
 //
 // Each warp walks one contiguous segment of the row, 32 consecutive ids at a time, so "lowest ids first"
 // among equal keys needs one scan over the warps' tie counts instead of one per chunk.
@@ -61,6 +62,17 @@ __device__ __forceinline__ bool better(uint32_t ka, int32_t ia, uint32_t kb, int
   return ka > kb || (ka == kb && ia < ib);
 }
 
+// A lane's kUnroll entries of a warp chunk, ids base0 + 32 u + lane (0 past end), all loads issued before any
+// is used.
+__device__ __forceinline__ void load_chunk(const float* __restrict__ x, int base0, int end, int lane,
+                                           float (&vals)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int i = base0 + 32 * u + lane;
+    vals[u] = i < end ? __ldg(x + i) : 0.0f;
+  }
+}
+
 // Block-wide results, returned to every thread; each starts with a barrier so its scratch is free.
 __device__ float block_max(float v, Shared& sh) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -115,6 +127,26 @@ __device__ uint32_t block_inclusive_scan(uint32_t v, Shared& sh) {
   return v;
 }
 
+// The least over the warps of each warp's (C / warps)-th largest `v` (ties by lane): a key that at least C
+// lanes' values reach. Starts with a barrier so its scratch is free.
+static_assert(kC % kWarps == 0 && kC / kWarps <= 32, "each warp names C / warps of its lanes");
+__device__ uint32_t block_lower_bound(uint32_t v, Shared& sh) {
+  const int lane = threadIdx.x & 31;
+  int above = 0;  // lanes whose value beats this lane's
+  for (int l = 0; l < 32; ++l) {
+    const uint32_t u = __shfl_sync(0xffffffffu, v, l);
+    above += (u > v || (u == v && l < lane)) ? 1 : 0;
+  }
+  const uint32_t pick = __ballot_sync(0xffffffffu, above == kC / kWarps - 1);
+  const uint32_t w_bound = __shfl_sync(0xffffffffu, v, __ffs(pick) - 1);
+  __syncthreads();
+  if (lane == 0) sh.scan[threadIdx.x >> 5] = w_bound;
+  __syncthreads();
+  uint32_t b = sh.scan[0];
+  for (int w = 1; w < kWarps; ++w) b = min(b, sh.scan[w]);
+  return b;
+}
+
 // The bin holding the k-th largest matching entry (k >= 1, at most the histogram's total): sh.digit, and in
 // sh.above how many matching entries lie in higher bins. Thread t sums the bins t * per .. from the top.
 __device__ void select_digit(Shared& sh, int bins, uint32_t k) {
@@ -160,10 +192,36 @@ __global__ void __launch_bounds__(kThreads)
   const bool greedy = t < kernels::cpu::kLogitsTopCGreedyTemperature;
   const float inv_t = greedy ? 0.0f : 1.0f / t;
 
-  uint32_t prefix = 0, prefix_mask = 0;
-  uint32_t k = static_cast<uint32_t>(count);  // rank among the entries matching the prefix
+  // Pass A: the row max and NaN count, and a lower bound lb on the key of the C-th best entry: every warp's
+  // (C / warps)-th largest lane maximum, the least of them over the warps. C distinct entries (one per such
+  // lane) have keys >= lb, so the C-th best does too, and the histograms may skip every entry below lb: the
+  // digits they select and the counts above them stay exact, and after the first few chunks almost every
+  // warp of a pass finds no entry to count.
   float m = -INFINITY;
   int32_t nans = 0;
+  uint32_t lane_max = 0;  // key 0 (NaN, or no entry): no bound
+  for (int base0 = beg; base0 < end; base0 += 32 * kUnroll) {
+    float vals[kUnroll];
+    load_chunk(x, base0, end, lane, vals);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base0 + 32 * u + lane < end) {
+        const float v = vals[u];
+        lane_max = max(lane_max, key_of(v));
+        if (isnan(v)) {
+          ++nans;
+        } else {
+          m = fmaxf(m, v);
+        }
+      }
+    }
+  }
+  m = block_max(m, sh);
+  nans = block_sum(nans, sh);
+  const uint32_t lb = block_lower_bound(lane_max, sh);
+
+  uint32_t prefix = 0, prefix_mask = 0;
+  uint32_t k = static_cast<uint32_t>(count);  // rank among the entries matching the prefix
   double s1 = 0.0, st = 0.0;
   for (int pass = 0; pass < 3; ++pass) {
     const int bits = pass < 2 ? 11 : 10;
@@ -175,11 +233,7 @@ __global__ void __launch_bounds__(kThreads)
       // All kUnroll loads of the lane issued before any is used: the loop body's warp collectives would
       // otherwise keep one load in flight per warp (a row then took ~100 us per pass).
       float vals[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = base0 + 32 * u + lane;
-        vals[u] = i < end ? __ldg(x + i) : 0.0f;
-      }
+      load_chunk(x, base0, end, lane, vals);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int base = base0 + 32 * u;
@@ -188,27 +242,19 @@ __global__ void __launch_bounds__(kThreads)
         const bool valid = i < end;
         const float v = vals[u];
         const uint32_t key = key_of(v);
-        const bool take = valid && (key & prefix_mask) == prefix;
-        const uint32_t bin = take ? (key >> shift) & mask : 0xffffffffu;
-        const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-        if (take && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
-        if (valid) {
-          if (pass == 0) {
-            if (isnan(v)) {
-              ++nans;
-            } else {
-              m = fmaxf(m, v);
-            }
-          } else if (pass == 1) {
-            s1 += static_cast<double>(expf(v - m));
-            if (!greedy) st += static_cast<double>(expf((v - m) * inv_t));
-          }
+        const bool take = valid && key >= lb && (key & prefix_mask) == prefix;
+        // Few entries pass lb and the prefix: a warp with none skips the (slow) match and the atomics.
+        if (__any_sync(0xffffffffu, take)) {
+          const uint32_t bin = take ? (key >> shift) & mask : 0xffffffffu;
+          const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+          if (take && lane == __ffs(peers) - 1)
+            atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
+        }
+        if (pass == 0 && valid) {
+          s1 += static_cast<double>(expf(v - m));
+          if (!greedy) st += static_cast<double>(expf((v - m) * inv_t));
         }
       }
-    }
-    if (pass == 0) {
-      m = block_max(m, sh);
-      nans = block_sum(nans, sh);
     }
     __syncthreads();
     select_digit(sh, 1 << bits, k);
@@ -229,11 +275,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t my_ties = 0;  // warp-uniform
   for (int base0 = beg; base0 < end; base0 += 32 * kUnroll) {
     float vals[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base0 + 32 * u + lane;
-      vals[u] = i < end ? __ldg(x + i) : 0.0f;
-    }
+    load_chunk(x, base0, end, lane, vals);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = base0 + 32 * u + lane;
@@ -296,66 +338,124 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Block per row, kThreads threads: the row's segs summaries (ws[r * segs ..]) into out[r].
+// Block per row, kThreads threads: the row's segs summaries (ws[r * segs ..]) into out[r]. The segments'
+// candidates (at most kMaxSegments x C) are staged in shared memory with their scalars, and the row's top C
+// is selected among them as in logits_topc_kernel: three histogram passes for the key K of the C-th best,
+// then the candidates above K and the first ties equal to K in (segment, position) order, which is id order
+// (segments cover ascending id ranges, and a segment lists equal keys by ascending id), and a rank sort.
+constexpr int kMergeMax = kMaxSegments * kC;
+static_assert(kMergeMax % kThreads == 0, "the candidates split evenly over the threads");
 __global__ void __launch_bounds__(kThreads)
     logits_topc_merge_kernel(LogitsTopCParams p, int segs, const LogitsTopC* __restrict__ ws) {
   dev::grid_dep_enter();
+  __shared__ Shared sh;
+  __shared__ uint32_t s_key[kMergeMax];
+  __shared__ int32_t s_tok[kMergeMax];
+  __shared__ float s_logit[kMergeMax];
+  __shared__ double s_sum[2][kMaxSegments];
+  __shared__ float s_max[kMaxSegments];
+  __shared__ int s_cnt[kMaxSegments], s_nan[kMaxSegments];
+  __shared__ uint32_t s_ties;
   const int64_t r = blockIdx.x;
   const LogitsTopC* __restrict__ seg = ws + r * segs;
   LogitsTopC* __restrict__ o = p.out + r;
-  __shared__ int s_total;
-  if (threadIdx.x == 0) {
-    int total = 0;
-    for (int s = 0; s < segs; ++s) total += seg[s].count;
-    s_total = total;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < segs) {
+    s_cnt[tid] = seg[tid].count;
+    s_nan[tid] = seg[tid].nan_count;
+    s_max[tid] = seg[tid].max;
+    s_sum[0][tid] = seg[tid].sum_exp;
+    s_sum[1][tid] = seg[tid].sum_exp_t;
+  }
+  const int n = segs * kC;
+  for (int idx = tid; idx < n; idx += kThreads) {
+    const float v = seg[idx / kC].logit[idx % kC];
+    s_logit[idx] = v;
+    s_key[idx] = key_of(v);
+    s_tok[idx] = seg[idx / kC].token[idx % kC];
   }
   __syncthreads();
-  const int count = min(s_total, kC);
-  // Candidate (s, j) -> its rank among every segment's candidates; only ranks below C are written.
-  for (int idx = threadIdx.x; idx < segs * kC; idx += kThreads) {
-    const int s = idx / kC, j = idx % kC;
-    if (j >= seg[s].count) continue;
-    const uint32_t kj = key_of(seg[s].logit[j]);
-    const int32_t ij = seg[s].token[j];
-    int rank = j;  // the entries before it in its own list beat it
-    for (int q = 0; q < segs && rank < kC; ++q) {
-      if (q == s) continue;
-      int lo = 0, hi = seg[q].count;  // the first entry of list q that does not beat (kj, ij)
-      while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if (better(key_of(seg[q].logit[mid]), seg[q].token[mid], kj, ij)) {
-          lo = mid + 1;
-        } else {
-          hi = mid;
-        }
-      }
-      rank += lo;
+  int total = 0;
+  for (int q = 0; q < segs; ++q) total += s_cnt[q];
+  const int count = min(total, kC);
+  auto held = [&](int idx) { return idx < n && idx % kC < s_cnt[idx / kC]; };
+
+  uint32_t prefix = 0, prefix_mask = 0;
+  uint32_t k = static_cast<uint32_t>(count);
+  for (int pass = 0; pass < 3; ++pass) {
+    const int bits = pass < 2 ? 11 : 10;
+    const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+    const uint32_t mask = (1u << bits) - 1u;
+    for (int b = tid; b < kMaxBins; b += kThreads) sh.hist[b] = 0;
+    __syncthreads();
+    for (int idx = tid; idx < n; idx += kThreads)
+      if (held(idx) && (s_key[idx] & prefix_mask) == prefix)
+        atomicAdd(&sh.hist[(s_key[idx] >> shift) & mask], 1u);
+    __syncthreads();
+    select_digit(sh, 1 << bits, k);
+    prefix |= sh.digit << shift;
+    prefix_mask |= mask << shift;
+    k -= sh.above;
+  }
+  const uint32_t kk = prefix;
+  const int need = static_cast<int>(k);
+  const int n_gt = count - need;
+  if (tid == 0) sh.n_gt = 0;
+  __syncthreads();
+  for (int idx = tid; idx < n; idx += kThreads) {
+    if (held(idx) && s_key[idx] > kk) {
+      const int slot = atomicAdd(&sh.n_gt, 1);
+      sh.cand_token[slot] = s_tok[idx];
+      sh.cand_logit[slot] = s_logit[idx];
     }
-    if (rank < kC) {
+  }
+  // Ties in index order, kThreads at a time.
+  uint32_t before = 0;
+  for (int base = 0; base < n && before < static_cast<uint32_t>(need); base += kThreads) {
+    const int idx = base + tid;
+    const uint32_t tie = held(idx) && s_key[idx] == kk ? 1u : 0u;
+    const uint32_t incl = block_inclusive_scan(tie, sh);
+    const uint32_t rank = before + incl - tie;
+    if (tie && rank < static_cast<uint32_t>(need)) {
+      sh.cand_token[n_gt + static_cast<int>(rank)] = s_tok[idx];
+      sh.cand_logit[n_gt + static_cast<int>(rank)] = s_logit[idx];
+    }
+    if (tid == kThreads - 1) s_ties = incl;
+    __syncthreads();
+    before += s_ties;
+  }
+  __syncthreads();
+  if (tid < kC) {
+    const int j = tid;
+    if (j < count) {
+      const uint32_t kj = key_of(sh.cand_logit[j]);
+      const int32_t ij = sh.cand_token[j];
+      int rank = 0;
+      for (int q = 0; q < count; ++q)
+        rank += better(key_of(sh.cand_logit[q]), sh.cand_token[q], kj, ij) ? 1 : 0;
       o->token[rank] = ij;
-      o->logit[rank] = seg[s].logit[j];
+      o->logit[rank] = sh.cand_logit[j];
+    } else {
+      o->token[j] = -1;
+      o->logit[j] = -INFINITY;
     }
   }
-  for (int j = count + static_cast<int>(threadIdx.x); j < kC; j += kThreads) {
-    o->token[j] = -1;
-    o->logit[j] = -INFINITY;
-  }
-  if (threadIdx.x == 0) {
+  if (tid == 0) {
     const float t = p.temperature[r];
     const bool greedy = t < kernels::cpu::kLogitsTopCGreedyTemperature;
     const double inv_t = greedy ? 0.0 : 1.0 / static_cast<double>(t);
     float m = -INFINITY;
     int32_t nans = 0;
-    for (int s = 0; s < segs; ++s) {
-      m = fmaxf(m, seg[s].max);
-      nans += seg[s].nan_count;
+    for (int q = 0; q < segs; ++q) {
+      m = fmaxf(m, s_max[q]);
+      nans += s_nan[q];
     }
     double s1 = 0.0, st = 0.0;
-    for (int s = 0; s < segs; ++s) {
-      if (!(seg[s].max > -INFINITY)) continue;  // no finite entry: it adds nothing
-      const double d = static_cast<double>(seg[s].max) - static_cast<double>(m);
-      s1 += seg[s].sum_exp * exp(d);
-      if (!greedy) st += seg[s].sum_exp_t * exp(d * inv_t);
+    for (int q = 0; q < segs; ++q) {
+      if (!(s_max[q] > -INFINITY)) continue;  // no finite entry: it adds nothing
+      const double d = static_cast<double>(s_max[q]) - static_cast<double>(m);
+      s1 += s_sum[0][q] * exp(d);
+      if (!greedy) st += s_sum[1][q] * exp(d * inv_t);
     }
     o->sum_exp = s1;
     o->sum_exp_t = greedy ? 1.0 : st;
@@ -386,10 +486,15 @@ void logits_topc(const LogitsTopCParams& p, cudaStream_t stream, LogitsTopC* wor
            "logits_topc: out is not {}-byte aligned", alignof(kernels::cpu::LogitsTopC));
   const DeviceCaps caps = current_device_caps();
   check_smem(caps, "logits_topc", sizeof(Shared));
-  // Segments: about two blocks per SM over the rows, each at least kMinSegment ids.
+  // Segments: as many blocks as the GPU holds at once (one wave: a second, partial wave costs as long as the
+  // first; at 64 rows on an H200 five segments a row took 153 us in two waves), each at least kMinSegment
+  // ids.
   int segs = 1;
   if (workspace != nullptr && p.rows <= workspace_rows) {
-    const int64_t want = (2 * std::max(caps.multiprocessors, 1) + p.rows - 1) / p.rows;
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, logits_topc_kernel, kThreads, 0));
+    const int64_t slots = static_cast<int64_t>(std::max(per_sm, 1)) * std::max(caps.multiprocessors, 1);
+    const int64_t want = std::max<int64_t>(slots / p.rows, 1);
     const int64_t fit = std::max<int64_t>(p.vocab / kMinSegment, 1);
     segs = static_cast<int>(std::clamp<int64_t>(std::min(want, fit), 1, kMaxSegments));
   }
