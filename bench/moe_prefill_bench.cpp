@@ -160,6 +160,13 @@ int main() {
   CUDA_CHECK(cudaMemcpy(d_t8, t8.data(), kE * sizeof(t8[0]), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_t4, t4.data(), kE * sizeof(t4[0]), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_tb, tb.data(), kE * sizeof(tb[0]), cudaMemcpyHostToDevice));
+  // Per-expert tensor maps for the wgmma kernel's tensor-copy loads (sm_90 only).
+  void* maps4 = nullptr;
+  void* mapsb = nullptr;
+  if (caps.arch() == 90) {
+    maps4 = ms::cuda::moe_experts_wgmma_maps(t4.data(), kE, ms::cuda::MoeWeightFormat::NVFP4, kH, kI);
+    mapsb = ms::cuda::moe_experts_wgmma_maps(tb.data(), kE, ms::cuda::MoeWeightFormat::BF16, kH, kI);
+  }
 
   const int max_m = 8192;
   const size_t max_slots = size_t{max_m} * kK;
@@ -189,7 +196,7 @@ int main() {
     CUDA_CHECK(cudaMemset(out, 0, size_t{max_m} * kH * 4));
   }
 
-  std::printf("\n%-6s %6s %-8s %-6s %15s %9s %9s %8s %8s %11s %9s %8s %12s\n", "format", "tokens", "routing",
+  std::printf("\n%-6s %6s %-8s %-9s %18s %9s %9s %8s %8s %11s %9s %8s %12s\n", "format", "tokens", "routing",
               "kernel", "config", "ours ms", "TFLOP/s", "% bf16", "vs bf16", "cuBLAS ms", "TFLOP/s", "% bf16",
               "CUDA-core ms");
   // MOE_PREFILL_TOKENS=8192 (a comma list) and MOE_PREFILL_ONLY=wgmma (uniform routing, our two GEMM launches
@@ -276,8 +283,9 @@ int main() {
       const float t_old = only_wgmma ? 0.f
                                      : ms::bench::time_ms([&] { ms::cuda::moe_experts(p, nullptr); },
                                                           m >= 8192 ? 1 : 3, nullptr, kWarmup);
-      // Our BF16 time per kernel (mma, wgmma) of this routing: the "vs bf16" column of the other formats.
-      float t_bf16[2] = {0.f, 0.f};
+      // Our BF16 time per variant (mma, wgmma, wgmma-tma) of this routing: the "vs bf16" column of the other
+      // formats.
+      float t_bf16[3] = {0.f, 0.f, 0.f};
       for (auto f : {ms::cuda::MoeWeightFormat::BF16, ms::cuda::MoeWeightFormat::NVFP4,
                      ms::cuda::MoeWeightFormat::FP8Block}) {
         p.format = f;
@@ -288,15 +296,25 @@ int main() {
         const char* fname = f == ms::cuda::MoeWeightFormat::NVFP4  ? "nvfp4"
                             : f == ms::cuda::MoeWeightFormat::BF16 ? "bf16"
                                                                    : "fp8";
-        for (auto kernel : {ms::cuda::MoePrefillKernel::Mma, ms::cuda::MoePrefillKernel::Wgmma}) {
+        // (kernel, loads): mma.sync; wgmma with cp.async loads; wgmma with tensor copies (BF16 and NVFP4:
+        // FP8Block has no tensor-copy loads, moe_wgmma_tma_unsupported).
+        for (int variant = 0; variant < 3; ++variant) {
+          const auto kernel =
+              variant == 0 ? ms::cuda::MoePrefillKernel::Mma : ms::cuda::MoePrefillKernel::Wgmma;
           if (only_wgmma && kernel != ms::cuda::MoePrefillKernel::Wgmma) continue;
           p.prefill_kernel = kernel;
-          const int ki = kernel == ms::cuda::MoePrefillKernel::Wgmma ? 1 : 0;
+          p.wgmma_load = variant == 2 ? 1 : 0;
+          p.wgmma_maps = variant != 2                            ? nullptr
+                         : f == ms::cuda::MoeWeightFormat::NVFP4 ? maps4
+                         : f == ms::cuda::MoeWeightFormat::BF16  ? mapsb
+                                                                 : nullptr;
+          if (variant == 2 && p.wgmma_maps == nullptr) continue;
+          const char* kname = variant == 0 ? "mma" : variant == 1 ? "wgmma" : "wgmma-tma";
           char cfgs[48];
           if (kernel == ms::cuda::MoePrefillKernel::Wgmma) {
             if (const auto no = ms::cuda::moe_experts_wgmma_unavailable(p)) {
-              std::printf("%-6s %6d %-8s %-6s not run: %s\n", fname, m, skewed ? "skewed" : "uniform",
-                          "wgmma", no->c_str());
+              std::printf("%-6s %6d %-8s %-9s not run: %s\n", fname, m, skewed ? "skewed" : "uniform", kname,
+                          no->c_str());
               continue;
             }
             const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
@@ -305,8 +323,9 @@ int main() {
             const char* ex = f != ms::cuda::MoeWeightFormat::NVFP4                   ? ""
                              : cfg.gate_up.expand == ms::cuda::MoeWgExpand::Consumer ? " cx"
                                                                                      : " px";
-            std::snprintf(cfgs, sizeof cfgs, "bn%d/%d s%d/%d%s", cfg.gate_up.bn, cfg.down.bn,
-                          cfg.gate_up.stages, cfg.down.stages, ex);
+            std::snprintf(cfgs, sizeof cfgs, "bn%d/%d s%d/%d%s%s", cfg.gate_up.bn, cfg.down.bn,
+                          cfg.gate_up.stages, cfg.down.stages, ex,
+                          cfg.gate_up.load == ms::cuda::MoeWgLoad::Tma ? " tma" : "");
           } else {
             const auto cfg = ms::cuda::moe_experts_mma_config(p);
             std::snprintf(cfgs, sizeof cfgs, "bm%d s%d", cfg.bm, cfg.stages);
@@ -318,13 +337,12 @@ int main() {
               },
               iters, nullptr, kWarmup);
           const double tf = flops / (t * 1e-3) / 1e12, tc = flops / (t_cublas * 1e-3) / 1e12;
-          if (f == ms::cuda::MoeWeightFormat::BF16) t_bf16[ki] = t;
+          if (f == ms::cuda::MoeWeightFormat::BF16) t_bf16[variant] = t;
           char vs[16] = "-";
-          if (t_bf16[ki] > 0.f) std::snprintf(vs, sizeof vs, "%.2fx", t_bf16[ki] / t);
-          std::printf("%-6s %6d %-8s %-6s %15s %9.3f %9.1f %7.1f%% %8s %11.3f %9.1f %7.1f%% %12s\n", fname, m,
-                      skewed ? "skewed" : "uniform",
-                      kernel == ms::cuda::MoePrefillKernel::Wgmma ? "wgmma" : "mma", cfgs, t, tf,
-                      100.0 * tf / bf16_tflops, vs, t_cublas, tc, 100.0 * tc / bf16_tflops,
+          if (t_bf16[variant] > 0.f) std::snprintf(vs, sizeof vs, "%.2fx", t_bf16[variant] / t);
+          std::printf("%-6s %6d %-8s %-9s %18s %9.3f %9.1f %7.1f%% %8s %11.3f %9.1f %7.1f%% %12s\n", fname, m,
+                      skewed ? "skewed" : "uniform", kname, cfgs, t, tf, 100.0 * tf / bf16_tflops, vs,
+                      t_cublas, tc, 100.0 * tc / bf16_tflops,
                       f == ms::cuda::MoeWeightFormat::NVFP4 && kernel == ms::cuda::MoePrefillKernel::Mma
                           ? std::to_string(t_old).c_str()
                           : "-");

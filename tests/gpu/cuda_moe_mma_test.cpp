@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/moe/moe_experts.h"
@@ -288,14 +289,20 @@ std::vector<int32_t> make_ids(int m, int K, int E, Routing r, std::mt19937& rng)
 
 using ms::cuda::MoePrefillKernel;
 
+// load (wgmma only): 0 cp.async, 1 tensor copies through per-expert maps built from the same table.
 std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const std::vector<int32_t>& ids,
                            const std::vector<float>& wts, const std::vector<float>& out0, int m, int K,
-                           MoePrefillKernel kernel) {
+                           MoePrefillKernel kernel, int load) {
   const int E = xs.E(), H = xs.hidden(), I = xs.inter();
   std::vector<uint8_t> touched(E, 0);
   for (int32_t e : ids)
     if (e >= 0) touched[e] = 1;
-  Buf<ms::cuda::MoeExpertWeights> d_table(xs.table(touched));
+  const auto table = xs.table(touched);
+  Buf<ms::cuda::MoeExpertWeights> d_table(table);
+  void* maps = nullptr;
+  // FP8Block has no tensor-copy loads: asked for anyway (wgmma_load 1, no maps), it falls back to cp.async.
+  const bool tma = load == 1 && xs.format() != MoeWeightFormat::FP8Block;
+  if (tma) maps = ms::cuda::moe_experts_wgmma_maps(table.data(), E, xs.format(), H, I);
   Buf<float> d_x(x), d_w(wts), d_out(out0);
   Buf<int32_t> d_ids(ids), d_counts(E), d_offsets(E + 1), d_sorted(ids.size());
   Buf<uint8_t> d_ws(ms::cuda::moe_experts_mma_workspace_bytes(m, K, H, I));
@@ -322,10 +329,16 @@ std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const
   p.hidden = H;
   p.inter = I;
   p.prefill_kernel = kernel;
+  p.wgmma_maps = maps;
+  p.wgmma_load = load;
   EXPECT_TRUE(ms::cuda::moe_experts_mma_supported(p));
   EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), kernel);
+  if (kernel == MoePrefillKernel::Wgmma) {
+    EXPECT_EQ(ms::cuda::moe_experts_wgmma_groups_rows(p), tma);
+  }
   ms::cuda::moe_experts_mma(p, d_ws.get(), nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
+  if (maps != nullptr) CUDA_CHECK(cudaFree(maps));
   // Every valid slot row was written (no NaN left from the poison).
   const auto slot = d_slot.download();
   int unwritten = 0;
@@ -343,9 +356,9 @@ std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const
 }
 
 void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
-              MoePrefillKernel kernel = MoePrefillKernel::Mma) {
+              MoePrefillKernel kernel = MoePrefillKernel::Mma, int load = 0) {
   const int H = xs.hidden();
-  const char* kname = kernel == MoePrefillKernel::Wgmma ? "wgmma" : "mma";
+  const char* kname = kernel == MoePrefillKernel::Wgmma ? (load == 1 ? "wgmma-tma" : "wgmma") : "mma";
   SCOPED_TRACE(std::string(kname) + " " + std::string(format_name(xs.format())) + " E=" +
                std::to_string(xs.E()) + " H=" + std::to_string(H) + " I=" + std::to_string(xs.inter()) +
                " m=" + std::to_string(m) + " K=" + std::to_string(K) + " routing=" + std::to_string(int(r)));
@@ -370,7 +383,7 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
                          ms::Tensor::borrow(wc.data(), {m, K}, ms::DType::F32), xs.cpu(),
                          ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
   }
-  const auto got = run_mma(xs, x, ids, wts, out0, m, K, kernel);
+  const auto got = run_mma(xs, x, ids, wts, out0, m, K, kernel, load);
 
   double c2 = 0, e2 = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -393,7 +406,7 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
   }
   // Deterministic: the same bits again.
   if (m <= 300) {
-    EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K, kernel), got);
+    EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K, kernel, load), got);
   }
   std::printf("  [moe_%s] %s E=%d H=%d I=%d m=%d K=%d routing=%d: relative error %.2e\n", kname,
               format_name(xs.format()), xs.E(), H, xs.inter(), m, K, static_cast<int>(r), rel);
@@ -486,6 +499,72 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeWgmma,
                          [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {
                            return std::string(format_name(i.param));
                          });
+
+// The tensor-copy loads (MoeWgLoad::Tma: grouped activation rows, per-expert tensor maps, one issuing thread,
+// NVFP4 codes and scales expanded by the consumers). Shapes whose NVFP4 scale rows are multiples of 16 bytes
+// (hidden, inter multiples of 256). Ragged counts: 1 and 3 tokens over 64 experts (experts of 0 and 1 rows),
+// 40 tokens (partial tiles, a consumer warpgroup with no rows), 1000 (full and partial 128-row tiles), one
+// expert whose k steps (512 / 64 = 8, 256 / 64 = 4) are fewer than or equal to the ring's stages.
+class CudaMoeWgmmaTma : public ::testing::TestWithParam<MoeWeightFormat> {};
+
+TEST_P(CudaMoeWgmmaTma, SmallShapesMatchCpuReference) {
+  if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
+  int seed = 50;
+  const Experts many(64, 512, 256, GetParam(), 5);
+  for (int m : {1, 3}) run_case(many, m, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1);
+  run_case(many, 40, 4, Routing::Skewed, seed++, MoePrefillKernel::Wgmma, 1);
+  const Experts wide(16, 512, 256, GetParam(), 4);
+  for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot})
+    run_case(wide, 1000, 4, r, seed++, MoePrefillKernel::Wgmma, 1);
+  run_case(wide, 40, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1);
+  // bn 128 for gate_up (inter 320 is a multiple of 64, not of 128): gate_up tiles of 64 gate + 64 up rows.
+  if (GetParam() == MoeWeightFormat::BF16) {
+    const Experts narrow(16, 256, 320, GetParam(), 6);
+    run_case(narrow, 300, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1);
+  }
+  const Experts one(1, 512, 256, GetParam(), 7);
+  run_case(one, 200, 1, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1);
+}
+
+TEST_P(CudaMoeWgmmaTma, FullWidthMatchesCpuReference) {
+  if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
+  const Experts xs(8, 6144, 2048, GetParam(), 3);
+  run_case(xs, 150, 4, Routing::Uniform, 60, MoePrefillKernel::Wgmma, 1);
+  run_case(xs, 64, 4, Routing::OneHot, 61, MoePrefillKernel::Wgmma, 1);
+  run_case(xs, 300, 4, Routing::Skewed, 62, MoePrefillKernel::Wgmma, 1);
+}
+
+// FP8Block: the same cases asked for with tensor copies run on the cp.async loads (the fallback).
+INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeWgmmaTma,
+                         ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16,
+                                           MoeWeightFormat::FP8Block),
+                         [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {
+                           return std::string(format_name(i.param));
+                         });
+
+TEST(CudaMoeWgmmaTma, MapsRefuseShapesAndNeedMaps) {
+  if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
+  ms::cuda::MoeExpertWeights w{};
+  // NVFP4 scale rows of 384 / 16 = 24 bytes cannot be a tensor map's rows.
+  EXPECT_THROW(ms::cuda::moe_experts_wgmma_maps(&w, 1, MoeWeightFormat::NVFP4, 384, 256), ms::Error);
+  ms::cuda::MoeExpertsParams p;
+  p.format = MoeWeightFormat::BF16;
+  p.m = 8192;
+  p.top_k = 8;
+  p.n_experts = 256;
+  p.hidden = 6144;
+  p.inter = 2048;
+  p.wgmma_load = 1;  // asked for without maps
+  EXPECT_TRUE(ms::cuda::moe_experts_wgmma_unavailable(p).has_value());
+  EXPECT_THROW(ms::cuda::moe_experts_wgmma_config(p), ms::Error);
+  // FP8Block: no maps to build; asked for tensor copies, it gets cp.async.
+  EXPECT_THROW(ms::cuda::moe_experts_wgmma_maps(&w, 1, MoeWeightFormat::FP8Block, 512, 256), ms::Error);
+  p.format = MoeWeightFormat::FP8Block;
+  p.hidden = 7168;
+  EXPECT_FALSE(ms::cuda::moe_experts_wgmma_unavailable(p).has_value());
+  EXPECT_EQ(ms::cuda::moe_experts_wgmma_config(p).gate_up.load, ms::cuda::MoeWgLoad::CpAsync);
+  EXPECT_FALSE(ms::cuda::moe_experts_wgmma_groups_rows(p));
+}
 
 TEST(CudaMoeWgmma, ChosenByDefaultOnSm90ForLargeSteps) {
   if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";

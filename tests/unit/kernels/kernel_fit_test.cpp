@@ -8,6 +8,7 @@
 #include <array>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/common/kernel_fit.h"
 #include "kernels/cuda/gemm/bf16_gemv_config.h"
@@ -691,6 +692,62 @@ TEST(KernelFit, MoeMmaConfigFitsEveryTarget) {
 // kernel's name and the architecture, and a shape the tiles do not divide is refused with the field.
 // NVFP4 expanded by the consumers (the default): A + raw ring, 3 bf16 W buffers; the producer layout (bf16
 // ring + raw ring of stages - 1) stays selectable; BF16 weights ignore the choice.
+// The tensor-copy loads: NVFP4 raw rows carry 16 scale bytes (a tensor copy's row), so the consumer layout
+// holds 4 stages on an H200 where the cp.async one holds 5; BF16 keeps its 4-stage ring; shapes whose NVFP4
+// scale rows are not multiples of 16 bytes fall back to the cp.async loads; nothing fits off sm_90.
+TEST(KernelFit, MoeWgmmaTmaLayouts) {
+  const MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
+  const auto t = choose_moe_wgmma_config(s, limits_h200(), nullptr, MoeWgExpand::Producer, MoeWgLoad::Tma);
+  ASSERT_TRUE(t.has_value());
+  for (const MoeWgmmaGemmConfig& g : {t->gate_up, t->down}) {
+    EXPECT_EQ(g.load, MoeWgLoad::Tma);
+    EXPECT_EQ(g.expand, MoeWgExpand::Consumer);  // Tma implies it
+    EXPECT_EQ(g.bn, 256);
+    EXPECT_EQ(g.stages, 4);
+    // 1024 slack + A ring + 3 W buffers + raw ring (256 x (32 + 16)) + barriers + table.
+    EXPECT_EQ(g.smem, size_t{1024 + 4 * 16384 + 3 * 32768 + 4 * 12288 + 128 + 1152});
+    EXPECT_LE(g.smem, limits_h200().smem_per_block_optin);
+    EXPECT_GT(moe_wgmma_smem_bytes(MoeMmaFormat::NVFP4, 256, 5, 256, MoeWgExpand::Consumer, MoeWgLoad::Tma),
+              limits_h200().smem_per_block_optin);
+  }
+  MoeMmaShape b = s;
+  b.format = MoeMmaFormat::BF16;
+  const auto tb = choose_moe_wgmma_config(b, limits_h200(), nullptr, MoeWgExpand::Consumer, MoeWgLoad::Tma);
+  ASSERT_TRUE(tb.has_value());
+  EXPECT_EQ(tb->gate_up.load, MoeWgLoad::Tma);
+  EXPECT_EQ(tb->gate_up.stages, 4);
+  EXPECT_EQ(tb->gate_up.smem, moe_wgmma_smem_bytes(MoeMmaFormat::BF16, 256, 4, 256));
+  const MoeMmaShape narrow{MoeMmaFormat::NVFP4, 1000, 4, 16, 384, 192};
+  EXPECT_TRUE(moe_wgmma_tma_shape_unsupported(narrow).has_value());
+  const auto n =
+      choose_moe_wgmma_config(narrow, limits_h200(), nullptr, MoeWgExpand::Consumer, MoeWgLoad::Tma);
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(n->gate_up.load, MoeWgLoad::CpAsync);
+  for (const DeviceLimits& dev : {limits_b200(), limits_rtx_pro_6000()})
+    EXPECT_FALSE(choose_moe_wgmma_config(s, dev, nullptr, MoeWgExpand::Consumer, MoeWgLoad::Tma).has_value())
+        << dev.name;
+  // FP8Block has no tensor-copy loads: refused with the reason, the cp.async configuration instead (the same
+  // one as asked for with CpAsync), also from the one-projection chooser.
+  const MoeMmaShape f8{MoeMmaFormat::FP8Block, 8192, 8, 256, 7168, 2048, 128};
+  const auto why = moe_wgmma_tma_shape_unsupported(f8);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("FP8Block"), std::string::npos) << *why;
+  EXPECT_FALSE(moe_wgmma_tma_unsupported(MoeMmaFormat::BF16).has_value());
+  EXPECT_FALSE(moe_wgmma_tma_unsupported(MoeMmaFormat::NVFP4).has_value());
+  const auto t8 = choose_moe_wgmma_config(f8, limits_h200(), nullptr, MoeWgExpand::Consumer, MoeWgLoad::Tma);
+  const auto c8 = choose_moe_wgmma_config(f8, limits_h200());
+  ASSERT_TRUE(t8.has_value() && c8.has_value());
+  for (const auto& [g, c] : {std::pair{t8->gate_up, c8->gate_up}, std::pair{t8->down, c8->down}}) {
+    EXPECT_EQ(g.load, MoeWgLoad::CpAsync);
+    EXPECT_EQ(g.stages, c.stages);
+    EXPECT_EQ(g.smem, c.smem);
+  }
+  const auto g8 = choose_moe_wgmma_gemm(MoeMmaFormat::FP8Block, 256, 256, limits_h200(), nullptr,
+                                        MoeWgExpand::Consumer, MoeWgLoad::Tma);
+  ASSERT_TRUE(g8.has_value());
+  EXPECT_EQ(g8->load, MoeWgLoad::CpAsync);
+}
+
 TEST(KernelFit, MoeWgmmaExpandLayouts) {
   const MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
   const auto cx = choose_moe_wgmma_config(s, limits_h200());

@@ -32,6 +32,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -235,6 +236,97 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       : "memory");
 #endif
 }
+
+// 2D tensor copy global -> shared (TMA) completing its box's bytes on bar. tmap: a CUtensorMap in the
+// kernel's parameters (__grid_constant__) or in global memory (then acquired first: tmap_acquire); c0 the
+// innermost coordinate (elements), c1 the row. Box elements outside the tensor land as zeros and still count
+// as bytes. c0 times the element size must be a multiple of 16 (the box's first global byte 16-byte aligned;
+// the hardware reports any other start as an illegal instruction, whatever the map allows); dst 128-byte
+// aligned (1024 for a 128-byte-swizzled box, so that the swizzle matches sw128_offset).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint64_t* bar) {
+#if MS_SM90
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], "
+      "[%4];\n" ::"r"(dst),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+#endif
+}
+
+// Makes a tensor map written to global memory by the host (cudaMemcpy before the launch) visible to this
+// thread's tensor copies (the tensormap proxy); once per map before its first use.
+__device__ __forceinline__ void tmap_acquire(const void* gmem_tmap) {
+#if MS_SM90
+  asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(gmem_tmap) : "memory");
+#endif
+}
+
+// A wait that has not seen its phase complete after this long is a hang (a phase completes within
+// microseconds): the waiter records it and traps, so the launch fails instead of never returning.
+constexpr uint64_t kMbarTimeoutNs = uint64_t{4} << 30;  // about 4.3 s
+
+// Where a timed-out wait is recorded: host memory mapped into the device (readable after the trap has made
+// the context unusable). `seen` is written last.
+struct MbarTimeout {
+  uint32_t seen;
+  uint32_t barrier;  // the kernel's own numbering of its mbarriers
+  uint32_t parity;
+  uint32_t block[3];
+  uint32_t thread;
+  uint32_t pad;
+};
+
+// mbar_wait with a bound: after kMbarTimeoutNs (%globaltimer, read only once a try_wait has failed) it
+// records `barrier` in `rec` (may be null) and traps. One asm statement, the record and the trap included:
+// a visible per-thread loop or branch around later wgmma makes ptxas serialise them.
+__device__ __forceinline__ void mbar_wait_bounded(uint64_t* bar, uint32_t parity, uint32_t barrier,
+                                                  MbarTimeout* rec) {
+#if MS_SM90
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .u64 t0, t1;\n.reg .u32 v;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra MS_WG_MBAR_DONE_%=;\n"
+      "mov.u64 t0, %%globaltimer;\n"
+      "MS_WG_MBAR_RETRY_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra MS_WG_MBAR_DONE_%=;\n"
+      "mov.u64 t1, %%globaltimer;\n"
+      "sub.u64 t1, t1, t0;\n"
+      "setp.lt.u64 p, t1, %3;\n"
+      "@p bra MS_WG_MBAR_RETRY_%=;\n"
+      "setp.eq.u64 p, %4, 0;\n"
+      "@p bra MS_WG_MBAR_TRAP_%=;\n"
+      "st.volatile.global.u32 [%4 + 4], %2;\n"
+      "st.volatile.global.u32 [%4 + 8], %1;\n"
+      "mov.u32 v, %%ctaid.x;\n"
+      "st.volatile.global.u32 [%4 + 12], v;\n"
+      "mov.u32 v, %%ctaid.y;\n"
+      "st.volatile.global.u32 [%4 + 16], v;\n"
+      "mov.u32 v, %%ctaid.z;\n"
+      "st.volatile.global.u32 [%4 + 20], v;\n"
+      "mov.u32 v, %%tid.x;\n"
+      "st.volatile.global.u32 [%4 + 24], v;\n"
+      "membar.sys;\n"
+      "st.volatile.global.u32 [%4], 1;\n"
+      "membar.sys;\n"
+      "MS_WG_MBAR_TRAP_%=:\n"
+      "trap;\n"
+      "MS_WG_MBAR_DONE_%=:\n}\n" ::"r"(smem_u32(bar)),
+      "r"(parity), "r"(barrier), "l"(kMbarTimeoutNs), "l"(rec)
+      : "memory");
+#else
+  (void)bar;
+  (void)parity;
+  (void)barrier;
+  (void)rec;
+#endif
+}
+
+static_assert(offsetof(MbarTimeout, seen) == 0 && offsetof(MbarTimeout, barrier) == 4 &&
+                  offsetof(MbarTimeout, parity) == 8 && offsetof(MbarTimeout, block) == 12 &&
+                  offsetof(MbarTimeout, thread) == 24,
+              "the offsets mbar_wait_bounded stores to");
 
 // ---- wgmma.mma_async m64nNk16, f32 += bf16 x bf16, A and B from shared memory (descriptors), both K-major
 // (no transpose), no operand negation. scale_d 0: D = A.B (the accumulators' old values are ignored).

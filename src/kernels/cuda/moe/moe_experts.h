@@ -86,6 +86,14 @@ struct MoeExpertsParams {
   int decode_variant = -1;
   // Prefill path's GEMM kernel (benchmarks compare both; tests pin one).
   MoePrefillKernel prefill_kernel = MoePrefillKernel::Auto;
+  // Per-expert tensor maps for the wgmma kernel's tensor-copy loads (moe_experts_wgmma.h
+  // moe_experts_wgmma_maps: device memory built from this layer's table for this format, hidden and inter);
+  // null: that kernel copies with cp.async.
+  const void* wgmma_maps = nullptr;
+  // The wgmma kernel's loads: -1 the environment's MOESERVE_MOE_WGMMA_LOAD (cpasync | tma), else tensor
+  // copies where wgmma_maps is set; 0 cp.async; 1 tensor copies (wgmma_maps required). FP8Block always
+  // copies with cp.async, whatever is asked.
+  int wgmma_load = -1;
 };
 
 // Which kernels run. Tiled: vector loads of whole 16-element weight pieces and 8-element activation pieces,

@@ -537,7 +537,9 @@ MoePrefillKernel moe_experts_prefill_kernel(const MoeExpertsParams& p) {
 
 size_t moe_experts_mma_workspace_bytes(int m, int top_k, int hidden, int inter) {
   const size_t mm = static_cast<size_t>(std::max(m, 0));
-  return align256(mm * std::max(hidden, 0) * 2) + align256(mm * std::max(top_k, 0) * std::max(inter, 0) * 2);
+  const size_t slots = mm * std::max(top_k, 0);
+  return align256(mm * std::max(hidden, 0) * 2) + align256(slots * std::max(inter, 0) * 2) +
+         align256(slots * std::max(hidden, 0) * 2);
 }
 
 MoeMmaConfig moe_experts_mma_config(const MoeExpertsParams& p) {
@@ -587,7 +589,9 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
                   xb, p.m, p.hidden);
   }
   if (wgmma) {
-    moe_experts_wgmma_gemms(p, xb, act, stream);
+    auto* xg = static_cast<char*>(workspace) + align256(static_cast<size_t>(p.m) * p.hidden * 2) +
+               align256(static_cast<size_t>(p.m) * p.top_k * p.inter * 2);
+    moe_experts_wgmma_gemms(p, xb, xg, act, stream);
     moe_experts_combine(p, stream);
     return;
   }

@@ -28,8 +28,9 @@ namespace ms::cuda {
 // (moe_experts_prefill_regime) or the device.
 bool moe_experts_mma_supported(const MoeExpertsParams& p);
 
-// Workspace of moe_experts_mma for up to m tokens: xb [m, hidden] bf16 and act [m * top_k, inter] bf16, each
-// 256-byte aligned. (p.act is not used by this path; p.slot_out is, as f32 [m * top_k, hidden].)
+// Workspace of moe_experts_mma for up to m tokens: xb [m, hidden] bf16, act [m * top_k, inter] bf16 and xg
+// [m * top_k, hidden] bf16 (the grouped rows of the wgmma kernel's tensor-copy loads), each 256-byte aligned.
+// (p.act is not used by this path; p.slot_out is, as f32 [m * top_k, hidden].)
 size_t moe_experts_mma_workspace_bytes(int m, int top_k, int hidden, int inter);
 
 // The configuration the launchers use for p on the current device; throws ms::Error naming the kernel, the

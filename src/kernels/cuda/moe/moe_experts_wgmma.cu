@@ -51,25 +51,47 @@
 // flight keep the handshake deadlock-free (the producer finishes stage q - S + 2 before it waits for slot
 // q - S).
 //
+// Tensor-copy loads (MoeWgLoad::Tma, kTma; the default where the caller passes per-expert tensor maps):
+// the launcher first copies the bf16 activation rows into grouped order (xg[pos] = xb[token of pos]), so a
+// stage's A tile is 128 consecutive rows; thread 0 of the producer warpgroup alone waits on `empty`, arrives
+// on `full` with the stage's byte count (expect_tx) and issues the tensor copies (producer_tma), the other
+// 127 producer threads return. A and bf16 W boxes land in the 128-byte swizzle by the copy itself; NVFP4
+// codes and scales land raw and the consumers expand them as above (scale rows: the 16-byte aligned piece
+// that holds the stage's 4 scales, since a box must start 16-byte aligned). `full` then completes on one
+// arrival plus the bytes. Why: with cp.async the same 128 threads issued ~1000 copies a stage and waited on
+// their own loads (tensor pipe 29% busy at 8192 GLM-5 tokens). FP8Block keeps cp.async (its raw pieces are
+// rotated per row and its scale is one f32 a group: moe_wgmma_tma_unsupported). Before a Tma launch the host
+// checks every map (tma_check.h: addresses, strides, box sizes, swizzle) and every box of a stage (shared
+// destinations 1024 / 128-aligned, innermost starts 16-byte aligned, the boxes' bytes = the expect_tx count).
+//
+// Every mbarrier wait is bounded (wg::mbar_wait_bounded): after about 4 s it records the barrier (full[s] =
+// s, empty[s] = kEmptyTag | s), block and thread in mapped host memory and traps; the next launch and the
+// process's exit report it.
+//
 // Work items as in moe_experts_mma.cu: (expert, N tile, M tile), M tile fastest; expert e has
 // ceil(count_e / 128) M tiles; every block scans the counts into a shared prefix and maps items by binary
 // search; block b takes items b, b + grid, ... (producer and consumers walk the same list). A consumer whose
 // 64 rows are all past the item's rows skips its MMAs (still hands the stages back).
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/common/cp_async.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/pdl.h"
+#include "kernels/cuda/common/tma_check.h"
 #include "kernels/cuda/common/wgmma_sm90.cuh"
 #include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_wgmma.h"
@@ -86,7 +108,13 @@ constexpr int kRawRow = kBK / 2;     // packed NVFP4 bytes of one row per stage
 constexpr int kRawScale = kBK / 16;  // e4m3 scale bytes of one row per stage
 constexpr int kFp8Row = kBK;         // e4m3 bytes of one FP8Block row per stage
 constexpr int kEmptyArrivals = 8;    // one per consumer warp
-constexpr int kFullArrivals = 128;   // every producer thread
+constexpr int kFullArrivals = 128;   // every producer thread (cp.async loads)
+constexpr int kTmaScaleRow = kMoeWgTmaScaleRow;
+constexpr int kTmaScaleSteps = kTmaScaleRow / kRawScale;  // k steps whose scales one Tma scale piece holds
+// Tensor maps per expert (Tma loads): gate, up, down data, then gate, up, down scales (NVFP4; else unused).
+constexpr int kMapsPerExpert = 6;
+// Barrier numbers in a timeout record: full[s] = s, empty[s] = kEmptyTag | s.
+constexpr uint32_t kEmptyTag = 1u << 16;
 static_assert(kThreads == 384 && kBM == 128 && kBK == 64, "the thread mappings below assume these");
 
 struct WgParams {
@@ -105,6 +133,10 @@ struct WgParams {
   int stages = 0;       // ring depth S, kMoeWgMinStages .. kMoeWgMaxStages
   int fp8_block = 128;  // FP8Block scale block edge, a multiple of 64
   int fp8_scols = 0;    // FP8Block scale columns: ceil(k / fp8_block)
+  // Tma loads: [n_experts][kMapsPerExpert] maps (moe_experts_wgmma_maps); entries of experts without rows
+  // are never read.
+  const CUtensorMap* __restrict__ wmaps;
+  wg::MbarTimeout* hang;  // where a timed-out mbarrier wait is recorded (may be null)
 };
 
 // Byte offsets inside the 1024-aligned dynamic window (moe_wgmma_smem_bytes sizes the same).
@@ -114,14 +146,15 @@ struct WgLayout {
 };
 
 // cx: expanded by the consumers (3 W buffers, a raw ring of `stages`); else the bf16 ring of `stages` and,
-// for NVFP4, a raw ring of stages - 1. Raw stages: NVFP4 bn x 36 bytes, FP8Block bn x 64 + 128
-// (moe_wgmma_raw_stage_bytes).
-__device__ __forceinline__ WgLayout wg_layout(int bn, int stages, MoeMmaFormat f, bool cx) {
+// for NVFP4, a raw ring of stages - 1. Raw stages (moe_wgmma_raw_stage_bytes): NVFP4 bn x 36 bytes (tma: bn x
+// (32 + kTmaScaleRow)), FP8Block bn x 64 + 128.
+__host__ __device__ inline WgLayout wg_layout(int bn, int stages, MoeMmaFormat f, bool cx, bool tma) {
   WgLayout L;
   L.a_stage = kBM * kRowBytes;
   L.w_stage = static_cast<uint32_t>(bn) * kRowBytes;
-  L.raw_stage = f == MoeMmaFormat::FP8Block ? static_cast<uint32_t>(bn) * kFp8Row + 128
-                                            : static_cast<uint32_t>(bn) * (kRawRow + kRawScale);
+  L.raw_stage = f == MoeMmaFormat::FP8Block
+                    ? static_cast<uint32_t>(bn) * kFp8Row + 128
+                    : static_cast<uint32_t>(bn) * (kRawRow + (tma ? kTmaScaleRow : kRawScale));
   L.a = 0;
   L.w = L.a + stages * L.a_stage;
   L.raw = L.w + (cx ? kMoeWgConsumerWBufs : stages) * L.w_stage;
@@ -131,18 +164,30 @@ __device__ __forceinline__ WgLayout wg_layout(int bn, int stages, MoeMmaFormat f
   return L;
 }
 
+// Bytes the tensor copies of one Tma stage bring (the expect_tx count; the launcher checks it against the
+// boxes, check_tma_stages): A [128][64] bf16, then BF16 W [bn][64] bf16 or NVFP4 bn rows of 32 code bytes and
+// kTmaScaleRow scale bytes.
+__host__ __device__ constexpr uint32_t tma_stage_bytes(MoeMmaFormat f, int bn) {
+  return static_cast<uint32_t>(kBM * kRowBytes) +
+         static_cast<uint32_t>(bn) * (f == MoeMmaFormat::NVFP4 ? kRawRow + kTmaScaleRow : kRowBytes);
+}
+// The mbarrier transaction count holds at most 2^20 - 1 bytes.
+static_assert(tma_stage_bytes(MoeMmaFormat::BF16, 256) < (1u << 20), "a stage's bytes exceed the tx count");
+
 using dev::cp_async16;
 using dev::cp_async4;
 using dev::cp_async_commit;
 using dev::cp_async_wait_pending;
 
-// Expands row r of a raw NVFP4 stage (bn rows of 32 packed bytes, then bn rows of 4 e4m3 scales) into row r
-// of the swizzled bf16 W tile.
-template <int BN>
-__device__ __forceinline__ void expand_row(const unsigned char* raw, unsigned char* wt, int r) {
+// Expands row r of a raw NVFP4 stage (BN rows of 32 packed bytes, then BN rows of kScaleRow bytes whose bytes
+// scale_at .. scale_at + 3 are the stage's e4m3 scales; scale_at a multiple of 4) into row r of the swizzled
+// bf16 W tile.
+template <int BN, int kScaleRow = kRawScale>
+__device__ __forceinline__ void expand_row(const unsigned char* raw, unsigned char* wt, int r,
+                                           int scale_at = 0) {
   const uint4 q0 = *reinterpret_cast<const uint4*>(raw + r * kRawRow);
   const uint4 q1 = *reinterpret_cast<const uint4*>(raw + r * kRawRow + 16);
-  const uint32_t sc = *reinterpret_cast<const uint32_t*>(raw + BN * kRawRow + r * kRawScale);
+  const uint32_t sc = *reinterpret_cast<const uint32_t*>(raw + BN * kRawRow + r * kScaleRow + scale_at);
   // e4m3 -> bf16 is exact; code x scale has at most 6 significant bits: exact in bf16 too.
   __nv_bfloat162 s[4];
 #pragma unroll
@@ -285,7 +330,8 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
 
     for (int kc = 0; kc < nk; ++kc) {
       const uint32_t slot = q % S;
-      if (q >= static_cast<uint32_t>(S)) wg::mbar_wait(&empty[slot], (q / S - 1) & 1u);
+      if (q >= static_cast<uint32_t>(S))
+        wg::mbar_wait_bounded(&empty[slot], (q / S - 1) & 1u, kEmptyTag | slot, p.hang);
       const uint32_t a_base = sbase + L.a + slot * L.a_stage;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -368,12 +414,84 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
   while (qf < q) finish(0);
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
+// Tma loads: thread 0 alone issues every copy (the other producer threads return at once). Stage q, slot
+// q % S: wait empty[slot] (phase q / S - 1) unless q < S; arrive on full[slot] announcing the stage's bytes;
+// tensor copies that complete on full[slot]:
+//   A:     tmap_a box {64 k, 128 rows} at (64 kc, pos0), 128-byte swizzle              16384 bytes
+//   BF16:  two boxes {64 k, BN/2 rows} (the W tile's halves), 128-byte swizzle          2 x 64 BN bytes
+//   NVFP4: two code boxes {32 bytes, BN/2 rows} at (32 kc, row), raw rows 0 .. BN - 1  2 x 16 BN bytes
+//          two scale boxes {16 bytes, BN/2 rows} at (16 (kc / 4), row) after the codes 2 x 8 BN bytes
+//          (the aligned piece holding the stage's scales at 4 (kc % 4): a box must start 16-byte aligned)
+// = the expect_tx count kStageBytes below (boxes past a tensor's end are zero-filled and still counted).
+// Every box's innermost start, in bytes, is a multiple of 16 (asserted below): the hardware faults on others.
+template <int BN, MoeMmaFormat F, bool kGateUp>
+__device__ __forceinline__ void producer_tma(const WgParams& p, const CUtensorMap* tmap_a, const WgLayout& L,
+                                             uint32_t sbase, uint64_t* full, uint64_t* empty, const int* s_mt,
+                                             int total_items) {
+  if (threadIdx.x != 0) return;
+  constexpr bool kNv = F == MoeMmaFormat::NVFP4;
+  constexpr uint32_t kStageBytes = tma_stage_bytes(F, BN);
+  static_assert(kBM * kRowBytes == 128 * 64 * 2 && kRawRow == 32 && kRawScale == 4, "box sizes above");
+  static_assert(
+      kRowBytes % 16 == 0 && kRawRow % 16 == 0 && kTmaScaleRow % 16 == 0 && kTmaScaleRow % kRawScale == 0,
+      "every box's innermost start coordinate (64 kc bf16, 32 kc and 16 (kc / 4) bytes) must be a "
+      "multiple of 16 bytes");
+  const int S = p.stages;
+  const int nk = p.k / kBK;
+  uint32_t q = 0;
+  int last_e = -1;
+  const CUtensorMap *d0 = nullptr, *d1 = nullptr, *s0 = nullptr, *s1 = nullptr;
+  for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
+    const Item it = decode_item(item, s_mt, p);
+    if (it.e != last_e) {
+      const CUtensorMap* em = p.wmaps + static_cast<int64_t>(it.e) * kMapsPerExpert;
+      d0 = kGateUp ? em : em + 2;
+      d1 = kGateUp ? em + 1 : em + 2;
+      s0 = kGateUp ? em + 3 : em + 5;
+      s1 = kGateUp ? em + 4 : em + 5;
+      wg::tmap_acquire(d0);
+      wg::tmap_acquire(d1);
+      if constexpr (kNv) {
+        wg::tmap_acquire(s0);
+        wg::tmap_acquire(s1);
+      }
+      last_e = it.e;
+    }
+    // Weight rows of the W tile's two halves: gate_up gate / up rows nt * BN/2 ..; down rows nt * BN and
+    // nt * BN + BN/2.
+    const int r0 = kGateUp ? it.nt * (BN / 2) : it.nt * BN;
+    const int r1 = kGateUp ? r0 : r0 + BN / 2;
+    for (int kc = 0; kc < nk; ++kc) {
+      const uint32_t slot = q % S;
+      if (q >= static_cast<uint32_t>(S))
+        wg::mbar_wait_bounded(&empty[slot], (q / S - 1) & 1u, kEmptyTag | slot, p.hang);
+      wg::mbar_arrive_expect_tx(&full[slot], kStageBytes);
+      wg::tma_load_2d(sbase + L.a + slot * L.a_stage, tmap_a, kc * kBK, it.pos0, &full[slot]);
+      if constexpr (!kNv) {
+        const uint32_t w = sbase + L.w + slot * L.w_stage;
+        wg::tma_load_2d(w, d0, kc * kBK, r0, &full[slot]);
+        wg::tma_load_2d(w + (BN / 2) * kRowBytes, d1, kc * kBK, r1, &full[slot]);
+      } else {
+        const uint32_t raw = sbase + L.raw + slot * L.raw_stage;
+        wg::tma_load_2d(raw, d0, kc * kRawRow, r0, &full[slot]);
+        wg::tma_load_2d(raw + (BN / 2) * kRawRow, d1, kc * kRawRow, r1, &full[slot]);
+        const int sc = (kc / kTmaScaleSteps) * kTmaScaleRow;
+        wg::tma_load_2d(raw + BN * kRawRow, s0, sc, r0, &full[slot]);
+        wg::tma_load_2d(raw + BN * kRawRow + (BN / 2) * kTmaScaleRow, s1, sc, r1, &full[slot]);
+      }
+      ++q;
+    }
+  }
+}
+
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma>
 __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, uint32_t sbase,
                                          unsigned char* smem, uint64_t* full, uint64_t* empty,
                                          const int* s_mt, int total_items, int cw) {
   static_assert(!kCx || F != MoeMmaFormat::BF16, "consumer expansion is an NVFP4 / FP8Block layout");
   static_assert(kCx || F != MoeMmaFormat::FP8Block, "FP8Block tiles are expanded by the consumers");
+  static_assert(!kTma || F != MoeMmaFormat::FP8Block, "FP8Block is not loaded by tensor copies");
+  static_assert(!kTma || kCx || F == MoeMmaFormat::BF16, "Tma loads expand NVFP4 in the consumers");
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, t4 = lane & 3;
   const int S = p.stages;
@@ -388,7 +506,7 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
     const bool active = wg::warp_uniform(cw * 64 < it.rows ? 1 : 0) != 0;  // warpgroup-uniform
     for (int kc = 0; kc < nk; ++kc) {
       const uint32_t slot = q % S;
-      wg::mbar_wait(&full[slot], (q / S) & 1u);
+      wg::mbar_wait_bounded(&full[slot], (q / S) & 1u, slot, p.hang);
       // The W tile of this stage: the ring slot, or (consumer expansion) buffer q % 3, free since both
       // warpgroups passed the barrier of stage q - 1 after waiting for their MMAs of stage q - 3.
       const uint32_t wbuf = kCx ? q % kMoeWgConsumerWBufs : slot;
@@ -398,7 +516,9 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
           if constexpr (F == MoeMmaFormat::FP8Block)
             expand_row_fp8<BN>(smem + L.raw + slot * L.raw_stage, smem + L.w + wbuf * L.w_stage, ct);
           else
-            expand_row<BN>(smem + L.raw + slot * L.raw_stage, smem + L.w + wbuf * L.w_stage, ct);
+            expand_row<BN, kTma ? kTmaScaleRow : kRawScale>(smem + L.raw + slot * L.raw_stage,
+                                                            smem + L.w + wbuf * L.w_stage, ct,
+                                                            kTma ? (kc % kTmaScaleSteps) * kRawScale : 0);
         }
         wg::fence_proxy_async();
         consumers_sync();
@@ -455,15 +575,18 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
   }
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
-__global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p) {
+// tmap_a (Tma loads): the A rows [rows, k] bf16 in grouped order, box {64, 128}, 128-byte swizzle; unused
+// otherwise.
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_wgmma_kernel(const WgParams p, const __grid_constant__ CUtensorMap tmap_a) {
 #if MS_WGMMA_SM90A
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   const uint32_t dyn = wg::smem_u32(smem_dyn);
   const uint32_t pad = ((dyn + 1023u) & ~1023u) - dyn;  // the 128-byte swizzle wants 1024-aligned tiles
   unsigned char* smem = smem_dyn + pad;
   const uint32_t sbase = dyn + pad;
-  const WgLayout L = wg_layout(BN, p.stages, F, kCx);
+  const WgLayout L = wg_layout(BN, p.stages, F, kCx, kTma);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* empty = full + p.stages;
   int* s_mt = reinterpret_cast<int*>(smem + L.table);  // [n_experts + 1]
@@ -472,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
 
   if (tid == 0) {
     for (int s = 0; s < p.stages; ++s) {
-      wg::mbar_init(&full[s], kFullArrivals);
+      wg::mbar_init(&full[s], kTma ? 1 : kFullArrivals);
       wg::mbar_init(&empty[s], kEmptyArrivals);
     }
     wg::mbar_init_fence();
@@ -485,13 +608,38 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const WgParams p
 
   const int wgi = wg::warp_uniform(tid / 128);
   if (wgi == 0) {
-    producer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items);
+    if constexpr (kTma) {
+      producer_tma<BN, F, kGateUp>(p, &tmap_a, L, sbase, full, empty, s_mt, total_items);
+    } else {
+      producer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items);
+    }
   } else {
-    consumer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items, wgi - 1);
+    consumer<BN, F, kGateUp, kCx, kTma>(p, L, sbase, smem, full, empty, s_mt, total_items, wgi - 1);
   }
 #else
   wg::trap_not_sm90a();
 #endif
+}
+
+// xb bf16 [m, hidden] packed -> xg bf16 [slots, hidden] packed in grouped order: xg[pos] =
+// xb[sorted_slots[pos] / top_k] for pos < offsets[n_experts] (rows past it stay unwritten: a Tma A tile that
+// reaches them feeds only rows whose results are dropped). One warp per row, 16 bytes a lane (hidden % 8 ==
+// 0).
+__global__ void __launch_bounds__(256)
+    moe_wg_group_rows_kernel(const __nv_bfloat16* __restrict__ xb, const int32_t* __restrict__ sorted_slots,
+                             const int32_t* __restrict__ offsets, int n_experts, int top_k, int hidden,
+                             __nv_bfloat16* __restrict__ xg) {
+  dev::grid_dep_enter();
+  const int64_t rows = offsets[n_experts];
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t pos = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; pos < rows;
+       pos += warps) {
+    const int64_t t = sorted_slots[pos] / top_k;
+    const uint4* src = reinterpret_cast<const uint4*>(xb + t * hidden);
+    uint4* dst = reinterpret_cast<uint4*>(xg + pos * hidden);
+    for (int c = lane; c < hidden / 8; c += 32) dst[c] = src[c];
+  }
 }
 
 MoeMmaFormat wg_format(MoeWeightFormat f) {
@@ -518,41 +666,200 @@ MoeWgExpand wg_expand() {
   return x;
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx>
-void launch_one(const WgParams& wp, const MoeExpertsParams& p, const DeviceCaps& caps, size_t smem,
-                cudaStream_t stream) {
-  const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx>);
+// The loads asked for: CpAsync for a format the tensor copies cannot take (FP8Block, whatever was asked:
+// moe_wgmma_tma_unsupported says why); else p.wgmma_load if set, else MOESERVE_MOE_WGMMA_LOAD (cpasync | tma;
+// read once), else tensor copies where the maps exist. Tma without maps is refused by the launcher.
+MoeWgLoad wg_load(const MoeExpertsParams& p) {
+  static const int env = [] {
+    const char* v = std::getenv("MOESERVE_MOE_WGMMA_LOAD");
+    if (v != nullptr && std::strcmp(v, "cpasync") == 0) return 0;
+    if (v != nullptr && std::strcmp(v, "tma") == 0) return 1;
+    return -1;
+  }();
+  if (moe_wgmma_tma_unsupported(wg_format(p.format))) return MoeWgLoad::CpAsync;  // FP8Block
+  const int want = p.wgmma_load >= 0 ? p.wgmma_load : env;
+  if (want == 0) return MoeWgLoad::CpAsync;
+  if (want == 1) return MoeWgLoad::Tma;
+  return p.wgmma_maps != nullptr ? MoeWgLoad::Tma : MoeWgLoad::CpAsync;
+}
+
+// The record of a timed-out mbarrier wait: host memory mapped into the device, allocated at the first launch,
+// printed to stderr at exit when a wait timed out. Null when it cannot be allocated: the wait still traps.
+wg::MbarTimeout* host_timeout = nullptr;
+
+std::string timeout_report() {
+  if (host_timeout == nullptr) return {};
+  const volatile wg::MbarTimeout* r = host_timeout;
+  if (r->seen == 0) return {};
+  const uint32_t b = r->barrier;
+  return fmt::format(
+      "moe_experts_wgmma: block ({}, {}, {}) thread {} waited {:.1f} s for mbarrier {}[{}] to complete the "
+      "phase of parity {}, and trapped",
+      r->block[0], r->block[1], r->block[2], r->thread, static_cast<double>(wg::kMbarTimeoutNs) * 1e-9,
+      (b & kEmptyTag) != 0 ? "empty" : "full", b & (kEmptyTag - 1), r->parity);
+}
+
+wg::MbarTimeout* timeout_record() {
+  static wg::MbarTimeout* const rec = [] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // allocating is not captured work
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    void* h = nullptr;
+    void* d = nullptr;
+    if (cudaHostAlloc(&h, sizeof(wg::MbarTimeout), cudaHostAllocMapped | cudaHostAllocPortable) !=
+            cudaSuccess ||
+        cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
+      cudaGetLastError();
+      d = nullptr;
+    } else {
+      std::memset(h, 0, sizeof(wg::MbarTimeout));
+      host_timeout = static_cast<wg::MbarTimeout*>(h);
+      std::atexit([] {
+        const std::string msg = timeout_report();
+        if (!msg.empty()) std::fprintf(stderr, "%s\n", msg.c_str());
+      });
+    }
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return static_cast<wg::MbarTimeout*>(d);
+  }();
+  return rec;
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against the driver library).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The maps of the Tma loads, described once for encoding (encode_2d) and for the launcher's box checks
+// (check_tma_stages). A rows [rows, k] bf16 (grouped xg or act), box {64, 128}, 128-byte swizzle.
+TmaMap2d tma_a_map(const char* what, const void* base, uint64_t rows, uint64_t k) {
+  return {what, reinterpret_cast<uintptr_t>(base), 2, k, rows, 2 * k, kBK, kBM, 128};
+}
+// One weight matrix [rows, cols] (cols = k): bf16 box {64, half} swizzled like the wgmma operand; NVFP4 codes
+// (bytes) box {32, half}, unswizzled (the consumers expand them).
+TmaMap2d tma_w_map(const char* what, const void* base, bool nvfp4, uint64_t rows, uint64_t cols,
+                   uint32_t half) {
+  if (!nvfp4) return {what, reinterpret_cast<uintptr_t>(base), 2, cols, rows, 2 * cols, kBK, half, 128};
+  return {what, reinterpret_cast<uintptr_t>(base), 1, cols / 2, rows, cols / 2, kRawRow, half, 0};
+}
+// NVFP4 scales [rows, cols / 16] e4m3 bytes, box {kTmaScaleRow, half}, unswizzled.
+TmaMap2d tma_scale_map(const char* what, const void* base, uint64_t rows, uint64_t cols, uint32_t half) {
+  return {what, reinterpret_cast<uintptr_t>(base), 1, cols / 16, rows, cols / 16, kTmaScaleRow, half, 0};
+}
+
+// Encodes m after check_tma_map_2d (bf16 or byte elements; swizzle none or 128 bytes).
+CUtensorMap encode_2d(const TmaMap2d& m) {
+  check_tma_map_2d(m);
+  MS_CHECK(m.elem_bytes == 1 || m.elem_bytes == 2, "moe_experts_wgmma: {} tensor map of {}-byte elements",
+           m.what, m.elem_bytes);
+  MS_CHECK(m.swizzle_bytes == 0 || m.swizzle_bytes == 128, "moe_experts_wgmma: {} tensor map swizzle {}",
+           m.what, m.swizzle_bytes);
+  const auto fn = encode_fn();
+  MS_CHECK(fn != nullptr, "moe_experts_wgmma: cuTensorMapEncodeTiled is not available from the driver");
+  CUtensorMap t;
+  const cuuint64_t dims[2] = {m.cols, m.rows};
+  const cuuint64_t strides[1] = {m.row_bytes};
+  const cuuint32_t box[2] = {m.box_cols, m.box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r =
+      fn(&t, m.elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+         reinterpret_cast<void*>(m.base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+         m.swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MS_CHECK(r == CUDA_SUCCESS, "moe_experts_wgmma: {} tensor map ([{}, {}], box {} x {}) failed: CUresult {}",
+           m.what, m.rows, m.cols, m.box_rows, m.box_cols, static_cast<int>(r));
+  return t;
+}
+
+// Before a Tma launch: every box producer_tma copies (each ring slot, k steps 0 .. 2 kTmaScaleSteps - 1,
+// which cover every box start modulo the scale piece) lands where check_tma_box allows, the stage's boxes add
+// up to tma_stage_bytes (the expect_tx count) and the mbarriers are 8-byte aligned. `a` is the launch's A
+// map, the weight maps are described from the shape (moe_experts_wgmma_maps encodes the same ones).
+void check_tma_stages(MoeMmaFormat f, bool gate_up, int bn, int stages, const TmaMap2d& a, int k, int n_out) {
+  const bool nv = f == MoeMmaFormat::NVFP4;
+  const WgLayout L = wg_layout(bn, stages, f, nv, true);
+  const uint32_t half = static_cast<uint32_t>(bn / 2);
+  const uint64_t wrows = static_cast<uint64_t>(n_out);  // gate / up rows = inter, down rows = hidden
+  const uintptr_t any = 256;  // the weight maps' own addresses are checked where they are encoded
+  const TmaMap2d w =
+      tma_w_map(gate_up ? "gate/up" : "down", reinterpret_cast<const void*>(any), nv, wrows, k, half);
+  const TmaMap2d sc = tma_scale_map(gate_up ? "gate/up scales" : "down scales",
+                                    reinterpret_cast<const void*>(any), wrows, k, half);
+  MS_CHECK(L.bars % 8 == 0, "moe_experts_wgmma tma: mbarriers at byte {} are not 8-byte aligned", L.bars);
+  const int nk = k / kBK;
+  for (int slot = 0; slot < stages; ++slot) {
+    for (int kc = 0; kc < std::min(nk, 2 * kTmaScaleSteps); ++kc) {
+      uint64_t bytes = check_tma_box(a, L.a + static_cast<uint64_t>(slot) * L.a_stage, int64_t{kc} * kBK);
+      if (!nv) {
+        const uint64_t dst = L.w + static_cast<uint64_t>(slot) * L.w_stage;
+        bytes += check_tma_box(w, dst, int64_t{kc} * kBK);
+        bytes += check_tma_box(w, dst + half * kRowBytes, int64_t{kc} * kBK);
+      } else {
+        const uint64_t raw = L.raw + static_cast<uint64_t>(slot) * L.raw_stage;
+        const int64_t c_sc = int64_t{kc / kTmaScaleSteps} * kTmaScaleRow;
+        bytes += check_tma_box(w, raw, int64_t{kc} * kRawRow);
+        bytes += check_tma_box(w, raw + half * kRawRow, int64_t{kc} * kRawRow);
+        bytes += check_tma_box(sc, raw + static_cast<uint64_t>(bn) * kRawRow, c_sc);
+        bytes += check_tma_box(sc, raw + static_cast<uint64_t>(bn) * kRawRow + half * kTmaScaleRow, c_sc);
+      }
+      MS_CHECK(bytes == tma_stage_bytes(f, bn),
+               "moe_experts_wgmma tma: the boxes of a stage bring {} bytes, expect_tx announces {}", bytes,
+               tma_stage_bytes(f, bn));
+    }
+  }
+}
+
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma>
+void launch_one(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+                const DeviceCaps& caps, size_t smem, cudaStream_t stream) {
+  const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma>);
   const int per_sm = moe_launch::resident_blocks("moe_experts_wgmma", fn, kThreads, smem, caps.device);
   const unsigned grid = moe_launch::grid(p, kBM, wp.n_tiles, per_sm, caps.multiprocessors);
-  launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp, kCx>, grid, kThreads, smem, stream, wp);
+  launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma>, grid, kThreads, smem, stream, wp,
+                tmap_a);
+}
+
+template <int BN, bool kGateUp>
+void launch_bn(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+               const MoeWgmmaGemmConfig& cfg, const DeviceCaps& caps, cudaStream_t stream) {
+  const bool nv = p.format == MoeWeightFormat::NVFP4, cx = cfg.expand == MoeWgExpand::Consumer;
+  if (p.format == MoeWeightFormat::FP8Block) {
+    // Always consumer expansion and cp.async (the choosers never return Tma for FP8Block).
+    MS_CHECK(cfg.load == MoeWgLoad::CpAsync, "moe_experts_wgmma: FP8Block with tensor-copy loads");
+    launch_one<BN, MoeMmaFormat::FP8Block, kGateUp, true, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+    return;
+  }
+  if (cfg.load == MoeWgLoad::Tma) {
+    if (!nv)
+      launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+    else
+      launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+  } else if (!nv) {
+    launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+  } else if (cx) {
+    launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+  } else {
+    launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, false, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+  }
 }
 
 template <bool kGateUp>
-void launch_gemm(const WgParams& wp, const MoeExpertsParams& p, const MoeWgmmaGemmConfig& cfg,
-                 const DeviceCaps& caps, cudaStream_t stream) {
-  const bool nv = p.format == MoeWeightFormat::NVFP4, cx = cfg.expand == MoeWgExpand::Consumer;
-  if (p.format == MoeWeightFormat::FP8Block) {
-    if (cfg.bn == 256)
-      launch_one<256, MoeMmaFormat::FP8Block, kGateUp, true>(wp, p, caps, cfg.smem, stream);
-    else
-      launch_one<128, MoeMmaFormat::FP8Block, kGateUp, true>(wp, p, caps, cfg.smem, stream);
-    return;
-  }
-  if (cfg.bn == 256) {
-    if (!nv)
-      launch_one<256, MoeMmaFormat::BF16, kGateUp, false>(wp, p, caps, cfg.smem, stream);
-    else if (cx)
-      launch_one<256, MoeMmaFormat::NVFP4, kGateUp, true>(wp, p, caps, cfg.smem, stream);
-    else
-      launch_one<256, MoeMmaFormat::NVFP4, kGateUp, false>(wp, p, caps, cfg.smem, stream);
-  } else {
-    if (!nv)
-      launch_one<128, MoeMmaFormat::BF16, kGateUp, false>(wp, p, caps, cfg.smem, stream);
-    else if (cx)
-      launch_one<128, MoeMmaFormat::NVFP4, kGateUp, true>(wp, p, caps, cfg.smem, stream);
-    else
-      launch_one<128, MoeMmaFormat::NVFP4, kGateUp, false>(wp, p, caps, cfg.smem, stream);
-  }
+void launch_gemm(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+                 const MoeWgmmaGemmConfig& cfg, const DeviceCaps& caps, cudaStream_t stream) {
+  if (cfg.bn == 256)
+    launch_bn<256, kGateUp>(wp, tmap_a, p, cfg, caps, stream);
+  else
+    launch_bn<128, kGateUp>(wp, tmap_a, p, cfg, caps, stream);
 }
 
 // Scale columns of an FP8Block matrix whose rows are k wide (0 for the other formats, whose fp8_block is
@@ -569,7 +876,10 @@ std::optional<std::string> moe_experts_wgmma_unavailable(const MoeExpertsParams&
                        static_cast<int>(p.format));
   const DeviceCaps caps = current_device_caps();
   std::string why;
-  if (!choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand())) return why;
+  const MoeWgLoad load = wg_load(p);
+  if (load == MoeWgLoad::Tma && p.wgmma_maps == nullptr)
+    return std::string("moe_experts_wgmma: tensor-copy loads asked for without wgmma_maps");
+  if (!choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand(), load)) return why;
   return std::nullopt;
 }
 
@@ -577,15 +887,65 @@ MoeWgmmaConfig moe_experts_wgmma_config(const MoeExpertsParams& p) {
   MS_CHECK(wg_format_ok(p.format), "moe_experts_wgmma: weight format {} is not NVFP4, FP8Block or BF16",
            static_cast<int>(p.format));
   const DeviceCaps caps = current_device_caps();
+  const MoeWgLoad load = wg_load(p);
+  MS_CHECK(load != MoeWgLoad::Tma || p.wgmma_maps != nullptr,
+           "moe_experts_wgmma: tensor-copy loads asked for (wgmma_load / MOESERVE_MOE_WGMMA_LOAD) without "
+           "wgmma_maps");
   std::string why;
-  const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand());
+  const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand(), load);
   MS_CHECK(cfg.has_value(), "{}", why);
   check_smem(caps, "moe_experts_wgmma gate_up", cfg->gate_up.smem);
   check_smem(caps, "moe_experts_wgmma down", cfg->down.smem);
   return *cfg;
 }
 
-void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* act, cudaStream_t stream) {
+size_t moe_experts_wgmma_maps_bytes(int n_experts) {
+  return static_cast<size_t>(std::max(n_experts, 0)) * kMapsPerExpert * sizeof(CUtensorMap);
+}
+
+void* moe_experts_wgmma_maps(const MoeExpertWeights* host_table, int n_experts, MoeWeightFormat format,
+                             int hidden, int inter) {
+  MS_CHECK(n_experts >= 1 && host_table != nullptr, "moe_experts_wgmma_maps: {} experts, table {}", n_experts,
+           static_cast<const void*>(host_table));
+  MS_CHECK(wg_format_ok(format), "moe_experts_wgmma_maps: weight format {} is not NVFP4, FP8Block or BF16",
+           static_cast<int>(format));
+  if (auto no = moe_wgmma_tma_unsupported(wg_format(format))) MS_THROW("moe_experts_wgmma_maps: {}", *no);
+  const MoeMmaShape shape{wg_format(format), 0, 1, n_experts, hidden, inter};
+  if (auto bad = moe_wgmma_shape_unsupported(shape)) MS_THROW("{}", *bad);
+  if (auto bad = moe_wgmma_tma_shape_unsupported(shape)) MS_THROW("{}", *bad);
+  const bool nv = format == MoeWeightFormat::NVFP4;
+  const uint32_t gu_half = static_cast<uint32_t>(moe_wgmma_bn(true, hidden, inter) / 2);
+  const uint32_t dn_half = static_cast<uint32_t>(moe_wgmma_bn(false, hidden, inter) / 2);
+  std::vector<CUtensorMap> maps(static_cast<size_t>(n_experts) * kMapsPerExpert);
+  std::memset(maps.data(), 0, maps.size() * sizeof(CUtensorMap));
+  auto put = [&](CUtensorMap* data_map, CUtensorMap* scale_map, const void* data, const void* scale,
+                 uint64_t rows, uint64_t cols, uint32_t half, const char* what, const char* swhat) {
+    *data_map = encode_2d(tma_w_map(what, data, nv, rows, cols, half));
+    if (nv) *scale_map = encode_2d(tma_scale_map(swhat, scale, rows, cols, half));
+  };
+  for (size_t e = 0; e < static_cast<size_t>(n_experts); ++e) {
+    const MoeExpertWeights& w = host_table[e];
+    if (w.gate == nullptr || w.up == nullptr || w.down == nullptr) continue;  // an expert that is never used
+    CUtensorMap* m = maps.data() + e * kMapsPerExpert;
+    auto name = [e](const char* t) { return fmt::format("expert {} {}", e, t); };
+    put(m + 0, m + 3, w.gate, w.gate_scale, inter, hidden, gu_half, name("gate").c_str(),
+        name("gate_scale").c_str());
+    put(m + 1, m + 4, w.up, w.up_scale, inter, hidden, gu_half, name("up").c_str(), name("up_scale").c_str());
+    put(m + 2, m + 5, w.down, w.down_scale, hidden, inter, dn_half, name("down").c_str(),
+        name("down_scale").c_str());
+  }
+  void* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, maps.size() * sizeof(CUtensorMap)));
+  CUDA_CHECK(cudaMemcpy(d, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
+  return d;
+}
+
+bool moe_experts_wgmma_groups_rows(const MoeExpertsParams& p) {
+  return moe_experts_wgmma_config(p).gate_up.load == MoeWgLoad::Tma;
+}
+
+void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg, void* act,
+                             cudaStream_t stream) {
   const MoeWgmmaConfig cfg = moe_experts_wgmma_config(p);
   if (p.m == 0) return;
   MS_CHECK(xb != nullptr && reinterpret_cast<uintptr_t>(xb) % 16 == 0,
@@ -594,6 +954,15 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
            "moe_experts_wgmma: act is null or not 16-byte aligned");
   MS_CHECK(p.slot_out != nullptr && reinterpret_cast<uintptr_t>(p.slot_out) % 16 == 0,
            "moe_experts_wgmma: slot_out is null or not 16-byte aligned");
+  const bool tma = cfg.gate_up.load == MoeWgLoad::Tma;
+  MS_CHECK(!tma || (xg != nullptr && reinterpret_cast<uintptr_t>(xg) % 128 == 0),
+           "moe_experts_wgmma: xg (grouped rows for the tensor-copy loads) is null or not 128-byte aligned");
+  MS_CHECK(!tma || reinterpret_cast<uintptr_t>(p.wgmma_maps) % 64 == 0,
+           "moe_experts_wgmma: wgmma_maps is not 64-byte aligned");
+  {
+    const std::string hung = timeout_report();
+    MS_CHECK(hung.empty(), "{} (an earlier launch)", hung);
+  }
   const DeviceCaps caps = current_device_caps();
 
   WgParams wp;
@@ -604,6 +973,27 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   wp.top_k = p.top_k;
   wp.n_experts = p.n_experts;
   wp.fp8_block = p.fp8_block;
+  wp.wmaps = static_cast<const CUtensorMap*>(p.wgmma_maps);
+  wp.hang = timeout_record();
+  const uint64_t slots = static_cast<uint64_t>(p.m) * p.top_k;
+
+  CUtensorMap a_gu, a_dn;
+  std::memset(&a_gu, 0, sizeof a_gu);
+  std::memset(&a_dn, 0, sizeof a_dn);
+  if (tma) {
+    // One warp per grouped row (at most `slots` of them), 8 warps a block.
+    const int blocks = static_cast<int>(
+        std::min<int64_t>((static_cast<int64_t>(slots) + 7) / 8, int64_t{caps.multiprocessors} * 16));
+    launch_kernel("moe_wg_group_rows", moe_wg_group_rows_kernel, std::max(blocks, 1), 256, 0, stream,
+                  static_cast<const __nv_bfloat16*>(xb), p.sorted_slots, p.expert_offsets, p.n_experts,
+                  p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg));
+    const TmaMap2d ma = tma_a_map("xg", xg, slots, p.hidden), md = tma_a_map("act", act, slots, p.inter);
+    const MoeMmaFormat f = wg_format(p.format);
+    check_tma_stages(f, true, cfg.gate_up.bn, cfg.gate_up.stages, ma, p.hidden, p.inter);
+    check_tma_stages(f, false, cfg.down.bn, cfg.down.stages, md, p.inter, p.hidden);
+    a_gu = encode_2d(ma);
+    a_dn = encode_2d(md);
+  }
 
   WgParams gu = wp;
   gu.a = static_cast<const __nv_bfloat16*>(xb);
@@ -614,7 +1004,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   gu.n_tiles = p.inter / (cfg.gate_up.bn / 2);
   gu.stages = cfg.gate_up.stages;
   gu.fp8_scols = fp8_scale_cols(p, p.hidden);
-  launch_gemm<true>(gu, p, cfg.gate_up, caps, stream);
+  launch_gemm<true>(gu, a_gu, p, cfg.gate_up, caps, stream);
 
   WgParams dn = wp;
   dn.a = static_cast<const __nv_bfloat16*>(act);
@@ -625,7 +1015,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* ac
   dn.n_tiles = p.hidden / cfg.down.bn;
   dn.stages = cfg.down.stages;
   dn.fp8_scols = fp8_scale_cols(p, p.inter);
-  launch_gemm<false>(dn, p, cfg.down, caps, stream);
+  launch_gemm<false>(dn, a_dn, p, cfg.down, caps, stream);
 }
 
 }  // namespace ms::cuda

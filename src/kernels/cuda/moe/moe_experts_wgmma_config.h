@@ -30,6 +30,21 @@ constexpr int kMoeWgMinStages = 3;
 // (MOESERVE_MOE_WGMMA_EXPAND=producer).
 enum class MoeWgExpand { Consumer, Producer };
 
+// How the producer fills the ring. CpAsync: the producer warpgroup's 128 threads copy with cp.async (A rows
+// gathered through the plan's permutation), arriving on `full` when their own copies landed. Tma: one thread
+// issues tensor copies (TMA) that complete on `full` by bytes: A from activation rows already in grouped
+// order (a tile is 128 consecutive rows, swizzled by the copy), weight tiles through per-expert tensor maps
+// built on the host (moe_experts_wgmma_maps); NVFP4 codes and scales land raw (scales as the 16-byte row
+// piece that holds the stage's 4, see kMoeWgTmaScaleRow) and the consumers expand them (Tma implies
+// MoeWgExpand::Consumer).
+enum class MoeWgLoad { CpAsync, Tma };
+
+// Scale bytes per weight row in one raw NVFP4 stage of the Tma layout. A tensor copy's box row is a multiple
+// of 16 bytes AND must start at a 16-byte aligned global address (a box whose innermost start is not is an
+// illegal instruction on the hardware), so k step kc loads the aligned piece at byte 16 * (kc / 4) of the
+// scale row (scales of k 256 * (kc / 4) .. + 255) and uses its bytes 4 * (kc % 4) .. + 3.
+constexpr int kMoeWgTmaScaleRow = 16;
+
 // Bf16 W buffers of the consumer-expansion layout: the consumers write buffer q % 3 after the barrier of
 // stage q - 1, which both warpgroups pass only after their MMAs of stage q - 3 completed.
 constexpr int kMoeWgConsumerWBufs = 3;
@@ -38,7 +53,8 @@ struct MoeWgmmaGemmConfig {
   int bn = 256;     // weight rows per block tile: 128 or 256 (gate_up: half gate, half up rows)
   int stages = 4;   // shared-memory ring depth (the producer keeps stages - 1 copies in flight)
   size_t smem = 0;  // dynamic shared memory per block, bytes
-  MoeWgExpand expand = MoeWgExpand::Consumer;  // NVFP4 only (FP8Block: always Consumer)
+  MoeWgExpand expand = MoeWgExpand::Consumer;  // NVFP4 only (FP8Block, and NVFP4 with Tma: always Consumer)
+  MoeWgLoad load = MoeWgLoad::CpAsync;         // FP8Block: always CpAsync (moe_wgmma_tma_unsupported)
 };
 
 struct MoeWgmmaConfig {
@@ -51,11 +67,25 @@ inline bool moe_wgmma_consumer_expands(MoeMmaFormat f, MoeWgExpand x) {
   return f == MoeMmaFormat::FP8Block || (f == MoeMmaFormat::NVFP4 && x == MoeWgExpand::Consumer);
 }
 
-// One raw (as stored) weight stage of bn rows: NVFP4 bn x (32 packed bytes + 4 e4m3 scales); FP8Block bn x 64
-// e4m3, then one f32 scale per 64-row group (at most 4) in a 128-byte slot (keeps the next stage aligned).
-inline size_t moe_wgmma_raw_stage_bytes(MoeMmaFormat f, int bn) {
+// Why the tensor-copy loads cannot take format f (nullopt when they can). FP8Block: its raw stage rotates
+// each row's 16-byte pieces (moe_dev::fp8_raw_offset, against bank conflicts in the expansion), which a
+// tensor copy cannot do, and its per-stage block scale is one f32 (4 bytes), below the 16-byte minimum of a
+// box row; the choosers fall back to CpAsync.
+inline std::optional<std::string> moe_wgmma_tma_unsupported(MoeMmaFormat f) {
+  if (f == MoeMmaFormat::FP8Block)
+    return std::string(
+        "moe_experts_wgmma tma: FP8Block is not loaded by tensor copies (rotated raw pieces, 4-byte block "
+        "scales below a box row's 16 bytes); cp.async instead");
+  return std::nullopt;
+}
+
+// One raw (as stored) weight stage of bn rows: NVFP4 bn x (32 packed bytes + 4 e4m3 scales; Tma loads:
+// + kMoeWgTmaScaleRow); FP8Block bn x 64 e4m3, then one f32 scale per 64-row group (at most 4) in a 128-byte
+// slot (keeps the next stage aligned).
+inline size_t moe_wgmma_raw_stage_bytes(MoeMmaFormat f, int bn, MoeWgLoad load = MoeWgLoad::CpAsync) {
   if (f == MoeMmaFormat::FP8Block) return static_cast<size_t>(bn) * kMoeWgBK + 128;
-  return static_cast<size_t>(bn) * (kMoeWgBK / 2 + kMoeWgBK / 16);
+  return static_cast<size_t>(bn) *
+         (kMoeWgBK / 2 + (load == MoeWgLoad::Tma ? kMoeWgTmaScaleRow : kMoeWgBK / 16));
 }
 
 // Shared memory of one block, 1024 bytes of slack to align the dynamic window first.
@@ -64,12 +94,16 @@ inline size_t moe_wgmma_raw_stage_bytes(MoeMmaFormat f, int bn) {
 //     + 4 e4m3 scales).
 //   Consumer expansion (NVFP4 with MoeWgExpand::Consumer, FP8Block): A ring [stages] x [128][64] bf16, 3 bf16
 //     W buffers [bn][64], raw ring [stages] x moe_wgmma_raw_stage_bytes.
+//   MoeWgLoad::Tma: as the layouts above (NVFP4 always the consumer one) with raw NVFP4 rows of 32 packed
+//     bytes + kMoeWgTmaScaleRow scale bytes (moe_wgmma_raw_stage_bytes).
 // Then 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums.
 inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts,
-                                   MoeWgExpand x = MoeWgExpand::Consumer) {
+                                   MoeWgExpand x = MoeWgExpand::Consumer,
+                                   MoeWgLoad load = MoeWgLoad::CpAsync) {
+  const bool tma = load == MoeWgLoad::Tma;
   const size_t a_tile = size_t{kMoeWgBM} * kMoeWgBK * 2, w_tile = static_cast<size_t>(bn) * kMoeWgBK * 2;
-  const size_t raw_stage = moe_wgmma_raw_stage_bytes(f, bn);
-  const bool cx = moe_wgmma_consumer_expands(f, x);
+  const size_t raw_stage = moe_wgmma_raw_stage_bytes(f, bn, load);
+  const bool cx = moe_wgmma_consumer_expands(f, tma ? MoeWgExpand::Consumer : x);
   const size_t ring = static_cast<size_t>(stages) * a_tile + (cx ? kMoeWgConsumerWBufs : stages) * w_tile;
   const size_t raw = f != MoeMmaFormat::BF16 ? static_cast<size_t>(cx ? stages : stages - 1) * raw_stage : 0;
   const size_t bars = static_cast<size_t>(2) * stages * 8;
@@ -105,33 +139,51 @@ inline std::optional<std::string> moe_wgmma_shape_unsupported(const MoeMmaShape&
 // (the returned expand says so whatever x was asked).
 inline std::optional<MoeWgmmaGemmConfig> choose_moe_wgmma_gemm(MoeMmaFormat f, int bn, int n_experts,
                                                                const DeviceLimits& dev, std::string* why,
-                                                               MoeWgExpand x = MoeWgExpand::Consumer) {
+                                                               MoeWgExpand x = MoeWgExpand::Consumer,
+                                                               MoeWgLoad load = MoeWgLoad::CpAsync) {
   std::string last;
   if (f == MoeMmaFormat::FP8Block) x = MoeWgExpand::Consumer;
+  if (moe_wgmma_tma_unsupported(f)) load = MoeWgLoad::CpAsync;
+  if (load == MoeWgLoad::Tma) x = MoeWgExpand::Consumer;
   const bool cx = moe_wgmma_consumer_expands(f, x);
   for (int stages = bn == 256 && !cx ? 4 : kMoeWgMaxStages; stages >= kMoeWgMinStages; --stages) {
-    const KernelNeed need{fmt::format("moe_experts_wgmma bn{} stages{}", bn, stages),
-                          moe_wgmma_smem_bytes(f, bn, stages, n_experts, x), 90, true};
+    const KernelNeed need{
+        fmt::format("moe_experts_wgmma bn{} stages{}{}", bn, stages, load == MoeWgLoad::Tma ? " tma" : ""),
+        moe_wgmma_smem_bytes(f, bn, stages, n_experts, x, load), 90, true};
     const auto no = why_cannot_run(need, dev);
-    if (!no) return MoeWgmmaGemmConfig{bn, stages, need.smem_bytes, x};
+    if (!no) return MoeWgmmaGemmConfig{bn, stages, need.smem_bytes, x, load};
     last = *no;
   }
   if (why != nullptr) *why = last;
   return std::nullopt;
 }
 
+// Why the shape cannot take the Tma loads (nullopt when it can): NVFP4 scale rows (k / 16 bytes) must be
+// multiples of 16 bytes for a tensor map, so hidden and inter multiples of 256.
+inline std::optional<std::string> moe_wgmma_tma_shape_unsupported(const MoeMmaShape& s) {
+  if (auto bad = moe_wgmma_tma_unsupported(s.format)) return bad;
+  if (s.format == MoeMmaFormat::NVFP4 && (s.hidden % 256 != 0 || s.inter % 256 != 0))
+    return fmt::format("moe_experts_wgmma tma: NVFP4 hidden {} and inter {} must be multiples of 256",
+                       s.hidden, s.inter);
+  return std::nullopt;
+}
+
+// Both projections' configurations. load Tma where the shape does not allow it falls back to CpAsync (the
+// configuration says which it got).
 inline std::optional<MoeWgmmaConfig> choose_moe_wgmma_config(const MoeMmaShape& s, const DeviceLimits& dev,
                                                              std::string* why = nullptr,
-                                                             MoeWgExpand x = MoeWgExpand::Consumer) {
+                                                             MoeWgExpand x = MoeWgExpand::Consumer,
+                                                             MoeWgLoad load = MoeWgLoad::CpAsync) {
   if (auto bad = moe_wgmma_shape_unsupported(s)) {
     if (why != nullptr) *why = *bad;
     return std::nullopt;
   }
+  if (load == MoeWgLoad::Tma && moe_wgmma_tma_shape_unsupported(s)) load = MoeWgLoad::CpAsync;
   const auto gu =
-      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why, x);
+      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why, x, load);
   if (!gu) return std::nullopt;
   const auto dn =
-      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why, x);
+      choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why, x, load);
   if (!dn) return std::nullopt;
   return MoeWgmmaConfig{*gu, *dn};
 }
