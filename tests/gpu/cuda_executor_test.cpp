@@ -348,8 +348,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
                          ::testing::Values("deepseek_v3_tiny", "deepseek_v3_tiny_qproj", "glm5_tiny"));
 
 // Whether the GPU upload should fuse a layer's q_a / kv_a / indexer wk (model::AttentionWeights::qkv_a): a
-// q_lora layer whose three are BF16. Checks the device model's layers against that and counts the fused ones.
+// q_lora layer whose three are BF16 (unless MOESERVE_FUSE_QKV_A=0). Checks the device model's layers against
+// that and counts the fused ones.
 int check_qkv_fusion(const model::Model& host, const model::Model& dev) {
+  const char* off = std::getenv("MOESERVE_FUSE_QKV_A");
+  const bool enabled = !(off != nullptr && std::string(off) == "0");
   int fused = 0;
   const auto& hl = host.weights().layers;
   const auto& dl = dev.weights().layers;
@@ -357,8 +360,8 @@ int check_qkv_fusion(const model::Model& host, const model::Model& dev) {
   for (size_t l = 0; l < hl.size() && l < dl.size(); ++l) {
     const model::AttentionWeights& a = hl[l].attn;
     const auto bf16 = [](const ops::LinearWeight& w) { return w.format == ops::WeightFormat::BF16; };
-    const bool want = host.config().q_lora_rank.has_value() && bf16(a.q_a_proj) && bf16(a.kv_a_proj) &&
-                      (!a.has_indexer || bf16(a.indexer.wk));
+    const bool want = enabled && host.config().q_lora_rank.has_value() && bf16(a.q_a_proj) &&
+                      bf16(a.kv_a_proj) && (!a.has_indexer || bf16(a.indexer.wk));
     const model::AttentionWeights& d = dl[l].attn;
     EXPECT_EQ(d.qkv_a.defined(), want) << "layer " << l;
     if (!d.qkv_a.defined()) continue;

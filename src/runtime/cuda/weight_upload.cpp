@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -104,8 +105,18 @@ bool plain_bf16(const ops::LinearWeight& w, int64_t in) {
          w.weight.dtype() == DType::BF16 && w.weight.is_contiguous() && w.weight.size(0) == w.out;
 }
 
+// MOESERVE_FUSE_QKV_A=0 keeps the three apart (A/B timing of a whole run); anything else, or unset, fuses.
+bool fusion_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOESERVE_FUSE_QKV_A");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  return on;
+}
+
 // A layer of host weights that can be fused: q_lora, the three BF16 with the same input width.
 bool fusable(const model::AttentionWeights& a, QkvPlan& q) {
+  if (!fusion_enabled()) return false;
   const int64_t in = a.kv_a_proj.in;
   if (!plain_bf16(a.q_a_proj, in) || !plain_bf16(a.kv_a_proj, in)) return false;
   if (a.has_indexer && !plain_bf16(a.indexer.wk, in)) return false;
@@ -182,7 +193,7 @@ class DeviceStagingSource final : public model::TensorSource {
   DeviceStagingSource(const io::ModelConfig& cfg, const model::TensorSource& inner, DeviceArena& arena,
                       ProgressBar& bar)
       : inner_(inner), arena_(arena), bar_(bar) {
-    if (!cfg.q_lora_rank) return;
+    if (!cfg.q_lora_rank || !fusion_enabled()) return;
     const std::vector<bool> indexer = model::layers_with_indexer_weights(cfg);
     const int layers = std::max(cfg.num_hidden_layers, 0);
     plans_.resize(static_cast<size_t>(layers));
