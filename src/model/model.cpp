@@ -339,10 +339,27 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
     // xn = attn_norm(h) here (the previous layer's ffn.residual, or attn.norm for layer 0).
     // Queries: [m, Hn, dn + dr], rope channels last.
     const Tensor q = rows(ws.q, m);
+    // A fused q_a / kv_a (/ indexer wk) weight (AttentionWeights::qkv_a): one product into ws.qkv, whose
+    // column ranges are qa, kv and ik (rows ws.qkv's width apart); kv3 / ik3 are the [m, 1, width] views rope
+    // takes.
+    const bool fused = a.qkv_a.defined();
+    Tensor qkv, kv3_fused, ik3_fused;
+    if (fused) {
+      qkv = rows(ws.qkv, m).slice(1, 0, a.qkv_a.out);
+      run_linear(ctx, sink, l, "attn.qkv_a_proj", xn, a.qkv_a, qkv);
+    }
+    auto qkv_cols = [&](int64_t off, int64_t width, Tensor* as_heads) {
+      if (as_heads) *as_heads = rows(ws.qkv, m).view({m, 1, ws.qkv.size(1)}).slice(2, off, off + width);
+      return qkv.slice(1, off, off + width);
+    };
     Tensor qa;
     if (c.q_lora_rank) {
-      qa = rows(ws.qa, m);
-      run_linear(ctx, sink, l, "attn.q_a_proj", xn, a.q_a_proj, qa);
+      if (fused) {
+        qa = qkv_cols(0, a.qkv_a_q, nullptr);
+      } else {
+        qa = rows(ws.qa, m);
+        run_linear(ctx, sink, l, "attn.q_a_proj", xn, a.q_a_proj, qa);
+      }
       {
         NamedOp op(sink, l, "attn.q_a_norm", [&] { return costs::rms_norm(m, qa.size(1)); });
         ops::rms_norm(ctx, qa, a.q_a_norm, kLoraNormEps, qa);
@@ -353,14 +370,14 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
     }
     const Tensor q3 = q.view({m, Hn, dn + dr});
     // Keys: the cached row [latent r | k_pe dr].
-    const Tensor kv = rows(ws.kv, m);
-    run_linear(ctx, sink, l, "attn.kv_a_proj", xn, a.kv_a_proj, kv);
+    const Tensor kv = fused ? qkv_cols(a.qkv_a_q, r + dr, &kv3_fused) : rows(ws.kv, m);
+    if (!fused) run_linear(ctx, sink, l, "attn.kv_a_proj", xn, a.kv_a_proj, kv);
     {
       // kv_a_norm over the r latent channels, then rope on the dr channels of Hn query heads and the key.
       NamedOp op(sink, l, "attn.rope", [&] { return costs::attn_rope(c, m); });
       ops::rms_norm(ctx, kv.slice(1, 0, r), a.kv_a_norm, kLoraNormEps, kv.slice(1, 0, r));
       ops::rope(ctx, q3, dn, meta.positions, scales_.rope);
-      ops::rope(ctx, kv.view({m, 1, r + dr}), r, meta.positions, scales_.rope);
+      ops::rope(ctx, fused ? kv3_fused : kv.view({m, 1, r + dr}), r, meta.positions, scales_.rope);
     }
     const ops::PagedCacheLayer cache{pool.latent(l), pool.scale(l), pool.fp8_tile_sim_rope()};
     {
@@ -390,9 +407,11 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
         MS_CHECK(a.has_indexer, "layer {}: the DSA indexer has no weights", l);
         const IndexerWeights& iw = a.indexer;
         const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
-        const Tensor iq = rows(ws.iq, m), ik = rows(ws.ik, m), iwt = rows(ws.iw, m);
+        const bool ik_fused = fused && a.qkv_a_wk;
+        const Tensor iq = rows(ws.iq, m), iwt = rows(ws.iw, m);
+        const Tensor ik = ik_fused ? qkv_cols(a.qkv_a_q + r + dr, Di, &ik3_fused) : rows(ws.ik, m);
         if (!dense_dsa) run_linear(ctx, sink, l, "indexer.wq_b", qa, iw.wq_b, iq);
-        run_linear(ctx, sink, l, "indexer.wk", xn, iw.wk, ik);
+        if (!ik_fused) run_linear(ctx, sink, l, "indexer.wk", xn, iw.wk, ik);
         if (!dense_dsa) run_linear(ctx, sink, l, "indexer.weights_proj", xn, iw.weights_proj, iwt);
         const ops::PagedCacheLayer keys{pool.index_keys(l), 1.0f};
         {
@@ -400,7 +419,7 @@ Tensor Model::forward(const ops::Ctx& ctx, const StepInputs& in, kv::KvPool& poo
                      [&] { return costs::indexer_k_norm_rope(c, m, cache_elem_bytes(keys.data)); });
           ops::layer_norm(ctx, ik, iw.k_norm_weight, iw.k_norm_bias, kLoraNormEps, ik);
           if (!dense_dsa) ops::rope(ctx, iq.view({m, Hi, Di}), 0, meta.positions, scales_.indexer_rope);
-          ops::rope(ctx, ik.view({m, 1, Di}), 0, meta.positions, scales_.indexer_rope);
+          ops::rope(ctx, ik_fused ? ik3_fused : ik.view({m, 1, Di}), 0, meta.positions, scales_.indexer_rope);
           if (!dense_dsa) ops::scale(ctx, iwt, 1.0f / std::sqrt(static_cast<float>(Hi)));
           ops::cache_write(ctx, ik, keys, meta);  // later, longer steps select from these keys
         }

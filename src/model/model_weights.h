@@ -32,6 +32,12 @@ struct AttentionWeights {
   ops::LinearWeight o_proj;     // [H, Hn * dv]
   bool has_indexer = false;
   IndexerWeights indexer;
+  // Set only where the weights were placed so (the GPU upload, runtime/cuda/weight_upload.h): q_a_proj,
+  // kv_a_proj and, with qkv_a_wk, the indexer's wk as consecutive row ranges of one BF16 [qr + r + dr (+ Di),
+  // H] weight, whose row slices those three hold. The forward then runs one product for the three.
+  ops::LinearWeight qkv_a;
+  int64_t qkv_a_q = 0;    // rows of q_a_proj in it
+  bool qkv_a_wk = false;  // the indexer's wk is its last rows
 };
 
 struct MlpWeights {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -222,6 +223,22 @@ ops::LinearWeight load_linear(const TensorSource& src, const std::string& prefix
   return w;
 }
 
+std::vector<bool> layers_with_indexer_weights(const io::ModelConfig& c) {
+  std::vector<bool> out(static_cast<size_t>(std::max(c.num_hidden_layers, 0)), false);
+  bool seen_full = false;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    // A `shared` indexer layer reuses the last full layer's selection and has no indexer weights of its own
+    // (unless no full layer precedes it).
+    const bool shared = c.has_indexer && !c.indexer_types.empty() &&
+                        c.indexer_types[static_cast<size_t>(l)] == io::IndexerKind::Shared && seen_full;
+    if (c.has_indexer && !shared) {
+      seen_full = true;
+      out[static_cast<size_t>(l)] = true;
+    }
+  }
+  return out;
+}
+
 ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src, const WeightShard& shard) {
   const dist::ShardSpec& sp = shard.spec;
   if (sp.sharded()) check_shard(c, sp);
@@ -247,7 +264,7 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src, con
     return sp.tp_size == 1 ? lw : slice_rows(lw, h0 * per_head, (h0 + hl) * per_head);
   };
   w.embed = load_linear(src, "model.embed_tokens", c.vocab_size, H);
-  bool seen_full_indexer = false;
+  const std::vector<bool> indexer_weights = layers_with_indexer_weights(c);
   MS_CHECK(w.embed.format == ops::WeightFormat::BF16 || w.embed.format == ops::WeightFormat::F32,
            "{}: model.embed_tokens.weight must be bf16 or f32", src.describe());
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -269,13 +286,7 @@ ModelWeights load_weights(const io::ModelConfig& c, const TensorSource& src, con
     a.kv_b_proj = heads_rows(load_linear(src, ap + ".kv_b_proj", Hn * (dn + dv), r), dn + dv);
     a.o_proj = load_linear(src, ap + ".o_proj", H, Hn * dv);
     if (sp.tp_size > 1) a.o_proj = slice_cols(a.o_proj, h0 * dv, (h0 + hl) * dv);
-    // A `shared` indexer layer reuses the last full layer's selection and has no indexer weights of its own
-    // (unless no full layer precedes it).
-    const bool shared = c.has_indexer && !c.indexer_types.empty() &&
-                        c.indexer_types[static_cast<size_t>(l)] == io::IndexerKind::Shared &&
-                        seen_full_indexer;
-    if (c.has_indexer && !shared) {
-      seen_full_indexer = true;
+    if (indexer_weights[static_cast<size_t>(l)]) {
       MS_CHECK(c.q_lora_rank.has_value(), "model config: the DSA indexer needs q_lora_rank");
       const std::string ip = ap + ".indexer";
       const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;

@@ -32,6 +32,10 @@ io::ModelConfig shard_config(const io::ModelConfig& cfg, const dist::ShardSpec& 
 
 ModelWeights load_weights(const io::ModelConfig& cfg, const TensorSource& src, const WeightShard& shard = {});
 
+// Per layer, whether load_weights reads DSA indexer weights for it: every layer of an indexer model but a
+// `shared` one after a full one (which reuses that layer's selection and has none of its own).
+std::vector<bool> layers_with_indexer_weights(const io::ModelConfig& cfg);
+
 // Rows [r0, r1) (output features) / columns [c0, c1) (input features) of a loaded linear. Row slices borrow;
 // column slices own a copy. Throws when a cut falls inside a quantization block (fp8-block 128, nvfp4 16
 // columns).

@@ -24,6 +24,9 @@ Workspace Workspace::make(const io::ModelConfig& c, const WorkspaceLimits& lim, 
   if (c.q_lora_rank) w.qa = f32(*c.q_lora_rank);
   w.q = f32(Hn * (dn + dr));
   w.kv = f32(r + dr);
+  // The output of a fused q_a / kv_a / wk product (AttentionWeights::qkv_a), which only the GPU upload makes.
+  if (c.q_lora_rank && device == Device::CUDA)
+    w.qkv = f32(*c.q_lora_rank + r + dr + (c.has_indexer ? c.index_head_dim : 0));
   if (c.has_indexer) {
     w.iq = f32(static_cast<int64_t>(c.index_n_heads) * c.index_head_dim);
     w.ik = f32(c.index_head_dim);
@@ -80,6 +83,7 @@ size_t Workspace::bytes() const {
                           &qa,
                           &q,
                           &kv,
+                          &qkv,
                           &iq,
                           &ik,
                           &iw,

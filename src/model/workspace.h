@@ -27,10 +27,11 @@ struct Workspace {
   WorkspaceLimits limits;
   Device device = Device::CPU;
   // [max_tokens, ...] f32 unless said; the forward uses rows [0, m).
-  Tensor h, xn;          // [., hidden] residual stream, normed input of the next block
-  Tensor qa;             // [., q_lora_rank] (q_lora models)
-  Tensor q;              // [., heads * (qk_nope + qk_rope)]
-  Tensor kv;             // [., kv_lora_rank + qk_rope] the row stored into the cache
+  Tensor h, xn;  // [., hidden] residual stream, normed input of the next block
+  Tensor qa;     // [., q_lora_rank] (q_lora models)
+  Tensor q;      // [., heads * (qk_nope + qk_rope)]
+  Tensor kv;     // [., kv_lora_rank + qk_rope] the row stored into the cache
+  Tensor qkv;    // CUDA, q_lora models: [., q_lora_rank + kv_lora_rank + qk_rope (+ index_dim)] a fused qkv_a
   Tensor iq, ik, iw;     // indexer: [., index_heads * index_dim], [., index_dim], [., index_heads]
   Tensor topk;           // i32 [., index_topk] the last full indexer layer's selection
   Tensor q_cat;          // [., heads, kv_lora_rank + qk_rope]

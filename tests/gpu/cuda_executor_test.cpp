@@ -347,6 +347,41 @@ TEST_P(CudaGolden, SharedExpertFusionChangesNoResult) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden,
                          ::testing::Values("deepseek_v3_tiny", "deepseek_v3_tiny_qproj", "glm5_tiny"));
 
+// Whether the GPU upload should fuse a layer's q_a / kv_a / indexer wk (model::AttentionWeights::qkv_a): a
+// q_lora layer whose three are BF16 (unless MOESERVE_FUSE_QKV_A=0). Checks the device model's layers against
+// that and counts the fused ones.
+int check_qkv_fusion(const model::Model& host, const model::Model& dev) {
+  const char* off = std::getenv("MOESERVE_FUSE_QKV_A");
+  const bool enabled = !(off != nullptr && std::string(off) == "0");
+  int fused = 0;
+  const auto& hl = host.weights().layers;
+  const auto& dl = dev.weights().layers;
+  EXPECT_EQ(hl.size(), dl.size());
+  for (size_t l = 0; l < hl.size() && l < dl.size(); ++l) {
+    const model::AttentionWeights& a = hl[l].attn;
+    const auto bf16 = [](const ops::LinearWeight& w) { return w.format == ops::WeightFormat::BF16; };
+    const bool want = enabled && host.config().q_lora_rank.has_value() && bf16(a.q_a_proj) &&
+                      bf16(a.kv_a_proj) && (!a.has_indexer || bf16(a.indexer.wk));
+    const model::AttentionWeights& d = dl[l].attn;
+    EXPECT_EQ(d.qkv_a.defined(), want) << "layer " << l;
+    if (!d.qkv_a.defined()) continue;
+    ++fused;
+    EXPECT_EQ(d.qkv_a.out, a.q_a_proj.out + a.kv_a_proj.out + (a.has_indexer ? a.indexer.wk.out : 0));
+    EXPECT_EQ(d.qkv_a_q, a.q_a_proj.out);
+    EXPECT_EQ(d.qkv_a_wk, a.has_indexer);
+    // The three weights are the fused tensor's row slices (no second copy).
+    const auto* base = static_cast<const char*>(d.qkv_a.weight.raw());
+    const int64_t row = d.qkv_a.in * 2;
+    EXPECT_EQ(static_cast<const char*>(d.q_a_proj.weight.raw()), base);
+    EXPECT_EQ(static_cast<const char*>(d.kv_a_proj.weight.raw()), base + d.qkv_a_q * row);
+    if (a.has_indexer) {
+      EXPECT_EQ(static_cast<const char*>(d.indexer.wk.weight.raw()),
+                base + (d.qkv_a_q + a.kv_a_proj.out) * row);
+    }
+  }
+  return fused;
+}
+
 class CudaDummy : public ::testing::TestWithParam<std::string> {};
 
 // --load-format dummy on the GPU: weights built on the device tensor by tensor from a RandomSource give the
@@ -368,6 +403,12 @@ TEST_P(CudaDummy, SourceBuiltWeightsEqualTheUploadedDummyModel) {
   runtime::cuda::CudaExecutor uploaded(host, ec, opt);
   runtime::cuda::CudaExecutor built(f->cfg, src, static_cast<double>(spec_bytes), ec, opt);
   runtime::CpuExecutor cpu(std::shared_ptr<const model::Model>(&host, [](const model::Model*) {}), ec);
+  // Both upload paths fuse the same layers' q_a / kv_a / wk (so the bitwise comparison covers the fused
+  // product).
+  const int fused_uploaded = check_qkv_fusion(host, uploaded.model());
+  EXPECT_EQ(check_qkv_fusion(host, built.model()), fused_uploaded);
+  std::printf("[ measured ] dummy %s: q_a / kv_a / wk fused in %d of %d layers\n", GetParam().c_str(),
+              fused_uploaded, f->cfg.num_hidden_layers);
   std::vector<int32_t> ids;
   for (int i = 0; i < 12; ++i) ids.push_back((i * 97 + 13) % static_cast<int32_t>(f->cfg.vocab_size));
   for (bool decode : {false, true}) {
@@ -404,6 +445,8 @@ TEST(CudaExecutorSlice, MatchesTheCpuExecutor) {
     opt.exact_linear = true;
     runtime::cuda::CudaExecutor gpu(m, c, opt);
     runtime::CpuExecutor cpu(lm.model, c);
+    std::printf("[ measured ] %s: q_a / kv_a / wk fused in %d of %d layers\n", dir.c_str(),
+                check_qkv_fusion(m, gpu.model()), m.config().num_hidden_layers);
     kv::PageAllocator alloc(8);
     std::vector<int32_t> p0, p1;
     ASSERT_TRUE(alloc.allocate(2, p0));

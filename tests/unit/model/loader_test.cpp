@@ -40,5 +40,20 @@ TEST(WeightLoader, WrongDtypeIsNamed) {
   expect_load_error(*src2, "tensor 'model.layers.1.mlp.experts.0.up_proj.weight_scale' is missing");
 }
 
+// Which layers read DSA indexer weights: all of an indexer model but a `shared` layer after a full one (a
+// leading shared layer has no full layer to borrow from and reads its own).
+TEST(WeightLoader, LayersWithIndexerWeights) {
+  io::ModelConfig c;
+  c.num_hidden_layers = 5;
+  EXPECT_EQ(model::layers_with_indexer_weights(c), std::vector<bool>(5, false));
+  c.has_indexer = true;
+  EXPECT_EQ(model::layers_with_indexer_weights(c), std::vector<bool>(5, true));
+  using K = io::IndexerKind;
+  c.indexer_types = {K::Full, K::Shared, K::Shared, K::Full, K::Shared};
+  EXPECT_EQ(model::layers_with_indexer_weights(c), (std::vector<bool>{true, false, false, true, false}));
+  c.indexer_types = {K::Shared, K::Shared, K::Full, K::Shared, K::Full};
+  EXPECT_EQ(model::layers_with_indexer_weights(c), (std::vector<bool>{true, false, true, false, true}));
+}
+
 }  // namespace
 }  // namespace ms
