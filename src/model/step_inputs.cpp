@@ -33,7 +33,7 @@ Tensor upload(const ops::Ctx& ctx, const std::vector<T>& v, const Tensor& buf) {
 }  // namespace
 
 StepInputs StepBuffers::fill(const ops::Ctx& ctx, const kv::ForwardBatch& b,
-                             const std::vector<uint8_t>& decode_tokens) {
+                             const std::vector<uint8_t>& decode_tokens, int64_t table_stride) {
   const int64_t m = b.n_tokens(), n_seqs = b.n_seqs(), n_logits = static_cast<int64_t>(b.logit_rows.size());
   MS_CHECK(m <= limits_.max_tokens, "step of {} tokens exceeds the executor's {} tokens per step", m,
            limits_.max_tokens);
@@ -43,6 +43,11 @@ StepInputs StepBuffers::fill(const ops::Ctx& ctx, const kv::ForwardBatch& b,
            limits_.max_logit_rows);
   MS_CHECK(b.max_blocks <= limits_.max_blocks, "step block table of {} pages per sequence exceeds {}",
            b.max_blocks, limits_.max_blocks);
+  MS_CHECK(table_stride <= limits_.max_blocks, "step block table stride of {} pages exceeds {}", table_stride,
+           limits_.max_blocks);
+  MS_CHECK(b.block_table.size() == static_cast<size_t>(n_seqs) * static_cast<size_t>(b.max_blocks),
+           "step block table of {} entries is not [{} sequences, {} pages]", b.block_table.size(), n_seqs,
+           b.max_blocks);
   MS_CHECK(decode_tokens.empty() || static_cast<int64_t>(decode_tokens.size()) == m,
            "step: {} decode-token flags for {} tokens", decode_tokens.size(), m);
   StepInputs in;
@@ -57,10 +62,17 @@ StepInputs StepBuffers::fill(const ops::Ctx& ctx, const kv::ForwardBatch& b,
   a.positions = upload(ctx, b.positions, positions_);
   a.slots = upload(ctx, b.slot_mapping, slots_);
   a.seq_lens = upload(ctx, b.seq_lens, seq_lens_);
-  a.block_table = upload(ctx, b.block_table, block_table_).view({n_seqs, b.max_blocks});
+  const int64_t width = std::max<int64_t>(table_stride, b.max_blocks);
+  if (width == b.max_blocks) {
+    a.block_table = upload(ctx, b.block_table, block_table_).view({n_seqs, width});
+  } else {
+    a.block_table = block_table_.slice(0, 0, n_seqs * width).view({n_seqs, width});
+    ops::copy_rows_from_host(ctx, b.block_table.data(), static_cast<size_t>(b.max_blocks) * sizeof(int32_t),
+                             n_seqs, a.block_table);
+  }
   a.m = m;
   a.n_seqs = n_seqs;
-  a.max_blocks = b.max_blocks;
+  a.max_blocks = width;
   a.max_position = b.max_position();
   a.max_keys = limits_.max_keys > 0 ? limits_.max_keys : static_cast<int64_t>(a.max_position) + 1;
   MS_CHECK(a.max_keys > a.max_position, "step position {} at or past the executor's context of {}",

@@ -28,6 +28,9 @@ void check_device(const Ctx& ctx, std::string_view op, std::initializer_list<con
 
 // Host <-> device copies of `bytes` bytes (plain memcpy on the CPU). dst/src must be contiguous.
 void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes);
+// `rows` rows of `row_bytes` bytes, packed at src, into the first row_bytes of dst's first rows (a 2-D
+// tensor whose rows may be wider): one strided copy on CUDA. The rest of each dst row is left as it was.
+void copy_rows_from_host(const Ctx& ctx, const void* src, size_t row_bytes, int64_t rows, const Tensor& dst);
 // Waits for the copy (a sync on CUDA): the caller reads dst at once.
 void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes);
 

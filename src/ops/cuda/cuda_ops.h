@@ -34,6 +34,8 @@ void append_expert_slot(const Ctx& ctx, const Tensor& ids, const Tensor& wts, in
 void remap_ids_replicated(const Ctx& ctx, const Tensor& ids, const Tensor& copies, const Tensor& slots,
                           const Tensor& out);
 void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t bytes);
+void copy_rows_from_host(const Ctx& ctx, const void* src, size_t row_bytes, int64_t rows, const Tensor& dst,
+                         size_t dst_pitch);
 void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes);
 
 void cache_write(const Ctx& ctx, const Tensor& x, const PagedCacheLayer& cache, const AttentionMeta& meta);

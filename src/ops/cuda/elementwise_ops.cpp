@@ -180,6 +180,13 @@ void copy_from_host(const Ctx& ctx, const void* src, const Tensor& dst, size_t b
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src, bytes, cudaMemcpyHostToDevice, cuda_stream(ctx)));
 }
 
+void copy_rows_from_host(const Ctx& ctx, const void* src, size_t row_bytes, int64_t rows, const Tensor& dst,
+                         size_t dst_pitch) {
+  if (row_bytes && rows)
+    CUDA_CHECK(cudaMemcpy2DAsync(dst.raw(), dst_pitch, src, row_bytes, row_bytes, static_cast<size_t>(rows),
+                                 cudaMemcpyHostToDevice, cuda_stream(ctx)));
+}
+
 void copy_to_host(const Ctx& ctx, const Tensor& src, void* dst, size_t bytes) {
   if (!bytes) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src.raw(), bytes, cudaMemcpyDeviceToHost, cuda_stream(ctx)));

@@ -342,11 +342,10 @@ void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting
   p.seq_lens.resize(bucket, 0);
   p.slot_mapping.resize(bucket, -1);
   for (int i = n; i < bucket; ++i) p.token_seq.push_back(i);
-  p.max_blocks = I.graph_max_blocks;
-  p.block_table.assign(static_cast<size_t>(bucket) * p.max_blocks, -1);
-  for (int s = 0; s < b.n_seqs(); ++s)
-    std::copy_n(b.block_table.begin() + static_cast<int64_t>(s) * b.max_blocks, b.max_blocks,
-                p.block_table.begin() + static_cast<int64_t>(s) * p.max_blocks);
+  // The host table keeps b's width; the device table has the graph's (StepBuffers::fill copies b's columns).
+  p.max_blocks = b.max_blocks;
+  p.block_table.assign(b.block_table.begin(), b.block_table.end());
+  p.block_table.resize(static_cast<size_t>(bucket) * p.max_blocks, -1);
   p.logit_rows.resize(bucket);
   std::iota(p.logit_rows.begin(), p.logit_rows.end(), 0);
   I.padded_mask.assign(bucket, 0);
@@ -354,7 +353,7 @@ void CudaExecutor::run_graph(const kv::ForwardBatch& b, const model::StepRouting
   model::StepRouting r = routing;
   r.decode_tokens = I.padded_mask;
 
-  const model::StepInputs in = I.steps.fill(I.ctx, p, r.decode_tokens);
+  const model::StepInputs in = I.steps.fill(I.ctx, p, r.decode_tokens, I.graph_max_blocks);
   // A DSA model's short steps skip the indexer (Model::dsa_dense_step): a graph of its own.
   const int key = bucket * 2 + (model_->dsa_dense_step(p) ? 1 : 0);
   auto it = I.graphs.find(key);

@@ -64,6 +64,25 @@ TEST(StepInputs, FilledFromAForwardBatch) {
   EXPECT_EQ(buf.fill(ops::Ctx::cpu(), b, {}).decode_mask.numel(), 0);
 }
 
+// A captured graph's table is wider than the batch's: only the batch's columns are copied, the rest of each
+// row keeps what was there, and the kernels see the wide stride.
+TEST(StepInputs, ABlockTableOfAWiderStride) {
+  model::StepBuffers buf({.max_tokens = 8, .max_seqs = 4, .max_logit_rows = 4, .max_blocks = 5},
+                         ops::cpu_alloc());
+  const kv::ForwardBatch b = two_sequences();
+  kv::ForwardBatch wide = b;
+  wide.max_blocks = 5;
+  wide.block_table = {40, 41, 42, 43, 44, 50, 51, 52, 53, 54};
+  (void)buf.fill(ops::Ctx::cpu(), wide, {});
+  const model::StepInputs in = buf.fill(ops::Ctx::cpu(), b, {}, 5);
+  EXPECT_EQ(in.meta.max_blocks, 5);
+  EXPECT_EQ(in.meta.block_table.shape(), (Shape{2, 5}));
+  EXPECT_EQ(values(in.meta.block_table), (std::vector<int64_t>{2, 6, -1, 43, 44, 1, 3, 0, 53, 54}));
+  // The batch's own width when the stride is narrower; a stride past the limit is refused.
+  EXPECT_EQ(buf.fill(ops::Ctx::cpu(), b, {}, 2).meta.block_table.shape(), (Shape{2, 3}));
+  EXPECT_THROW(buf.fill(ops::Ctx::cpu(), b, {}, 6), Error);
+}
+
 TEST(StepInputs, RefusesBatchesPastItsLimits) {
   const kv::ForwardBatch b = two_sequences();
   auto alloc = ops::cpu_alloc();
