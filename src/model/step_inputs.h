@@ -42,8 +42,9 @@ class StepBuffers {
   // the limit a batch exceeds. The returned views live until the next fill; `b` must outlive them.
   // table_stride > b.max_blocks: the device block table keeps rows of table_stride pages (a captured graph's
   // fixed width) of which only b's first max_blocks columns are written; the kernels read a sequence's pages
-  // below its length only, so the columns past them (left from earlier steps) are never read. The copy is then
-  // b's table, not a table of the graph's width (at 64 sequences and a 200k context, 4 KB against 800 KB).
+  // below its length only, so the columns past them (left from earlier steps) are never read. The copy is
+  // then b's table, not a table of the graph's width (at 64 sequences and a 200k context, 4 KB against 800
+  // KB).
   StepInputs fill(const ops::Ctx& ctx, const kv::ForwardBatch& b, const std::vector<uint8_t>& decode_tokens,
                   int64_t table_stride = 0);
 
