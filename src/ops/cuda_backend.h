@@ -26,6 +26,8 @@ class CudaBackend {
   // Bytes of scratch the ops have asked for so far (they grow only outside graph capture).
   size_t scratch_bytes() const;
   std::string device_name() const;
+  // MoE layers whose prefill kernel loads its weights by tensor copies (their maps are built; see moe_ops).
+  int moe_tensor_copy_layers() const;
   // --attention-backend: "auto" (the chooser decides), "mla_general" (never a decode kernel),
   // "mla_fp8_decode" (that kernel for every decode step; refused at launch where it cannot run) or
   // "mla_decode_sm90" (that kernel for decode steps and DSA selections).

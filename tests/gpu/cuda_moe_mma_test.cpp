@@ -597,15 +597,16 @@ TEST(CudaMoeWgmma, ChosenByDefaultOnSm90ForLargeSteps) {
   EXPECT_EQ(f8.down.expand, ms::cuda::MoeWgExpand::Consumer);
 }
 
-// The op as the executor calls it (ops::moe_experts on the CUDA backend) on an FP8Block layer in the prefill
-// regime (1000 tokens x top-4 over 16 experts): it must take the tensor-core path (bf16 activations: error
-// against the f32 CPU reference of order 1e-3, above 1e-5) and match the reference within the bf16 tolerance
-// above; in exact mode the same call stays on the f32 CUDA-core kernels (error below 1e-5). An executor that
-// kept FP8Block on the CUDA-core kernels fails the first bound.
-TEST(CudaMoeMma, Fp8BlockLayerTakesTheTensorCorePath) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";
+// The op as the executor calls it (ops::moe_experts on the CUDA backend) on a layer in the prefill regime
+// (1000 tokens x top-4 over 16 experts, hidden 512, inter 256): the relative error against the f32 CPU
+// reference, in default mode and in exact mode, on one backend (passed in, so that its state can be read).
+struct OpErrors {
+  double tensor_core = 0, exact = 0;
+};
+
+OpErrors op_against_cpu(MoeWeightFormat f, ms::ops::CudaBackend& backend) {
   const int E = 16, H = 512, I = 256, m = 1000, K = 4;
-  const Experts xs(E, H, I, MoeWeightFormat::FP8Block, 6);
+  const Experts xs(E, H, I, f, 6);
   std::mt19937 rng(60);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> uw(0.05f, 1.0f);
@@ -637,7 +638,6 @@ TEST(CudaMoeMma, Fp8BlockLayerTakesTheTensorCorePath) {
   const auto experts = xs.device();
   Buf<float> d_x(x), d_w(wts), d_out(out0);
   Buf<int32_t> d_ids(ids);
-  ms::ops::CudaBackend backend;
   const auto cuda = ms::Device::CUDA;
   auto run = [&](bool exact) {
     backend.set_exact_linear(exact);
@@ -657,12 +657,44 @@ TEST(CudaMoeMma, Fp8BlockLayerTakesTheTensorCorePath) {
     }
     return std::sqrt(e2 / std::max(c2, 1e-30));
   };
-  const double tc = run(false), exact = run(true);
-  std::printf("  [moe_op] fp8 E=%d H=%d I=%d m=%d K=%d: tensor-core path %.2e, exact mode %.2e\n", E, H, I, m,
-              K, tc, exact);
-  EXPECT_LT(tc, 1e-2);
-  EXPECT_GT(tc, 1e-5) << "f32-exact result: the FP8Block layer did not take the tensor-core (bf16) path";
-  EXPECT_LT(exact, 1e-5);
+  OpErrors r;
+  r.tensor_core = run(false);
+  r.exact = run(true);
+  std::printf("  [moe_op] %s E=%d H=%d I=%d m=%d K=%d: tensor-core path %.2e, exact mode %.2e\n",
+              format_name(f), E, H, I, m, K, r.tensor_core, r.exact);
+  return r;
+}
+
+// An FP8Block layer must take the tensor-core path (bf16 activations: error of order 1e-3, above 1e-5) and
+// match the reference within the bf16 tolerance; in exact mode the same call stays on the f32 CUDA-core
+// kernels (error below 1e-5). An executor that kept FP8Block on the CUDA-core kernels fails the first bound.
+TEST(CudaMoeMma, Fp8BlockLayerTakesTheTensorCorePath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";
+  ms::ops::CudaBackend backend;
+  const OpErrors e = op_against_cpu(MoeWeightFormat::FP8Block, backend);
+  EXPECT_LT(e.tensor_core, 1e-2);
+  EXPECT_GT(e.tensor_core, 1e-5)
+      << "f32-exact result: the FP8Block layer did not take the tensor-core (bf16) path";
+  EXPECT_LT(e.exact, 1e-5);
+  EXPECT_EQ(backend.moe_tensor_copy_layers(), 0);  // FP8Block copies with cp.async
+}
+
+// NVFP4 and BF16 layers on sm_90: the op builds the layer's tensor maps at its first prefill pass, so the
+// warpgroup kernel loads by tensor copies, and the result matches the CPU reference within the bf16
+// tolerance.
+TEST(CudaMoeMma, Nvfp4AndBf16LayersLoadByTensorCopies) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device of sm_80 or newer";
+  const char* forced = std::getenv("MOESERVE_MOE_WGMMA_LOAD");
+  for (MoeWeightFormat f : {MoeWeightFormat::NVFP4, MoeWeightFormat::BF16}) {
+    ms::ops::CudaBackend backend;
+    const OpErrors e = op_against_cpu(f, backend);
+    EXPECT_LT(e.tensor_core, 1e-2) << format_name(f);
+    EXPECT_GT(e.tensor_core, 1e-5) << format_name(f) << ": f32-exact result, not the tensor-core path";
+    EXPECT_LT(e.exact, 1e-5) << format_name(f);
+    if (have_sm90() && !(forced && std::strcmp(forced, "cpasync") == 0)) {
+      EXPECT_EQ(backend.moe_tensor_copy_layers(), 1) << format_name(f);
+    }
+  }
 }
 
 TEST(CudaMoeMma, BigTilesWhenExpertsHaveManyRows) {

@@ -67,6 +67,8 @@ void* GrowBuffer::get_zeroed(size_t bytes, cudaStream_t stream) {
 
 CudaBackend::Impl::~Impl() {
   for (auto& [k, p] : expert_tables) cudaFree(p);
+  for (auto& [k, p] : expert_maps)
+    if (p) cudaFree(p);
 }
 
 CudaBackend::CudaBackend() {
@@ -93,6 +95,12 @@ size_t CudaBackend::scratch_bytes() const {
   return i.linear_x.size() + i.linear_w.size() + i.gemv_ws.size() + i.gemv_counters.size() +
          i.attn_ws.size() + i.moe_act.size() + i.moe_slot.size() + i.moe_plan.size() + i.moe_mma.size() +
          i.route_aux.size();
+}
+
+int CudaBackend::moe_tensor_copy_layers() const {
+  int n = 0;
+  for (const auto& [k, p] : impl_->expert_maps) n += p != nullptr;
+  return n;
 }
 
 std::string CudaBackend::device_name() const {
@@ -143,6 +151,9 @@ Ctx CudaBackend::ctx(void*) {
   return Ctx{};
 }
 size_t CudaBackend::scratch_bytes() const {
+  return 0;
+}
+int CudaBackend::moe_tensor_copy_layers() const {
   return 0;
 }
 std::string CudaBackend::device_name() const {

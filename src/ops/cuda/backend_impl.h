@@ -51,6 +51,9 @@ struct CudaBackend::Impl {
   GrowBuffer route_aux{"routing scratch", &keep_replaced};
   // Device tables of expert weight pointers, one per MoE layer, keyed by the layer's experts array.
   std::map<const void*, void*> expert_tables;
+  // Per MoE layer (same key): the tensor maps of the prefill kernel's tensor-copy loads, built at the layer's
+  // first prefill-regime pass; null where the layer's format or shape cannot take them (cp.async loads then).
+  std::map<const void*, void*> expert_maps;
   std::string attention_kernel = "auto";
   bool exact_linear = false;
   ~Impl();
