@@ -17,8 +17,8 @@
 //     output columns of O = corr * O + P V over both warpgroups' tiles (4 x wgmma m64n256k16, P from
 //     registers, V the first 512 columns of the widened tiles as an MN-major B operand). O is 64 x 256 f32
 //     per warpgroup = 128 registers a thread.
-// Every mbarrier wait is bounded (mla_wgmma.cuh mbar_wait): one that has not completed after about 4 s
-// records the block, thread, barrier and parity in mapped host memory and traps;
+// Every mbarrier wait is bounded (wg::mbar_wait_bounded, common/wgmma_sm90.cuh): one that has not completed
+// after about 4 s records the block, thread, barrier and parity in mapped host memory and traps;
 // mla_decode_wgmma_hang_report() (and stderr at exit) names it.
 // (A first schedule, with both warpgroups widening every tile and S split over the keys by m64n32k16, was
 // 1.07-1.17x slower on an H200 with identical outputs and is gone; docs/PERFORMANCE.md has the figures.)
@@ -47,7 +47,7 @@ namespace {
 using namespace mla_wgmma;
 using namespace mla_wgmma_ptx;
 using bf16 = __nv_bfloat16;
-MbarHang* host_hang = nullptr;  // the host view of hang_record(), once allocated
+MbarTimeout* host_hang = nullptr;  // the host view of hang_record(), once allocated
 
 [[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;
 [[maybe_unused]] constexpr uint32_t kBlockBytes = 64 * 128;  // one swizzled block: 64 lines x 64 f16
@@ -295,7 +295,8 @@ __device__ __forceinline__ void pv_tile(float (&o)[128], const uint32_t (&a)[4][
 // Shared-memory reads per 64-key tile: Q 72 KB once (N = 64), K 72 KB, V 64 KB (each half once).
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_split_seesaw(MlaDecodeSm90Params p, int hb, int max_splits, int min_tiles,
-                           float* __restrict__ part, float* __restrict__ lse, MbarHang* __restrict__ hang) {
+                           float* __restrict__ part, float* __restrict__ lse,
+                           MbarTimeout* __restrict__ hang) {
   dev::grid_dep_enter();
 #if MS_MLA_WGMMA_ENABLED
   extern __shared__ uint4 smem_dyn[];
@@ -358,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool whole_tiles = p.page_size % kTileKeys == 0;
     for (int T = 0; T < ntiles; ++T) {
       const int w = T & 1, n = T >> 1;
-      if (n > 0) mbar_wait(land_free + w, (n - 1) & 1, kSeesawBarBase + 2 + w, hang);
+      if (n > 0) mbar_wait_bounded(land_free + w, (n - 1) & 1, kSeesawBarBase + 2 + w, hang);
       const int k0 = (tile_begin + T) * kTileKeys;
       const int valid = min(kTileKeys, keys - k0);
       unsigned char* dst = bufs + w * kKBytes;
@@ -413,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < 32; ++j) sacc[j] = 0.f;
     if (has_own) {
-      mbar_wait(full + wg, n & 1, kSeesawBarBase + wg, hang);
-      if (n > 0) mbar_wait(other_free + wg, (n - 1) & 1, kSeesawBarBase + 4 + wg, hang);
+      mbar_wait_bounded(full + wg, n & 1, kSeesawBarBase + wg, hang);
+      if (n > 0) mbar_wait_bounded(other_free + wg, (n - 1) & 1, kSeesawBarBase + 4 + wg, hang);
         // Widen in place. Raw row r: bytes r * 576.., 36 pieces of 16 fp8 (piece c: columns 16 c..16 c + 15).
         // 1. The other warpgroup's half (pieces 16 (1 - wg)..) into the other region, which the raw bytes do
         //    not reach; rows past the sequence as zeros.
@@ -636,26 +637,26 @@ __global__ void mla_wgmma_combine(MlaDecodeSm90Params p, int max_splits, int min
 // The record of a timed-out mbarrier wait (mla_wgmma.cuh): host memory mapped into the device, allocated at
 // the first launch, printed to stderr at exit when a wait timed out (the launch itself only fails with an
 // unspecified launch failure). Null when it cannot be allocated: the wait still traps.
-MbarHang* hang_record() {
-  static MbarHang* const rec = [] {
+MbarTimeout* hang_record() {
+  static MbarTimeout* const rec = [] {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // allocating is not captured work
     cudaThreadExchangeStreamCaptureMode(&mode);
     void* h = nullptr;
     void* d = nullptr;
-    if (cudaHostAlloc(&h, sizeof(MbarHang), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
+    if (cudaHostAlloc(&h, sizeof(MbarTimeout), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
         cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
       cudaGetLastError();
       d = nullptr;
     } else {
-      std::memset(h, 0, sizeof(MbarHang));
-      host_hang = static_cast<MbarHang*>(h);
+      std::memset(h, 0, sizeof(MbarTimeout));
+      host_hang = static_cast<MbarTimeout*>(h);
       std::atexit([] {
         const std::string msg = mla_decode_wgmma_hang_report();
         if (!msg.empty()) std::fprintf(stderr, "%s\n", msg.c_str());
       });
     }
     cudaThreadExchangeStreamCaptureMode(&mode);
-    return static_cast<MbarHang*>(d);
+    return static_cast<MbarTimeout*>(d);
   }();
   return rec;
 }
@@ -714,7 +715,7 @@ void check_params(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p) {
 
 std::string mla_decode_wgmma_hang_report() {
   if (host_hang == nullptr) return {};
-  const volatile MbarHang* r = host_hang;
+  const volatile MbarTimeout* r = host_hang;
   if (r->seen == 0) return {};
   const uint32_t b = r->barrier;
   const char* name = b < kSeesawBarBase + 2 ? "full" : b < kSeesawBarBase + 4 ? "land_free" : "other_free";
@@ -722,8 +723,8 @@ std::string mla_decode_wgmma_hang_report() {
   return fmt::format(
       "mla_decode_wgmma: block ({}, {}, {}) thread {} waited {:.1f} s for mbarrier {}[{}] to complete the "
       "phase of parity {}, and trapped",
-      r->block[0], r->block[1], r->block[2], r->thread, static_cast<double>(kMbarHangNs) * 1e-9, name, index,
-      r->parity);
+      r->block[0], r->block[1], r->block[2], r->thread, static_cast<double>(kMbarTimeoutNs) * 1e-9, name,
+      index, r->parity);
 }
 
 mla_wgmma::Config mla_decode_wgmma_choose(const MlaDecodeSm90Params& p, const DeviceLimits& dev) {

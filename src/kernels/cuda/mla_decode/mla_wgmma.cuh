@@ -87,72 +87,11 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-// A wait that has not seen its phase complete after this long is a hang (a phase of this kernel completes
-// within microseconds): the waiter records it and traps, so the launch fails instead of never returning.
-constexpr uint64_t kMbarHangNs = uint64_t{4} << 30;  // about 4.3 s
-
-// Where a timed-out wait is recorded: host memory mapped into the device (it stays readable by the host after
-// the trap has made the context unusable). No printf: any call in the kernel makes ptxas serialise its
-// wgmma and ignore setmaxnreg. `seen` is written last.
-struct MbarHang {
-  uint32_t seen;
-  uint32_t barrier;  // the kernel's own numbering of its mbarriers
-  uint32_t parity;
-  uint32_t block[3];
-  uint32_t thread;
-  uint32_t pad;
-};
-
-// Spins until the phase with this parity has completed; after kMbarHangNs (timed with %globaltimer, read
-// only once a try_wait has failed) records `barrier` in `rec` (may be null) and traps. All of it, the record
-// and the trap included, is one asm statement: a visible per-thread loop or a branch to a trap around later
-// wgmma makes ptxas serialise them (short of registers with 128 accumulators live).
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint32_t barrier, MbarHang* rec) {
-#if MS_MLA_WGMMA_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .u64 t0, t1;\n.reg .u32 v;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@p bra MS_MBAR_DONE_%=;\n"
-      "mov.u64 t0, %%globaltimer;\n"
-      "MS_MBAR_RETRY_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@p bra MS_MBAR_DONE_%=;\n"
-      "mov.u64 t1, %%globaltimer;\n"
-      "sub.u64 t1, t1, t0;\n"
-      "setp.lt.u64 p, t1, %3;\n"
-      "@p bra MS_MBAR_RETRY_%=;\n"
-      "setp.eq.u64 p, %4, 0;\n"
-      "@p bra MS_MBAR_TRAP_%=;\n"
-      "st.volatile.global.u32 [%4 + 4], %2;\n"
-      "st.volatile.global.u32 [%4 + 8], %1;\n"
-      "mov.u32 v, %%ctaid.x;\n"
-      "st.volatile.global.u32 [%4 + 12], v;\n"
-      "mov.u32 v, %%ctaid.y;\n"
-      "st.volatile.global.u32 [%4 + 16], v;\n"
-      "mov.u32 v, %%ctaid.z;\n"
-      "st.volatile.global.u32 [%4 + 20], v;\n"
-      "mov.u32 v, %%tid.x;\n"
-      "st.volatile.global.u32 [%4 + 24], v;\n"
-      "membar.sys;\n"
-      "st.volatile.global.u32 [%4], 1;\n"
-      "membar.sys;\n"
-      "MS_MBAR_TRAP_%=:\n"
-      "trap;\n"
-      "MS_MBAR_DONE_%=:\n}\n" ::"r"(smem_u32(bar)),
-      "r"(parity), "r"(barrier), "l"(kMbarHangNs), "l"(rec)
-      : "memory");
-#else
-  (void)bar;
-  (void)parity;
-  (void)barrier;
-  (void)rec;
-#endif
-}
-
-static_assert(offsetof(MbarHang, seen) == 0 && offsetof(MbarHang, barrier) == 4 &&
-                  offsetof(MbarHang, parity) == 8 && offsetof(MbarHang, block) == 12 &&
-                  offsetof(MbarHang, thread) == 24,
-              "the offsets mbar_wait stores to");
+// The bounded wait: after wg::kMbarTimeoutNs it records `barrier` in `rec` (wg::MbarTimeout, host memory
+// mapped into the device; may be null) and traps, so a hang fails the launch instead of never returning.
+using wg::kMbarTimeoutNs;
+using wg::mbar_wait_bounded;
+using wg::MbarTimeout;
 
 // D[64, 32] (+)= A[64, 16] B[16, 32], A and B from shared memory (descriptors), f16 in, f32 out.
 // TransB: 0 = B stored K-major ([n][k]), 1 = MN-major ([k][n]). scale_d 0: D = A B.
