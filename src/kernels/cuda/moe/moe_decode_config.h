@@ -15,32 +15,28 @@
 namespace ms::cuda::moe_decode_config {
 
 using moe_decode_common::blocks_per_sm;
+using moe_decode_common::down_smem;
+using moe_decode_common::ec_bytes;
+using moe_decode_common::gate_up_red_bytes;
+using moe_decode_common::kChunk;
+using moe_decode_common::kDownRows;
+using moe_decode_common::kDownThreads;
+using moe_decode_common::kDownWarps;
+using moe_decode_common::kGuIdx;
+using moe_decode_common::kMaxEc;
 using moe_decode_common::kMaxExperts;
+using moe_decode_common::kMaxSlots;
+using moe_decode_common::kThreads;
+using moe_decode_common::kWarps;
 using moe_decode_common::Shape;
 
-constexpr int kThreads = 256;  // 8 warps
-constexpr int kWarps = 8;
 // Tokens per step: the down kernel keeps per-warp output tiles [4 warps][m][16] f32 in shared memory (32 KB
 // at 128 tokens: down_smem(128) is ~40 KB, three blocks still share an H200 multiprocessor and one fits
 // sm_120's 99 KB). Above 128 the streamed path (moe_stream_config.h) or the grouped GEMMs take the step.
 constexpr int kMaxM = 128;
-constexpr int kMaxSlots =
-    1152;  // m * top_k: 128 tokens x (top-8 + the fused shared expert) of GLM-5 / DeepSeek-V3
-// (expert, chunk) pairs of the work list: every pair holds at least one of the m * top_k positions, so there
-// are at most kMaxSlots of them.
-constexpr int kMaxEc = 1536;
-static_assert(kMaxEc >= kMaxSlots, "a work list of one position per pair must fit");
-// Work-list entry: expert | chunk << 10 (chunk < kMaxSlots, so it stays far below the sign bit).
-static_assert(kMaxExperts <= 1024 && static_cast<int64_t>(kMaxSlots) << 10 <= INT32_MAX,
-              "expert ids fit 10 bits and chunk << 10 fits an int");
-constexpr int kChunk = 8;      // positions of one expert per pass (one mma n-tile)
-constexpr int kGuIdx = 16;     // gate_up: intermediate indices per work item (16 gate + 16 up rows)
-constexpr int kDownRows = 16;  // down: output rows per block
 // down: 4 warps a block and up to 3 blocks a multiprocessor (registers: <= 170 a thread), so that the
 // hidden / 16 blocks of a GLM-5 or DeepSeek-V3 layer (384, 448) are all resident at once on an H200 (132 x 3
 // slots) instead of running in two waves of 8-warp blocks, the second half empty.
-constexpr int kDownWarps = 4;
-constexpr int kDownThreads = 32 * kDownWarps;
 constexpr int kDownMinBlocks = 3;
 constexpr int kDownKr = 512;  // down: k of one (expert, k-range) piece; a lane streams 128 of it
 constexpr int kGuUnroll = 3;  // gate_up: 32-k steps whose weights a lane loads before using them
@@ -68,24 +64,14 @@ constexpr size_t ring_step_bytes(int rows,
 constexpr int64_t xs_ld(int hidden) {
   return hidden + 16;
 }
-// red: [8 warps][2 gate/up][8 positions][16 rows] f32; the half variants' [2 groups][4 warps][2][8][16] take
-// the same bytes, so one layout (and one choice of x_rows) serves every variant of the register kernels.
+// red (moe_decode_common.h: gate_up_red_bytes): [8 warps][2 gate/up][8 positions][16 rows] f32; the half
+// variants' [2 groups][4 warps][2][8][16] take the same bytes, so one layout (and one choice of x_rows)
+// serves every variant of the register kernels.
 constexpr int kHalfGroups = 2;                    // half: groups of warps a block, each on its own work item
 constexpr int kHalfWarps = kWarps / kHalfGroups;  // half: warps of a group, splitting its item's k
-constexpr size_t gate_up_red_bytes() {
-  return static_cast<size_t>(kWarps) * 2 * kChunk * 16 * sizeof(float);
-}
-constexpr size_t ec_bytes() {
-  return static_cast<size_t>(kMaxEc) * sizeof(int32_t);
-}
-// Layouts: xs [x_rows][xs_ld] f16 | red | ec.
+// Layouts: xs [x_rows][xs_ld] f16 | red | ec (moe_decode_common.h), down's likewise.
 constexpr size_t gate_up_smem(int hidden, int x_rows) {
-  return static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 + gate_up_red_bytes() + ec_bytes();
-}
-// Layouts: out_w [4 warps][m][16] f32 | scratch [4 warps][8 positions][16] f32 | ec.
-constexpr size_t down_smem(int m) {
-  return static_cast<size_t>(kDownWarps) * m * kDownRows * sizeof(float) +
-         static_cast<size_t>(kDownWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
+  return moe_decode_common::gate_up_smem_ld(xs_ld(hidden), x_rows);
 }
 
 // Ring layouts: the register kernels' layout, then the ring [warps][depth][rows][32 lanes] 16-byte weight

@@ -19,32 +19,29 @@
 namespace ms::cuda::moe_decode_fp8_config {
 
 using moe_decode_common::blocks_per_sm;
+using moe_decode_common::down_smem;
+using moe_decode_common::ec_bytes;
+using moe_decode_common::gate_up_red_bytes;
+using moe_decode_common::kChunk;
+using moe_decode_common::kDownRows;
+using moe_decode_common::kDownThreads;
+using moe_decode_common::kDownWarps;
+using moe_decode_common::kGuIdx;
+using moe_decode_common::kMaxEc;
 using moe_decode_common::kMaxExperts;
+using moe_decode_common::kMaxSlots;
+using moe_decode_common::kThreads;
+using moe_decode_common::kWarps;
 
-constexpr int kThreads = 256;  // 8 warps
-constexpr int kWarps = 8;
 // down: 4 warps a block and up to 4 blocks a multiprocessor (registers: <= 128 a thread), so that the hidden
 // / 16 row tiles of a DeepSeek-V3 or GLM-5 layer (448, 384) are resident at once on an H200 (132 x 4 slots)
 // instead of running in two waves of 8-warp blocks (264 slots).
-constexpr int kDownWarps = 4;
-constexpr int kDownThreads = 32 * kDownWarps;
 constexpr int kDownMinBlocks = 4;
 // Tokens per step: the down kernel keeps per-warp output tiles [4 warps][m][16] f32 in shared memory (32 KB
 // at 128 tokens: down_smem(128) is ~40 KB, two blocks a multiprocessor on sm_120's 99 KB, four on an H200).
 // Above 128 the grouped GEMMs or the CUDA-core kernels take the step.
 constexpr int kMaxM = 128;
-constexpr int kMaxSlots = 1152;  // m * top_k: 128 tokens x (top-8 + the fused shared expert) of DeepSeek-V3
-// (expert, chunk) pairs of the work list: every pair holds at least one of the m * top_k positions, so there
-// are at most kMaxSlots of them.
-constexpr int kMaxEc = 1536;
-static_assert(kMaxEc >= kMaxSlots, "a work list of one position per pair must fit");
-// Work-list entry: expert | chunk << 10 (chunk < kMaxSlots, so it stays far below the sign bit).
-static_assert(kMaxExperts <= 1024 && static_cast<int64_t>(kMaxSlots) << 10 <= INT32_MAX,
-              "expert ids fit 10 bits and chunk << 10 fits an int");
-constexpr int kChunk = 8;      // positions of one expert per pass (one mma n-tile)
-constexpr int kBlock = 128;    // the scale block edge the kernels apply (one warp step = one block of k)
-constexpr int kGuIdx = 16;     // gate_up: intermediate indices per work item (16 gate + 16 up rows)
-constexpr int kDownRows = 16;  // down: output rows per block
+constexpr int kBlock = 128;  // the scale block edge the kernels apply (one warp step = one block of k)
 constexpr int kGuAhead = 2;  // gate_up: 128-k steps whose weights a lane holds in flight (4 rows x 32 B each)
 constexpr int kDownAhead = 4;  // down: 128-k pieces whose weights a lane holds in flight (2 rows x 32 B each)
 
@@ -61,20 +58,9 @@ struct Shape {
 constexpr int64_t xs_ld(int hidden) {
   return hidden + 8;
 }
-constexpr size_t gate_up_red_bytes() {  // [8 warps][2 gate/up][8 positions][16 rows] f32
-  return static_cast<size_t>(kWarps) * 2 * kChunk * 16 * sizeof(float);
-}
-constexpr size_t ec_bytes() {
-  return static_cast<size_t>(kMaxEc) * sizeof(int32_t);
-}
-// Layouts: xs [x_rows][xs_ld] f16 | red | ec.
+// Layouts: xs [x_rows][xs_ld] f16 | red | ec (moe_decode_common.h), down's likewise.
 constexpr size_t gate_up_smem(int hidden, int x_rows) {
-  return static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 + gate_up_red_bytes() + ec_bytes();
-}
-// Layouts: out_w [4 warps][m][16] f32 | scratch [4 warps][8 positions][16] f32 | ec.
-constexpr size_t down_smem(int m) {
-  return static_cast<size_t>(kDownWarps) * m * kDownRows * sizeof(float) +
-         static_cast<size_t>(kDownWarps) * kChunk * kDownRows * sizeof(float) + ec_bytes();
+  return moe_decode_common::gate_up_smem_ld(xs_ld(hidden), x_rows);
 }
 
 struct Config {
@@ -98,11 +84,8 @@ inline std::optional<std::string> why_outside(const Shape& s) {
   if (!s.fp8_block) return std::string("the FP8 decode path reads FP8Block experts only");
   if (s.block != kBlock)
     return fmt::format("fp8_block = {}: the FP8 decode path applies 128x128 block scales only", s.block);
-  if (s.m < 1 || s.m > kMaxM) return fmt::format("m = {} is outside the decode regime [1, {}]", s.m, kMaxM);
-  if (s.top_k < 1 || static_cast<int64_t>(s.m) * s.top_k > kMaxSlots)
-    return fmt::format("m * top_k = {} exceeds {}", static_cast<int64_t>(s.m) * s.top_k, kMaxSlots);
-  if (s.n_experts < 1 || s.n_experts > kMaxExperts)
-    return fmt::format("n_experts = {} is outside [1, {}]", s.n_experts, kMaxExperts);
+  if (auto why = moe_decode_common::why_outside_regime(s.m, s.top_k, s.n_experts, kMaxM, kMaxSlots))
+    return why;
   // A warp step covers one whole 128-k scale block of a 16-row tile (which lies in one 128-row block), so
   // the k of both GEMMs and the row counts must be whole blocks.
   if (s.hidden <= 0 || s.hidden % kBlock != 0)
