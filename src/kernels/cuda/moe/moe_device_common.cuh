@@ -110,6 +110,87 @@ __device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, i
   if (lane == 31) *n = min(incl, kMaxEc);
 }
 
+// ---- the register-streamed decode kernels (moe_experts_decode.cu: NVFP4, moe_experts_decode_fp8.cu: FP8) --
+// Their work split and shared-memory layouts (moe_decode_common.h); they differ in how a weight step is
+// loaded and decoded, not in how items, pieces and positions are found.
+
+// The first of part i of [0, n) cut into `parts` contiguous runs (part `parts`: n): a block's run of work
+// items over the grid (i = blockIdx.x, parts = gridDim.x) or a warp's run of down pieces.
+template <typename I, typename P>
+__device__ __forceinline__ int run_start(int n, I i, P parts) {
+  return static_cast<int>(static_cast<int64_t>(n) * i / parts);
+}
+
+// Work-list entry `code` (build_ec's expert | chunk << 10, chunks of `chunk` positions): its expert, its
+// positions (1 .. chunk) and its first grouped position.
+struct EcEntry {
+  int e, rows, pos0;
+};
+__device__ __forceinline__ EcEntry ec_entry(const MoeExpertsParams& p, int code, int chunk) {
+  EcEntry r;
+  r.e = code & 1023;
+  const int c = code >> 10;
+  const int count = p.expert_counts[r.e], off = p.expert_offsets[r.e];
+  r.rows = min(chunk, count - c * chunk);
+  r.pos0 = off + c * chunk;
+  return r;
+}
+
+// gate_up's shared memory (moe_decode_common.h: gate_up_smem_ld): xs [x_rows][xld] f16 | red [8 warps][2
+// gate/up][8 positions][16 rows] f32 | ec [kMaxEc] (| the NVFP4 ring's slots after ec).
+__device__ __forceinline__ void carve_gate_up(uint8_t* smem, int x_rows, int64_t xld, __half*& xs,
+                                              float*& red, int32_t*& ec) {
+  using namespace moe_decode_common;
+  xs = reinterpret_cast<__half*>(smem);
+  red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
+  ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+}
+
+// down's shared memory (moe_decode_common.h: down_smem): out_w [4 warps][m][16] f32 | scr [4 warps][8
+// positions][16] f32 | ec [kMaxEc] (| the NVFP4 ring's slots after ec).
+__device__ __forceinline__ void carve_down(uint8_t* smem, int m, float*& out_w, float*& scr, int32_t*& ec) {
+  using namespace moe_decode_common;
+  out_w = reinterpret_cast<float*>(smem);
+  scr = out_w + kDownWarps * m * kDownRows;
+  ec = reinterpret_cast<int32_t*>(scr + kDownWarps * kChunk * kDownRows);
+}
+
+// down, at a chunk change of a warp: its sum acc (C fragment of rows g / g + 8, positions 2t / 2t + 1; times
+// s when kScaled) into its tile out_ww [m][16] through its scratch tile scr_w [8 positions][16]. Positions in
+// order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
+template <bool kScaled>
+__device__ __forceinline__ void flush_down_chunk(const MoeExpertsParams& p, const float (&acc)[4],
+                                                 float* scr_w, float* out_ww, int rows, int pos0, float s,
+                                                 int lane, int g, int t) {
+  constexpr int kDownRows = moe_decode_common::kDownRows;
+  store_c_tile(scr_w, acc, g, t);
+  __syncwarp();
+  if (lane < kDownRows) {
+    for (int q = 0; q < rows; ++q) {
+      const int tok = p.sorted_slots[pos0 + q] / p.top_k;
+      if constexpr (kScaled)
+        out_ww[tok * kDownRows + lane] += scr_w[q * 16 + lane] * s;
+      else
+        out_ww[tok * kDownRows + lane] += scr_w[q * 16 + lane];
+    }
+  }
+  __syncwarp();
+}
+
+// down, after the block's barrier: out rows row0 .. + 15 of every token += the sum of the warps' tiles
+// out_w [4 warps][m][16], in warp order. Thread tid of kDownThreads.
+__device__ __forceinline__ void add_down_tiles(const MoeExpertsParams& p, const float* out_w, int m, int row0,
+                                               int tid) {
+  using namespace moe_decode_common;
+  for (int i = tid; i < m * kDownRows; i += kDownThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w2 = 0; w2 < kDownWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
+    float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
+    *o += sum;
+  }
+}
+
 __device__ __forceinline__ float fp8_e4m3_value(uint32_t byte) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
   return __half2float(__half(h));

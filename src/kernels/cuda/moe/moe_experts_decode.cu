@@ -74,9 +74,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
   const int64_t xld = xs_ld(H);
-  __half* xs = reinterpret_cast<__half*>(smem);
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
-  int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+  __half* xs;
+  float* red;
+  int32_t* ec;
+  moe_dev::carve_gate_up(smem, x_rows, xld, xs, red, ec);
   __shared__ int s_nec;
 
   moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
@@ -96,8 +97,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
   // Block b takes the contiguous items [it0, it1): consecutive tiles of one (expert, chunk) share the staged
   // x rows.
-  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
-  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
+  const int it0 = moe_dev::run_start(items, blockIdx.x, gridDim.x);
+  const int it1 = moe_dev::run_start(items, blockIdx.x + 1, gridDim.x);
 
   // The weights of the item being loaded: rows gate g, gate g + 8, up g, up g + 8 from the lane's k.
   // The variants keep one pointer per matrix (rows g; rows g + 8 at a 32-bit offset), and sc8 none for the
@@ -315,8 +316,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const __half* xs_lane = xs + g * xld + k_lane;
   const int sw = (t >> 1) & 1;
   uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
-  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
-  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
+  const int it0 = moe_dev::run_start(items, blockIdx.x, gridDim.x);
+  const int it1 = moe_dev::run_start(items, blockIdx.x + 1, gridDim.x);
 
   // The end of the segment that holds item i; the group's first item at or after segment start i; the
   // group's item after item i (it1: none).
@@ -393,11 +394,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int r_e = gtid >> 4, i_e = gtid & 15;
   for (int seg = it0; seg < it1;) {
     const int se = seg_end(seg);
-    const int code = ec[seg / tiles];
-    const int e = code & 1023, chunk = code >> 10;
-    const int count = p.expert_counts[e], off = p.expert_offsets[e];
-    const int rows = min(x_rows, count - chunk * x_rows);
-    const int pos0 = off + chunk * x_rows;
+    const moe_dev::EcEntry en = moe_dev::ec_entry(p, ec[seg / tiles], x_rows);
+    const int e = en.e, rows = en.rows, pos0 = en.pos0;
     if (seg != it0) __syncthreads();  // both groups are done with the old rows and constants
     moe_decode_dev::stage_x_rows(p, pos0, rows, xs, xld, tid, kThreads);
     if (tid < rows) seg_c[tid] = p.topk_weights[p.sorted_slots[pos0 + tid]];
@@ -488,9 +486,9 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   constexpr int kSets = kAcc2 ? 2 : 1;
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
-  float* out_w = reinterpret_cast<float*>(smem);    // [warps][m][16]
-  float* scr = out_w + kDownWarps * m * kDownRows;  // [warps][8 positions][16]
-  int32_t* ec = reinterpret_cast<int32_t*>(scr + kDownWarps * kChunk * kDownRows);
+  float *out_w, *scr;
+  int32_t* ec;
+  moe_dev::carve_down(smem, m, out_w, scr, ec);
   __shared__ int s_nec;
 
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
@@ -500,8 +498,8 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   const int row0 = blockIdx.x * kDownRows;
   const int ks_per = p.inter / kDownKr;
   const int pieces = s_nec * ks_per;
-  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kDownWarps);
-  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kDownWarps);
+  const int p_begin = moe_dev::run_start(pieces, warp, kDownWarps);
+  const int p_end = moe_dev::run_start(pieces, warp + 1, kDownWarps);
   const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
   const __half* acth = reinterpret_cast<const __half*>(p.act);
   float* scr_w = scr + warp * kChunk * kDownRows;
@@ -607,13 +605,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   }
   if (cur >= 0) flush();
   __syncthreads();
-  for (int i = tid; i < m * kDownRows; i += kDownThreads) {
-    float sum = 0.f;
-#pragma unroll
-    for (int w2 = 0; w2 < kDownWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
-    float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
-    *o += sum;
-  }
+  moe_dev::add_down_tiles(p, out_w, m, row0, tid);
 }
 
 // ---- the cp.async ring variant ---------------------------------------------------------------------------
@@ -653,9 +645,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
   const int64_t xld = xs_ld(H);
-  __half* xs = reinterpret_cast<__half*>(smem);
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
-  int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+  __half* xs;
+  float* red;
+  int32_t* ec;
+  moe_dev::carve_gate_up(smem, x_rows, xld, xs, red, ec);
   uint8_t* ring = reinterpret_cast<uint8_t*>(ec + kMaxEc);  // moe_decode_config.h: gate_up_ring_smem
   __shared__ int s_nec;
 
@@ -670,8 +663,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const __half* xs_lane = xs + g * xld + k_lane;
   const int sw = (t >> 1) & 1;
   uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
-  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
-  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
+  const int it0 = moe_dev::run_start(items, blockIdx.x, gridDim.x);
+  const int it1 = moe_dev::run_start(items, blockIdx.x + 1, gridDim.x);
 
   // The lane's slots: weights of (slot d, row r) at ring_w + (d * 4 + r) * 512, scale words at ring_s + (d *
   // 4 + r) * 128 (layout: [8 warps][depth][4 rows][32 lanes] x 16 bytes, then the same x 4 bytes).
@@ -721,11 +714,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   int staged = -1;
   for (int item = it0; item < it1; ++item) {
     const int eci = item / tiles;
-    const int code = ec[eci];
-    const int e = code & 1023, chunk = code >> 10, tile = item % tiles;
-    const int count = p.expert_counts[e], off = p.expert_offsets[e];
-    const int rows = min(x_rows, count - chunk * x_rows);
-    const int pos0 = off + chunk * x_rows;
+    const int code = ec[eci], tile = item % tiles;
+    const moe_dev::EcEntry en = moe_dev::ec_entry(p, code, x_rows);
+    const int e = en.e, rows = en.rows, pos0 = en.pos0;
     const MoeExpertWeights& ew = p.experts[e];
     if (eci != staged) {
       moe_decode_dev::stage_x_rows(p, pos0, rows, xs, xld, tid, kThreads);
@@ -775,9 +766,9 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
     moe_decode_down_ring_kernel(const MoeExpertsParams p, int depth) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
-  float* out_w = reinterpret_cast<float*>(smem);
-  float* scr = out_w + kDownWarps * m * kDownRows;
-  int32_t* ec = reinterpret_cast<int32_t*>(scr + kDownWarps * kChunk * kDownRows);
+  float *out_w, *scr;
+  int32_t* ec;
+  moe_dev::carve_down(smem, m, out_w, scr, ec);
   uint8_t* ring = reinterpret_cast<uint8_t*>(ec + kMaxEc);  // moe_decode_config.h: down_ring_smem
   __shared__ int s_nec;
 
@@ -788,8 +779,8 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   const int row0 = blockIdx.x * kDownRows;
   const int ks_per = p.inter / kDownKr;
   const int pieces = s_nec * ks_per;
-  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kDownWarps);
-  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kDownWarps);
+  const int p_begin = moe_dev::run_start(pieces, warp, kDownWarps);
+  const int p_end = moe_dev::run_start(pieces, warp + 1, kDownWarps);
   const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
   const __half* acth = reinterpret_cast<const __half*>(p.act);
   float* scr_w = scr + warp * kChunk * kDownRows;
@@ -836,17 +827,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   int cur = -1, rows = 0, pos0 = 0, c_slot = 0;
   float s2 = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  auto flush = [&]() {
-    moe_dev::store_c_tile(scr_w, acc, g, t);
-    __syncwarp();
-    if (lane < kDownRows) {
-      for (int q = 0; q < rows; ++q) {
-        const int tok = p.sorted_slots[pos0 + q] / p.top_k;
-        out_ww[tok * kDownRows + lane] += scr_w[q * 16 + lane] * s2;
-      }
-    }
-    __syncwarp();
-  };
+  auto flush = [&]() { moe_dev::flush_down_chunk<true>(p, acc, scr_w, out_ww, rows, pos0, s2, lane, g, t); };
   for (int pc = p_begin; pc < p_end; ++pc) {
     const int ei = pc / ks_per, ks = pc - ei * ks_per;
     if (ei != cur) {
@@ -881,13 +862,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   if (cur >= 0) flush();
   cp_async_wait<0>();
   __syncthreads();
-  for (int i = tid; i < m * kDownRows; i += kDownThreads) {
-    float sum = 0.f;
-#pragma unroll
-    for (int w2 = 0; w2 < kDownWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
-    float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
-    *o += sum;
-  }
+  moe_dev::add_down_tiles(p, out_w, m, row0, tid);
 }
 
 bool aligned(const void* ptr, size_t a) {

@@ -90,9 +90,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
   const int64_t xld = xs_ld(H);
-  __half* xs = reinterpret_cast<__half*>(smem);
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
-  int32_t* ec = reinterpret_cast<int32_t*>(red + kWarps * 2 * kChunk * 16);
+  __half* xs;
+  float* red;
+  int32_t* ec;
+  moe_dev::carve_gate_up(smem, x_rows, xld, xs, red, ec);
   __shared__ int s_nec;
 
   moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
@@ -108,8 +109,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t row_bytes = H;
   const __half* xs_lane = xs + g * xld + k_lane;  // the lane's B row (x row g)
   __half* acth = reinterpret_cast<__half*>(p.act);
-  const int it0 = static_cast<int>(static_cast<int64_t>(items) * blockIdx.x / gridDim.x);
-  const int it1 = static_cast<int>(static_cast<int64_t>(items) * (blockIdx.x + 1) / gridDim.x);
+  const int it0 = moe_dev::run_start(items, blockIdx.x, gridDim.x);
+  const int it1 = moe_dev::run_start(items, blockIdx.x + 1, gridDim.x);
 
   // The weights of the item being loaded: rows gate g, gate g + 8, up g, up g + 8 (row g + 8 at wp[q] + 8
   // row_bytes) from the lane's k; the scales of its tile's row block (its 16 rows lie in row block tile * 16
@@ -150,11 +151,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   int staged = -1;  // the work-list entry whose x rows xs holds
   for (int item = it0; item < it1; ++item) {
     const int eci = item / tiles;
-    const int code = ec[eci];
-    const int e = code & 1023, chunk = code >> 10, tile = item % tiles;
-    const int count = p.expert_counts[e], off = p.expert_offsets[e];
-    const int rows = min(x_rows, count - chunk * x_rows);
-    const int pos0 = off + chunk * x_rows;
+    const moe_dev::EcEntry en = moe_dev::ec_entry(p, ec[eci], x_rows);
+    const int rows = en.rows, pos0 = en.pos0, tile = item % tiles;
     if (eci != staged) {
       stage_x_rows_f16(p, pos0, rows, xs, xld, tid);
       staged = eci;
@@ -206,9 +204,9 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
     moe_decode_fp8_down_kernel(const MoeExpertsParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int m = p.m;
-  float* out_w = reinterpret_cast<float*>(smem);    // [warps][m][16]
-  float* scr = out_w + kDownWarps * m * kDownRows;  // [warps][8 positions][16]
-  int32_t* ec = reinterpret_cast<int32_t*>(scr + kDownWarps * kChunk * kDownRows);
+  float *out_w, *scr;
+  int32_t* ec;
+  moe_dev::carve_down(smem, m, out_w, scr, ec);
   __shared__ int s_nec;
 
   moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
@@ -218,8 +216,8 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   const int row0 = blockIdx.x * kDownRows;
   const int nbk = p.inter / kBlock;  // pieces per chunk = scale columns of down
   const int pieces = s_nec * nbk;
-  const int p_begin = static_cast<int>(static_cast<int64_t>(pieces) * warp / kDownWarps);
-  const int p_end = static_cast<int>(static_cast<int64_t>(pieces) * (warp + 1) / kDownWarps);
+  const int p_begin = moe_dev::run_start(pieces, warp, kDownWarps);
+  const int p_end = moe_dev::run_start(pieces, warp + 1, kDownWarps);
   const int64_t row_bytes = p.inter;
   const int64_t srow = static_cast<int64_t>(row0 / kBlock) * nbk;  // the block's 16 rows: one row block
   const __half* acth = reinterpret_cast<const __half*>(p.act);
@@ -229,16 +227,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   int cur = -1, rows = 0, pos0 = 0;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&]() {
-    moe_dev::store_c_tile(scr_w, acc, g, t);
-    __syncwarp();
-    if (lane < kDownRows) {
-      // Positions in order: a token met twice (a repeated expert in its top-k) adds in a fixed order.
-      for (int q = 0; q < rows; ++q) {
-        const int tok = p.sorted_slots[pos0 + q] / p.top_k;
-        out_ww[tok * kDownRows + lane] += scr_w[q * 16 + lane];
-      }
-    }
-    __syncwarp();
+    moe_dev::flush_down_chunk<false>(p, acc, scr_w, out_ww, rows, pos0, 1.f, lane, g, t);
   };
   // Piece pc: lane (g, t) covers k [kb 128 + 64 h + 16 t, + 16), h = 0, 1, of rows row0 + g, + 8 (a quad's
   // load instruction reads 64 contiguous bytes of a row); slot u of the register ring holds piece pc with (pc
@@ -288,13 +277,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   }
   if (cur >= 0) flush();
   __syncthreads();
-  for (int i = tid; i < m * kDownRows; i += kDownThreads) {
-    float sum = 0.f;
-#pragma unroll
-    for (int w2 = 0; w2 < kDownWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
-    float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
-    *o += sum;
-  }
+  moe_dev::add_down_tiles(p, out_w, m, row0, tid);
 }
 
 bool aligned(const void* ptr, size_t a) {
