@@ -65,6 +65,59 @@ using moe_decode_dev::tile_step_split;
 
 // ---- gate_up --------------------------------------------------------------------------------------------
 
+// An item's epilogue (8-warp kernels): the warps' sums of the gate tile acc_g and the up tile acc_u (C
+// fragments: rows g / g + 8, positions 2t / 2t + 1) meet in red [warp][gate / up][position][16 rows], then
+// thread (position r, index i) writes act = silu(gate) x up x routing weight of its position.
+__device__ __forceinline__ void gate_up_epilogue(const MoeExpertsParams& p, float* red,
+                                                 const float (&acc_g)[4], const float (&acc_u)[4],
+                                                 const MoeExpertWeights& ew, int pos0, int rows, int tile,
+                                                 uint16_t* acth, int warp, int g, int t) {
+  const int tid = threadIdx.x;
+  float* rw = red + warp * 2 * kChunk * 16;
+  moe_dev::store_c_tile(rw, acc_g, g, t);
+  moe_dev::store_c_tile(rw + kChunk * 16, acc_u, g, t);
+  __syncthreads();  // also: every warp is done reading xs, so the next item may restage it
+  if (tid < rows * 16) {
+    const int r = tid >> 4, i = tid & 15;
+    const float2 sums = moe_dev::sum_gate_up_tiles<kWarps, kChunk>(red, r, i);
+    const float gs = sums.x, us = sums.y;
+    const float gv = gs * (ew.gate_scale2 * kCodeScale), uv = us * (ew.up_scale2 * kCodeScale);
+    const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
+    const float v = gv / (1.0f + expf(-gv)) * uv * wt;
+    // act in f16 (saturated), each 4 in B order: down's 16-byte B pieces come straight from global memory.
+    acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] = tc::f16_sat_bits(v);
+  }
+}
+
+// sc8 (both gate_up kernels): lane t's 8 bytes of a scale block (those of step 4 b + t of the quad) of rows
+// gate g, gate g + 8, up g, up g + 8 (srow8 bytes below g) into raw, from `off` bytes into the expert's
+// gate / up scales; zeros where step 4 b + t is past the item's last (`have` false).
+template <typename Off>
+__device__ __forceinline__ void load_quad_block(uint2 (&raw)[4], const MoeExpertWeights& ew, Off off,
+                                                int srow8, bool have) {
+  const uint8_t* gs = static_cast<const uint8_t*>(ew.gate_scale) + off;
+  const uint8_t* us = static_cast<const uint8_t*>(ew.up_scale) + off;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+    raw[r] = have ? ld_stream8((r < 2 ? gs : us) + (r & 1) * srow8) : make_uint2(0u, 0u);
+}
+
+// sc8, step v of the unrolled loop (v % 4: the step's place in its scale block): at a block's first step the
+// quad's bytes in raw become each lane's own 2 bytes of its 4 steps in quad (quad_scales; every lane of the
+// warp runs the same steps, so the shuffles see all 32), at its second the next block goes in flight
+// (load_next), and every step takes its rows' scales scs from quad.
+template <typename LoadNext>
+__device__ __forceinline__ void sc8_step_scales(uint2 (&quad)[4], const uint2 (&raw)[4], uint32_t (&scs)[4],
+                                                int v, int t, LoadNext&& load_next) {
+  if (v % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) quad[r] = moe_decode_dev::quad_scales(raw[r], t);
+  }
+  if (v % 4 == 1) load_next();
+#pragma unroll
+  for (int r = 0; r < 4; ++r) scs[r] = moe_decode_dev::quad_scale_of(quad[r], v % 4);
+}
+
 // V: MoeDecodeVariant (moe_experts_decode.h); base (0) is the code path described above.
 template <int V>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -153,20 +206,19 @@ __global__ void __launch_bounds__(kThreads, 2)
         // The quad's scale bytes of row g start at (k_lane - 32 t) / 16; lane t reads those of step 4 b + t.
         const int64_t off =
             (static_cast<int64_t>(item % tiles) * kGuIdx + g) * srow_bytes + k_lane / 16 + 6 * t + 32 * b;
-        const uint8_t* gs = static_cast<const uint8_t*>(ew.gate_scale) + off;
-        const uint8_t* us = static_cast<const uint8_t*>(ew.up_scale) + off;
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          raw[r] = have ? ld_stream8((r < 2 ? gs : us) + (r & 1) * srow8) : make_uint2(0u, 0u);
+        load_quad_block(raw, ew, off, srow8, have);
       }
     }
   };
-  if (it0 < it1) {
-    point(it0);
+  // The first steps of item i go in flight (sc8: the previous item's last block was exchanged at its first
+  // step).
+  auto start = [&](int i) {
+    point(i);
 #pragma unroll
     for (int u = 0; u < kGuUnroll; ++u) load(u, u);
-    load_scales(it0, 0);
-  }
+    load_scales(i, 0);
+  };
+  if (it0 < it1) start(it0);
   int staged = -1;  // the work-list entry whose x rows xs holds
   for (int item = it0; item < it1; ++item) {
     const int eci = item / tiles;
@@ -197,13 +249,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                            : make_uint4(0u, 0u, 0u, 0u);
         uint32_t scs[4];
         if constexpr (kSc8) {
-          if (v % 4 == 0) {  // every lane of the warp runs the same steps: the shuffles see all 32
-#pragma unroll
-            for (int r = 0; r < 4; ++r) quad[r] = moe_decode_dev::quad_scales(raw[r], t);
-          }
-          if (v % 4 == 1) load_scales(item, (s >> 2) + 1);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) scs[r] = moe_decode_dev::quad_scale_of(quad[r], v % 4);
+          sc8_step_scales(quad, raw, scs, v, t, [&] { load_scales(item, (s >> 2) + 1); });
         } else {
 #pragma unroll
           for (int r = 0; r < 4; ++r) scs[r] = sc[u][r];
@@ -227,33 +273,15 @@ __global__ void __launch_bounds__(kThreads, 2)
         load(s + kGuUnroll, u);  // the slot's next step goes in flight behind this one's math
       }
     }
-    if (item + 1 < it1) {  // every slot is free: the next item's first steps go in flight now
-      point(item + 1);
-#pragma unroll
-      for (int u = 0; u < kGuUnroll; ++u) load(u, u);
-      load_scales(item + 1, 0);  // sc8: the last block's bytes were exchanged at its first step
-    }
+    // Every slot is free: the next item's first steps go in flight now.
+    if (item + 1 < it1) start(item + 1);
     if constexpr (kAcc2) {  // the sets meet in a fixed order: set 0 + set 1
 #pragma unroll
       for (int tl = 0; tl < 2; ++tl)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[0][tl][i] += acc[1][tl][i];
     }
-    // red [warp][gate / up][position][16 rows]; C fragment: rows g / g + 8, positions 2t / 2t + 1.
-    float* rw = red + warp * 2 * kChunk * 16;
-    moe_dev::store_c_tile(rw, acc[0][0], g, t);
-    moe_dev::store_c_tile(rw + kChunk * 16, acc[0][1], g, t);
-    __syncthreads();  // also: every warp is done reading xs, so the next item may restage it
-    if (tid < rows * 16) {
-      const int r = tid >> 4, i = tid & 15;
-      const float2 sums = moe_dev::sum_gate_up_tiles<kWarps, kChunk>(red, r, i);
-      const float gs = sums.x, us = sums.y;
-      const float gv = gs * (ew.gate_scale2 * kCodeScale), uv = us * (ew.up_scale2 * kCodeScale);
-      const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
-      const float v = gv / (1.0f + expf(-gv)) * uv * wt;
-      // act in f16 (saturated), each 4 in B order: down's 16-byte B pieces come straight from global memory.
-      acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] = tc::f16_sat_bits(v);
-    }
+    gate_up_epilogue(p, red, acc[0][0], acc[0][1], ew, pos0, rows, tile, acth, warp, g, t);
     // red is rewritten only after the next item's staging barrier, which every reader above has passed.
   }
 }
@@ -371,12 +399,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (4 * b < steps) {
         const bool have = 4 * b + t < steps;
         const MoeExpertWeights& ew = p.experts[e];
-        const int off = soff + 32 * b;
-        const uint8_t* gs = static_cast<const uint8_t*>(ew.gate_scale) + off;
-        const uint8_t* us = static_cast<const uint8_t*>(ew.up_scale) + off;
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          raw[r] = have ? ld_stream8((r < 2 ? gs : us) + (r & 1) * srow8) : make_uint2(0u, 0u);
+        load_quad_block(raw, ew, soff + 32 * b, srow8, have);
       }
     }
   };
@@ -418,15 +441,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           if (s >= steps) break;
           uint32_t scs[4];
           if constexpr (kSc8) {
-            if (v % 4 == 0) {
-#pragma unroll
-              for (int r = 0; r < 4; ++r) quad[r] = moe_decode_dev::quad_scales(raw[r], t);
-            }
-            if (v % 4 == 1) load_scales(seg_i[1], soff, (s >> 2) + 1);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              scs[r] = moe_decode_dev::quad_scale_of(quad[r], v % 4);
-            }
+            sc8_step_scales(quad, raw, scs, v, t, [&] { load_scales(seg_i[1], soff, (s >> 2) + 1); });
             // One B piece at a time for both tiles (its 4 registers instead of all 16 of the step live): the
             // same mmas into each tile in the same order as tile_step (bit-identical to half).
 #pragma unroll
@@ -744,20 +759,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       tile_step(acc[0], w[0], w[1], sc[0], sc[1], b);
       tile_step(acc[1], w[2], w[3], sc[2], sc[3], b);
     }
-    float* rw = red + warp * 2 * kChunk * 16;
-    moe_dev::store_c_tile(rw, acc[0], g, t);
-    moe_dev::store_c_tile(rw + kChunk * 16, acc[1], g, t);
-    __syncthreads();
-    if (tid < rows * 16) {
-      const int r = tid >> 4, i = tid & 15;
-      const float2 sums = moe_dev::sum_gate_up_tiles<kWarps, kChunk>(red, r, i);
-      const float gs = sums.x, us = sums.y;
-      const float gv = gs * (ew.gate_scale2 * kCodeScale), uv = us * (ew.up_scale2 * kCodeScale);
-      const float wt = p.topk_weights[p.sorted_slots[pos0 + r]];
-      const float v = gv / (1.0f + expf(-gv)) * uv * wt;
-      // act in f16 (saturated), each 4 in B order: down's 16-byte B pieces come straight from global memory.
-      acth[static_cast<int64_t>(pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] = tc::f16_sat_bits(v);
-    }
+    gate_up_epilogue(p, red, acc[0], acc[1], ew, pos0, rows, tile, acth, warp, g, t);
   }
   cp_async_wait<0>();  // nothing real is pending (every issued step was read); leave no copy behind
 }
