@@ -238,7 +238,9 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         "intermediate of 64, up to 1024 experts (fp8_block: block edge a multiple of 64); multi-stage "
         "cp.async tiles, nvfp4 and fp8_block (times its block scale) expanded to bf16 in shared memory, "
         "mma.sync; on sm_90 with 64+ grouped rows per expert the warp-specialised wgmma "
-        "kernel instead (MOESERVE_MOE_PREFILL_KERNEL=mma|wgmma forces one); used by `grouped` automatically "
+        "kernel instead (MOESERVE_MOE_PREFILL_KERNEL=mma|wgmma forces one), loading nvfp4 and bf16 tiles by "
+        "tensor copies where the layer's tensor maps apply, else by cp.async "
+        "(MOESERVE_MOE_WGMMA_LOAD=cpasync|tma forces one); used by `grouped` automatically "
         "where it applies (not in exact mode)",
         "sm_80 or newer",
         0,
