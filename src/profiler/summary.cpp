@@ -20,6 +20,22 @@ double ratio(double num, double den) {
 
 }  // namespace
 
+double op_time_floor_us(const OpCost& cost, const Ceilings& ceilings) {
+  return std::max(cost.bytes_floor / (ceilings.mem_gbps * 1e3), cost.flops / (ceilings.matrix_gflops * 1e3));
+}
+
+FloorSink::FloorSink(const Ceilings& ceilings) : ceilings_(ceilings) {
+  MS_CHECK(ceilings.mem_gbps > 0 && ceilings.matrix_gflops > 0,
+           "step floor: ceilings must be positive (memory {} GB/s, matrix {} GFLOP/s)", ceilings.mem_gbps,
+           ceilings.matrix_gflops);
+}
+
+void FloorSink::op_begin(const OpInfo& info) {
+  floor_us_ += op_time_floor_us(info.cost, ceilings_);
+  bytes_floor_ += info.cost.bytes_floor;
+  ++ops_;
+}
+
 Summary summarize(const Profiler& profiler, const Ceilings& ceilings, GroupBy group, const FlagRules& rules) {
   MS_CHECK(profiler.steps_recorded() > 0, "profile: no step was recorded ({} seen, {} warm-up)",
            profiler.steps_seen(), profiler.options().warmup_steps);
@@ -53,7 +69,6 @@ Summary summarize(const Profiler& profiler, const Ceilings& ceilings, GroupBy gr
   std::unordered_map<std::string, int32_t> slot_of_key;
   std::vector<Totals> totals;
   std::vector<std::string> keys;
-  const double bytes_per_us = ceilings.mem_gbps * 1e3, flops_per_us = ceilings.matrix_gflops * 1e3;
   for (const auto& r : profiler.ops()) {
     int32_t& slot = slot_of_id[r.op];
     if (slot < 0) {
@@ -71,7 +86,7 @@ Summary summarize(const Profiler& profiler, const Ceilings& ceilings, GroupBy gr
     t.bytes_floor += r.cost.bytes_floor;
     t.bytes_moved += r.cost.moved();
     t.flops += r.cost.flops;
-    t.time_floor_us += std::max(r.cost.bytes_floor / bytes_per_us, r.cost.flops / flops_per_us);
+    t.time_floor_us += op_time_floor_us(r.cost, ceilings);
   }
 
   double ops_total = 0, floor_total = 0;

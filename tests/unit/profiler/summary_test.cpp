@@ -208,5 +208,27 @@ TEST(Ceilings, ParseGivenCeilings) {
   }
 }
 
+// The floor a benchmark sums from one forward pass: per op the larger of its bytes and FLOPs times, the same
+// charge summarize() makes; nothing is timed.
+TEST(FloorSink, SumsEachOpsLargerTime) {
+  FloorSink sink(given());  // 1e5 bytes/us, 1e6 FLOP/us
+  {
+    OpScope a(&sink, OpInfo{"layer.0.attn.o_proj", {}, "", {2e5, 0, 1e6}});  // bytes: 2 us (FLOPs 1 us)
+  }
+  {
+    OpScope b(&sink, OpInfo{"lm_head", {}, "", {1e5, 3e5, 5e6}});  // FLOPs: 5 us (bytes 1 us)
+  }
+  EXPECT_DOUBLE_EQ(sink.floor_us(), 7.0);
+  EXPECT_DOUBLE_EQ(sink.bytes_floor(), 3e5);
+  EXPECT_EQ(sink.ops(), 2);
+  EXPECT_DOUBLE_EQ(op_time_floor_us({2e5, 0, 1e6}, given()), 2.0);
+}
+
+TEST(FloorSink, RefusesNonPositiveCeilings) {
+  Ceilings c = given();
+  c.mem_gbps = 0;
+  EXPECT_THROW(FloorSink{c}, Error);
+}
+
 }  // namespace
 }  // namespace ms::profiler
