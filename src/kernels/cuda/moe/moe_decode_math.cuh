@@ -41,66 +41,11 @@ __device__ __forceinline__ uint32_t scale_f16x2(uint32_t two, int h) {
   return tc::fp8x2_to_f16x2(__byte_perm(two, 0u, h == 0 ? 0x0000u : 0x1111u));
 }
 
-// One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), the rows' two e4m3 scale bytes sc0,
-// sc1 (scale group h in byte h), B pieces b[4] (16 bytes each: mma 2 j2 and 2 j2 + 1, f16 in the order
-// x0 x2 x1 x3 x4 x6 x5 x7 of their 8 k). Word j2 of a row gives mma 2 j2 (codes 0, 2 | 1, 3) and 2 j2 + 1
-// (codes 4, 6 | 5, 7). The scale multiplies A before the mma (the four lanes of a quad hold different
-// 16-k groups, so an mma's sum spans four scales): code x 2^-6 (two significant bits, exponent >= -7) times
-// an e4m3 scale (four bits, exponent >= -9) has its lowest bit at or above 2^-20 and stays below 43, so the
-// f16 product is exact, subnormal scales included (values x 2^-6, see kCodeScale).
-__device__ __forceinline__ void tile_step(float (&acc)[4], const uint4& w0, const uint4& w1, uint32_t sc0,
-                                          uint32_t sc1, const uint4 (&b)[4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // scale group: words 2 h, 2 h + 1 = mma 4 h .. 4 h + 3
-    const uint32_t s0 = scale_f16x2(sc0, h), s1 = scale_f16x2(sc1, h);
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int j2 = 2 * h + q;
-      uint32_t lo0, hi0, lo1, hi1;
-      e2m1x8_to_e4m3(word_of(w0, j2), lo0, hi0);
-      e2m1x8_to_e4m3(word_of(w1, j2), lo1, hi1);
-      const uint32_t a[4] = {f16x2_mul(tc::fp8x2_to_f16x2(lo0), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1), s1),
-                             f16x2_mul(tc::fp8x2_to_f16x2(hi0), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1), s1)};
-      tc::mma_f16(acc, a, b[j2].x, b[j2].y);
-      const uint32_t a2[4] = {
-          f16x2_mul(tc::fp8x2_to_f16x2(lo0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1 >> 16), s1),
-          f16x2_mul(tc::fp8x2_to_f16x2(hi0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1 >> 16), s1)};
-      tc::mma_f16(acc, a2, b[j2].z, b[j2].w);
-    }
-  }
-}
-
-// tile_step with the two mmas of every word in two accumulator sets (mma 2 j2 into acc0, 2 j2 + 1 into
-// acc1): two dependent chains of 4 mmas a step instead of one of 8. The caller adds the sets in a fixed
-// order.
-__device__ __forceinline__ void tile_step_split(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
-                                                const uint4& w1, uint32_t sc0, uint32_t sc1,
-                                                const uint4 (&b)[4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t s0 = scale_f16x2(sc0, h), s1 = scale_f16x2(sc1, h);
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int j2 = 2 * h + q;
-      uint32_t lo0, hi0, lo1, hi1;
-      e2m1x8_to_e4m3(word_of(w0, j2), lo0, hi0);
-      e2m1x8_to_e4m3(word_of(w1, j2), lo1, hi1);
-      const uint32_t a[4] = {f16x2_mul(tc::fp8x2_to_f16x2(lo0), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1), s1),
-                             f16x2_mul(tc::fp8x2_to_f16x2(hi0), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1), s1)};
-      tc::mma_f16(acc0, a, b[j2].x, b[j2].y);
-      const uint32_t a2[4] = {
-          f16x2_mul(tc::fp8x2_to_f16x2(lo0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1 >> 16), s1),
-          f16x2_mul(tc::fp8x2_to_f16x2(hi0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1 >> 16), s1)};
-      tc::mma_f16(acc1, a2, b[j2].z, b[j2].w);
-    }
-  }
-}
-
-// The two mmas of word j2 of tile_step_split, with that word's B piece bj.
-__device__ __forceinline__ void word_step_split(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
-                                                const uint4& w1, uint32_t sc0, uint32_t sc1, int j2,
-                                                const uint4& bj) {
-  const uint32_t s0 = scale_f16x2(sc0, j2 >> 1), s1 = scale_f16x2(sc1, j2 >> 1);
+// The two mmas of word j2 of tile_step_split, with that word's B piece bj and its rows' scales s0, s1 as
+// f16x2 (scale_f16x2 of the word's scale group).
+__device__ __forceinline__ void word_mmas(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
+                                          const uint4& w1, uint32_t s0, uint32_t s1, int j2,
+                                          const uint4& bj) {
   uint32_t lo0, hi0, lo1, hi1;
   e2m1x8_to_e4m3(word_of(w0, j2), lo0, hi0);
   e2m1x8_to_e4m3(word_of(w1, j2), lo1, hi1);
@@ -111,6 +56,40 @@ __device__ __forceinline__ void word_step_split(float (&acc0)[4], float (&acc1)[
       f16x2_mul(tc::fp8x2_to_f16x2(lo0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1 >> 16), s1),
       f16x2_mul(tc::fp8x2_to_f16x2(hi0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1 >> 16), s1)};
   tc::mma_f16(acc1, a2, bj.z, bj.w);
+}
+
+// word_mmas with the rows' two scale bytes sc0, sc1 (scale group h in byte h).
+__device__ __forceinline__ void word_step_split(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
+                                                const uint4& w1, uint32_t sc0, uint32_t sc1, int j2,
+                                                const uint4& bj) {
+  word_mmas(acc0, acc1, w0, w1, scale_f16x2(sc0, j2 >> 1), scale_f16x2(sc1, j2 >> 1), j2, bj);
+}
+
+// tile_step with the two mmas of every word in two accumulator sets (mma 2 j2 into acc0, 2 j2 + 1 into
+// acc1): two dependent chains of 4 mmas a step instead of one of 8. The caller adds the sets in a fixed
+// order.
+__device__ __forceinline__ void tile_step_split(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
+                                                const uint4& w1, uint32_t sc0, uint32_t sc1,
+                                                const uint4 (&b)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // scale group: words 2 h, 2 h + 1
+    const uint32_t s0 = scale_f16x2(sc0, h), s1 = scale_f16x2(sc1, h);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) word_mmas(acc0, acc1, w0, w1, s0, s1, 2 * h + q, b[2 * h + q]);
+  }
+}
+
+// One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), the rows' two e4m3 scale bytes sc0,
+// sc1 (scale group h in byte h), B pieces b[4] (16 bytes each: mma 2 j2 and 2 j2 + 1, f16 in the order
+// x0 x2 x1 x3 x4 x6 x5 x7 of their 8 k). Word j2 of a row gives mma 2 j2 (codes 0, 2 | 1, 3) and 2 j2 + 1
+// (codes 4, 6 | 5, 7). The scale multiplies A before the mma (the four lanes of a quad hold different
+// 16-k groups, so an mma's sum spans four scales): code x 2^-6 (two significant bits, exponent >= -7) times
+// an e4m3 scale (four bits, exponent >= -9) has its lowest bit at or above 2^-20 and stays below 43, so the
+// f16 product is exact, subnormal scales included (values x 2^-6, see kCodeScale). tile_step_split with one
+// accumulator set: the same mmas in the same order.
+__device__ __forceinline__ void tile_step(float (&acc)[4], const uint4& w0, const uint4& w1, uint32_t sc0,
+                                          uint32_t sc1, const uint4 (&b)[4]) {
+  tile_step_split(acc, acc, w0, w1, sc0, sc1, b);
 }
 
 // The sc8 scale exchange of one row inside a quad (lanes t = 0..3 of a warp, all 32 lanes calling): lane t
