@@ -21,7 +21,7 @@
 #include "core/error.h"
 #include "model/load_model.h"
 #include "profiler/ceilings.h"
-#include "profiler/summary.h"
+#include "profiler/floor.h"
 #include "runtime/cuda/device_ceilings.h"
 #include "runtime/engine.h"
 

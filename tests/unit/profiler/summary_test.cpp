@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "fake_timer.h"
+#include "profiler/floor.h"
 #include "profiler/report.h"
 
 namespace ms::profiler {
