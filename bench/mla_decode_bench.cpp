@@ -297,6 +297,8 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";  // the four headline shapes only
   // The warpgroup-MMA kernel's shapes (64 and 128 heads, dense fp8 pages).
   const bool wgmma_shapes = argc > 1 && std::string(argv[1]) == "--wgmma";
+  // Short contexts and few sequences (a decode step's attention at the start of generation): 64 heads, fp8.
+  const bool short_shapes = argc > 1 && std::string(argv[1]) == "--short";
   const auto caps = gpu::query_device(0);
   ms::cuda::BlasLtHandle lt;
   const double bw = measure_copy_gbs(), tflops = ms::bench::measure_bf16_tflops(lt);
@@ -318,6 +320,9 @@ int main(int argc, char** argv) {
               {64, 64, 32768, true, 0},
               {64, 1, 32768, true, 0},
               {128, 32, 32768, true, 0}};
+  } else if (short_shapes) {
+    shapes = {{64, 1, 512, true, 0},  {64, 1, 4096, true, 0}, {64, 8, 512, true, 0},   {64, 8, 4096, true, 0},
+              {64, 64, 512, true, 0}, {64, 1, 32768, true, 0}, {64, 32, 4096, true, 0}};
   } else if (quick) {
     shapes = {{64, 32, 4096, true, 0},
               {64, 1, 32768, true, 0},

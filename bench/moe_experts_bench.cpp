@@ -284,6 +284,16 @@ int main() {
               skewed ? "skewed" : "uniform", ms::cuda::moe_decode_variant_name(v), t_v * 1e3,
               100.0 * floor_us / (t_v * 1e3), ms::cuda::moe_decode_variant_name(v), diff);
         }
+        // A 64-bit FNV-1a hash of base's output bytes: two builds of the kernels (a change to their math
+        // meant to keep every bit) compare by this line.
+        uint64_t hash = 1469598103934665603ull;
+        for (const float f : o_base) {
+          uint32_t u;
+          std::memcpy(&u, &f, 4);
+          for (int b = 0; b < 4; ++b) hash = (hash ^ ((u >> (8 * b)) & 0xffu)) * 1099511628211ull;
+        }
+        std::printf("%-8d %-8s decode registers, base output hash %016llx\n", m, skewed ? "skewed" : "uniform",
+                    static_cast<unsigned long long>(hash));
       }
       const float t_stream = decode && stream && path_mode == "both"
                                  ? time_graph_ms([&](cudaStream_t s) { run(s, false, true); }, iters)

@@ -711,6 +711,21 @@ void check_params(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p) {
            "mla_decode_wgmma: workspace of {} bytes must be set and 256-byte aligned", c.workspace);
 }
 
+// MOESERVE_MLA_MIN_TILES=1..64 replaces the configuration's fewest tiles a split (for timing one against
+// another in one build); anything else is refused with the variable's name.
+int min_tiles_override(int configured) {
+  static const int forced = [] {
+    const char* env = std::getenv("MOESERVE_MLA_MIN_TILES");
+    if (env == nullptr || *env == '\0') return 0;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    MS_CHECK(end != env && *end == '\0' && v >= 1 && v <= 64,
+             "MOESERVE_MLA_MIN_TILES must be a whole number of 64-key tiles from 1 to 64, not '{}'", env);
+    return static_cast<int>(v);
+  }();
+  return forced > 0 ? forced : configured;
+}
+
 }  // namespace
 
 std::string mla_decode_wgmma_hang_report() {
@@ -747,11 +762,12 @@ void mla_decode_wgmma(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p, 
   float* part = static_cast<float*>(p.workspace);
   float* lse = part ? part + (n * kLatent * 4 + 255) / 256 * 64 : nullptr;
   const dim3 grid(c.max_splits, c.head_groups, c.units);
+  const int min_tiles = min_tiles_override(c.min_tiles_per_split);
   launch_kernel("mla_decode_wgmma", split_kernel, grid, kThreads, kSmemBytes, stream, p, c.heads_per_block,
-                c.max_splits, c.min_tiles_per_split, part, lse, hang_record());
+                c.max_splits, min_tiles, part, lse, hang_record());
   if (c.max_splits > 1)
     launch_kernel("mla_wgmma_combine", mla_wgmma_combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4,
-                  0, stream, p, c.max_splits, c.min_tiles_per_split, lse, part);
+                  0, stream, p, c.max_splits, min_tiles, lse, part);
 }
 
 }  // namespace ms::cuda
