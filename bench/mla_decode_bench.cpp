@@ -321,7 +321,7 @@ int main(int argc, char** argv) {
               {64, 1, 32768, true, 0},
               {128, 32, 32768, true, 0}};
   } else if (short_shapes) {
-    shapes = {{64, 1, 512, true, 0},  {64, 1, 4096, true, 0}, {64, 8, 512, true, 0},   {64, 8, 4096, true, 0},
+    shapes = {{64, 1, 512, true, 0},  {64, 1, 4096, true, 0},  {64, 8, 512, true, 0},  {64, 8, 4096, true, 0},
               {64, 64, 512, true, 0}, {64, 1, 32768, true, 0}, {64, 32, 4096, true, 0}};
   } else if (quick) {
     shapes = {{64, 32, 4096, true, 0},

@@ -292,8 +292,8 @@ int main() {
           std::memcpy(&u, &f, 4);
           for (int b = 0; b < 4; ++b) hash = (hash ^ ((u >> (8 * b)) & 0xffu)) * 1099511628211ull;
         }
-        std::printf("%-8d %-8s decode registers, base output hash %016llx\n", m, skewed ? "skewed" : "uniform",
-                    static_cast<unsigned long long>(hash));
+        std::printf("%-8d %-8s decode registers, base output hash %016llx\n", m,
+                    skewed ? "skewed" : "uniform", static_cast<unsigned long long>(hash));
       }
       const float t_stream = decode && stream && path_mode == "both"
                                  ? time_graph_ms([&](cudaStream_t s) { run(s, false, true); }, iters)
