@@ -9,6 +9,11 @@
 
 namespace ms::cuda::dev {
 
+// Word i (0..3) of a 16-byte load (i known at compile time after unrolling: no local-memory array).
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // 16 bytes.
 __device__ __forceinline__ uint4 ld_stream16(const void* ptr) {
   uint4 v;

@@ -73,9 +73,7 @@ __device__ __forceinline__ void load_x(const GemvArgs& p, int g, int kk, float (
   }
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+using dev::word_of;
 
 // FP8 (kFp8): lane t's 16-byte load holds 16 consecutive k of its row (k = 64q + 16t of the warp's 256), each
 // fp8 pair widened exactly to a bf16 pair; the 4 mmas per load pair words (2j, 2j+1) with x pairs (2j, 2j+1)

@@ -9,14 +9,13 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/common/ldg.cuh"
 #include "kernels/cuda/common/mma_sm80.cuh"
 #include "kernels/cuda/moe/moe_device_common.cuh"
 
 namespace ms::cuda::moe_decode_dev {
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+using dev::word_of;
 
 __device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;

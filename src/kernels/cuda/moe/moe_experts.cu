@@ -27,6 +27,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/ldg.cuh"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/moe/moe_experts.h"
@@ -124,9 +125,7 @@ __device__ __forceinline__ void load_w(const WRow& w, int k0, int block, RawW& r
   }
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+using dev::word_of;
 
 // Dequantises the 16 values to ws[(k_base + i) * kW + row].
 template <MoeWeightFormat F>

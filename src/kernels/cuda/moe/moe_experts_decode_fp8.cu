@@ -47,9 +47,7 @@ using namespace moe_decode_fp8_config;
 
 using dev::ld_stream16;
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+using dev::word_of;
 
 // One 128-k step of one 16-row tile: row g's weight pieces w0[h] (16 bytes at 64 h + 16 t), row g + 8's
 // w1[h], the tile's block scale s, B pieces b[2 h + p] (8 f16 at 64 h + 16 t + 8 p: mma 2 (2 h + p) and

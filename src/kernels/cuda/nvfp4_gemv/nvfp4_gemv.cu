@@ -61,9 +61,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 
 using tc::mma_bf16;
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+using dev::word_of;
 
 // M: rows of x (1..8, mma column n). KW: 128-wide k steps per warp (slice = 1024 * KW). R: row tiles in
 // flight.
