@@ -39,6 +39,7 @@
 #include "kernels/cuda/common/mma_sm80.cuh"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/pdl.h"
+#include "kernels/cuda/mla_decode/mla_split.cuh"
 #include "kernels/cuda/mla_decode/mla_wgmma.cuh"
 
 namespace ms::cuda {
@@ -92,7 +93,7 @@ __device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int
 }
 
 __device__ __forceinline__ int unit_splits(int keys, int tps) {
-  return max(1, ((keys + kTileKeys - 1) / kTileKeys + tps - 1) / tps);
+  return mla_split::unit_splits<kTileKeys>(keys, tps);
 }
 
 #if MS_MLA_WGMMA_ENABLED
@@ -609,29 +610,7 @@ __global__ void mla_wgmma_combine(MlaDecodeSm90Params p, int max_splits, int min
   const int token = u * p.q_per_seq + row_id / p.heads, head = row_id % p.heads;
   const int rows_per_unit = p.q_per_seq * p.heads;
   const size_t first = static_cast<size_t>(u) * max_splits * rows_per_unit + row_id;
-  float mx = -INFINITY;
-  for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, lse[first + static_cast<size_t>(s) * rows_per_unit]);
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float wsum = 0.f;
-  if (mx != -INFINITY)
-    for (int s = 0; s < nsplit; ++s) {
-      const size_t slot = first + static_cast<size_t>(s) * rows_per_unit;
-      const float w = exp2f(lse[slot] - mx);
-      const float4 v = *reinterpret_cast<const float4*>(part + slot * kLatent + d);
-      wsum += w;
-      acc.x = fmaf(w, v.x, acc.x);
-      acc.y = fmaf(w, v.y, acc.y);
-      acc.z = fmaf(w, v.z, acc.z);
-      acc.w = fmaf(w, v.w, acc.w);
-    }
-  const float f = wsum > 0.f ? p.kv_scale / wsum : 0.f;
-  const int64_t o = token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + d;
-  if (p.out_bf16)
-    *reinterpret_cast<uint2*>(static_cast<bf16*>(p.out) + o) =
-        make_uint2(tc::pack_bf16(acc.x * f, acc.y * f), tc::pack_bf16(acc.z * f, acc.w * f));
-  else
-    *reinterpret_cast<float4*>(static_cast<float*>(p.out) + o) =
-        make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
+  mla_split::combine_row<kLatent, true>(p, lse, part, first, rows_per_unit, nsplit, token, head, d);
 }
 
 // The record of a timed-out mbarrier wait (mla_wgmma.cuh): host memory mapped into the device, allocated at
