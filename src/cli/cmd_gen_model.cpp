@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/progress.h"
 #include "io/model_config.h"
 #include "io/quant_config.h"
@@ -184,10 +185,7 @@ struct Group {
 };
 
 void write_json(const fs::path& path, const json& j) {
-  std::ofstream f(path);
-  MS_CHECK(f.good(), "cannot write {}", path.string());
-  f << j.dump(2) << "\n";
-  MS_CHECK(f.good(), "cannot write {}", path.string());
+  write_json_file(path, j, 2, "the generated model's file");
 }
 
 int run_gen_model(const Options& o) {

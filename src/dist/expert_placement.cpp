@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace ms::dist {
 
@@ -162,27 +163,11 @@ ExpertPlacement ExpertPlacement::from_json(const json& j) {
 }
 
 void ExpertPlacement::save(const std::filesystem::path& path) const {
-  std::ofstream f(path);
-  MS_CHECK(f.good(), "cannot write expert placement {}", path.string());
-  f << to_json().dump(1) << "\n";
+  write_json_file(path, to_json(), 1, "expert placement");
 }
-
-namespace {
-
-json read_json(const std::filesystem::path& path) {
-  std::ifstream f(path);
-  MS_CHECK(f.good(), "cannot read expert placement {}", path.string());
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {
-    MS_THROW("{}: not JSON: {}", path.string(), e.what());
-  }
-}
-
-}  // namespace
 
 ExpertPlacement ExpertPlacement::load(const std::filesystem::path& path) {
-  return from_json(read_json(path));
+  return from_json(read_json_file(path, "expert placement"));
 }
 
 LayerPlacements LayerPlacements::with_redundancy(int n_experts, int ep_size, int num_redundant,
@@ -254,15 +239,12 @@ LayerPlacements LayerPlacements::from_json(const json& j) {
 }
 
 void LayerPlacements::save(const std::filesystem::path& path) const {
-  std::ofstream f(path);
-  MS_CHECK(f.good(), "cannot write expert placement {}", path.string());
-  f << to_json().dump() << "\n";
-  MS_CHECK(f.good(), "cannot write expert placement {}", path.string());
+  write_json_file(path, to_json(), -1, "expert placement");
 }
 
 LayerPlacements LayerPlacements::load(const std::filesystem::path& path) {
   try {
-    return from_json(read_json(path));
+    return from_json(read_json_file(path, "expert placement"));
   } catch (const Error& e) {
     MS_THROW("{}: {}", path.string(), e.message());
   }

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace ms::io {
 
@@ -198,24 +199,13 @@ QuantConfig parse_quant_config(const json& config_json, const json* hf_quant_con
       source, method);
 }
 
-namespace {
-json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) MS_THROW("cannot open {}", path.string());
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    MS_THROW("{}: not valid JSON: {}", path.string(), e.what());
-  }
-}
-}  // namespace
-
 QuantConfig load_quant_config(const std::filesystem::path& model_dir) {
   auto hf_path = model_dir / "hf_quant_config.json";
   auto cfg_path = model_dir / "config.json";
-  json cfg = std::filesystem::exists(cfg_path) ? read_json(cfg_path) : json::object();
+  json cfg =
+      std::filesystem::exists(cfg_path) ? read_json_file(cfg_path, "the model config") : json::object();
   if (std::filesystem::exists(hf_path)) {
-    json hq = read_json(hf_path);
+    json hq = read_json_file(hf_path, "the quantization config");
     return parse_quant_config(cfg, &hq, hf_path.string());
   }
   return parse_quant_config(cfg, nullptr, cfg_path.string());

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace ms::moe {
 
@@ -72,21 +73,11 @@ ExpertDistribution ExpertDistribution::from_json(const json& j) {
 }
 
 void ExpertDistribution::save(const std::filesystem::path& path) const {
-  std::ofstream f(path);
-  MS_CHECK(f.good(), "cannot write the expert distribution {}", path.string());
-  f << to_json().dump() << "\n";
-  MS_CHECK(f.good(), "cannot write the expert distribution {}", path.string());
+  write_json_file(path, to_json(), -1, "the expert distribution");
 }
 
 ExpertDistribution ExpertDistribution::load(const std::filesystem::path& path) {
-  std::ifstream f(path);
-  MS_CHECK(f.good(), "cannot read the expert distribution {}", path.string());
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    MS_THROW("{}: not JSON: {}", path.string(), e.what());
-  }
+  const json j = read_json_file(path, "the expert distribution");
   try {
     return from_json(j);
   } catch (const Error& e) {
