@@ -8,28 +8,9 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "dist/bf16.h"
 
 namespace ms::dist {
-
-namespace {
-
-float bf16_to_f32(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// Round to nearest even; NaN stays a quiet NaN.
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-}  // namespace
 
 struct LocalGroupState {
   struct Slot {

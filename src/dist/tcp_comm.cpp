@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "dist/bf16.h"
 
 namespace ms::dist {
 namespace {
@@ -108,21 +109,6 @@ const char* op_name(TcpComm::Op op) {
       return "barrier";
   }
   return "?";
-}
-
-float bf16_to_f32(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 // acc[i] = sum over ranks, in rank order, of ins[r][off + i] (f32 or bf16 widened).
