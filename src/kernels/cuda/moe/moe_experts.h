@@ -51,21 +51,23 @@ struct MoeExpertWeights {
 constexpr int kMoeTokenTile = 32;  // tokens whose rows share one read of a weight tile
 constexpr int kMoeKTile = 64;      // k per step; the tiled path needs hidden and inter multiples of this
 
+// Every pointer defaults to null: a caller that leaves one unset gets the launchers' "null" errors, not a
+// read of whatever the stack held.
 struct MoeExpertsParams {
-  const float* __restrict__ x;                   // [m, hidden] activations, row stride ldx
-  int64_t ldx = 0;                               // elements, >= hidden
-  const int32_t* __restrict__ topk_ids;          // [m, top_k] (ids < 0 or >= n_experts: empty slot)
-  const float* __restrict__ topk_weights;        // [m, top_k]
-  const int32_t* __restrict__ expert_counts;     // [n_experts]      from moe_plan
-  const int32_t* __restrict__ expert_offsets;    // [n_experts + 1]  from moe_plan
-  const int32_t* __restrict__ sorted_slots;      // [m * top_k]      from moe_plan
-  const MoeExpertWeights* __restrict__ experts;  // [n_experts] device array
+  const float* __restrict__ x = nullptr;                   // [m, hidden] activations, row stride ldx
+  int64_t ldx = 0;                                         // elements, >= hidden
+  const int32_t* __restrict__ topk_ids = nullptr;          // [m, top_k] (ids < 0 or >= n_experts: empty slot)
+  const float* __restrict__ topk_weights = nullptr;        // [m, top_k]
+  const int32_t* __restrict__ expert_counts = nullptr;     // [n_experts]      from moe_plan
+  const int32_t* __restrict__ expert_offsets = nullptr;    // [n_experts + 1]  from moe_plan
+  const int32_t* __restrict__ sorted_slots = nullptr;      // [m * top_k]      from moe_plan
+  const MoeExpertWeights* __restrict__ experts = nullptr;  // [n_experts] device array
   MoeWeightFormat format = MoeWeightFormat::BF16;
-  int fp8_block = 128;           // FP8Block block edge, a multiple of 16
-  float* __restrict__ act;       // [m * top_k, inter] workspace, row = grouped position
-  float* __restrict__ slot_out;  // [m * top_k, hidden] workspace, row = slot
-  float* __restrict__ out;       // [m, hidden] accumulated into, row stride ldo
-  int64_t ldo = 0;               // elements, >= hidden
+  int fp8_block = 128;                     // FP8Block block edge, a multiple of 16
+  float* __restrict__ act = nullptr;       // [m * top_k, inter] workspace, row = grouped position
+  float* __restrict__ slot_out = nullptr;  // [m * top_k, hidden] workspace, row = slot
+  float* __restrict__ out = nullptr;       // [m, hidden] accumulated into, row stride ldo
+  int64_t ldo = 0;                         // elements, >= hidden
   int m = 0, top_k = 0, n_experts = 0;
   int hidden = 0, inter = 0;  // >= 1; NVFP4: multiples of 16 (both are the k of one of the GEMMs)
   // The caller checked that every data and scale pointer in `experts` is 16-byte aligned: allows the streamed
