@@ -319,10 +319,11 @@ int main() {
             }
             const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
             // NVFP4: "cx" expanded by the consumers, "px" by the producer
-            // (MOESERVE_MOE_WGMMA_EXPAND=producer).
-            const char* ex = f != ms::cuda::MoeWeightFormat::NVFP4                   ? ""
-                             : cfg.gate_up.expand == ms::cuda::MoeWgExpand::Consumer ? " cx"
-                                                                                     : " px";
+            // (MOESERVE_MOE_WGMMA_EXPAND=producer), "rs" into the consumers' wgmma fragments (=registers).
+            const char* ex = f != ms::cuda::MoeWeightFormat::NVFP4                    ? ""
+                             : cfg.gate_up.expand == ms::cuda::MoeWgExpand::Consumer  ? " cx"
+                             : cfg.gate_up.expand == ms::cuda::MoeWgExpand::Registers ? " rs"
+                                                                                      : " px";
             std::snprintf(cfgs, sizeof cfgs, "bn%d/%d s%d/%d%s%s", cfg.gate_up.bn, cfg.down.bn,
                           cfg.gate_up.stages, cfg.down.stages, ex,
                           cfg.gate_up.load == ms::cuda::MoeWgLoad::Tma ? " tma" : "");

@@ -292,7 +292,7 @@ using ms::cuda::MoePrefillKernel;
 // load (wgmma only): 0 cp.async, 1 tensor copies through per-expert maps built from the same table.
 std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const std::vector<int32_t>& ids,
                            const std::vector<float>& wts, const std::vector<float>& out0, int m, int K,
-                           MoePrefillKernel kernel, int load) {
+                           MoePrefillKernel kernel, int load, int expand) {
   const int E = xs.E(), H = xs.hidden(), I = xs.inter();
   std::vector<uint8_t> touched(E, 0);
   for (int32_t e : ids)
@@ -331,10 +331,18 @@ std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const
   p.prefill_kernel = kernel;
   p.wgmma_maps = maps;
   p.wgmma_load = load;
+  p.wgmma_expand = expand;
   EXPECT_TRUE(ms::cuda::moe_experts_mma_supported(p));
   EXPECT_EQ(ms::cuda::moe_experts_prefill_kernel(p), kernel);
   if (kernel == MoePrefillKernel::Wgmma) {
     EXPECT_EQ(ms::cuda::moe_experts_wgmma_groups_rows(p), tma);
+    // The Registers layout is taken wherever asked for and possible (NVFP4, tensor copies, 256-row tiles).
+    if (expand == static_cast<int>(ms::cuda::MoeWgExpand::Registers) && tma &&
+        xs.format() == MoeWeightFormat::NVFP4 && I % 128 == 0 && H % 256 == 0) {
+      const auto cfg = ms::cuda::moe_experts_wgmma_config(p);
+      EXPECT_EQ(cfg.gate_up.expand, ms::cuda::MoeWgExpand::Registers);
+      EXPECT_EQ(cfg.down.expand, ms::cuda::MoeWgExpand::Registers);
+    }
   }
   ms::cuda::moe_experts_mma(p, d_ws.get(), nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -356,9 +364,12 @@ std::vector<float> run_mma(const Experts& xs, const std::vector<float>& x, const
 }
 
 void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
-              MoePrefillKernel kernel = MoePrefillKernel::Mma, int load = 0) {
+              MoePrefillKernel kernel = MoePrefillKernel::Mma, int load = 0, int expand = -1) {
   const int H = xs.hidden();
-  const char* kname = kernel == MoePrefillKernel::Wgmma ? (load == 1 ? "wgmma-tma" : "wgmma") : "mma";
+  const char* kname = kernel != MoePrefillKernel::Wgmma ? "mma"
+                      : load != 1                       ? "wgmma"
+                      : expand == 2                     ? "wgmma-tma-rs"
+                                                        : "wgmma-tma";
   SCOPED_TRACE(std::string(kname) + " " + std::string(format_name(xs.format())) + " E=" +
                std::to_string(xs.E()) + " H=" + std::to_string(H) + " I=" + std::to_string(xs.inter()) +
                " m=" + std::to_string(m) + " K=" + std::to_string(K) + " routing=" + std::to_string(int(r)));
@@ -383,7 +394,7 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
                          ms::Tensor::borrow(wc.data(), {m, K}, ms::DType::F32), xs.cpu(),
                          ms::Tensor::borrow(ref.data(), {m, H}, ms::DType::F32), scratch);
   }
-  const auto got = run_mma(xs, x, ids, wts, out0, m, K, kernel, load);
+  const auto got = run_mma(xs, x, ids, wts, out0, m, K, kernel, load, expand);
 
   double c2 = 0, e2 = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -406,7 +417,7 @@ void run_case(const Experts& xs, int m, int K, Routing r, uint32_t seed,
   }
   // Deterministic: the same bits again.
   if (m <= 300) {
-    EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K, kernel, load), got);
+    EXPECT_EQ(run_mma(xs, x, ids, wts, out0, m, K, kernel, load, expand), got);
   }
   std::printf("  [moe_%s] %s E=%d H=%d I=%d m=%d K=%d routing=%d: relative error %.2e\n", kname,
               format_name(xs.format()), xs.E(), H, xs.inter(), m, K, static_cast<int>(r), rel);
@@ -536,6 +547,41 @@ TEST_P(CudaMoeWgmmaTma, FullWidthMatchesCpuReference) {
 
 // FP8Block: the same cases asked for with tensor copies run on the cp.async loads (the fallback).
 INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeWgmmaTma,
+                         ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16,
+                                           MoeWeightFormat::FP8Block),
+                         [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {
+                           return std::string(format_name(i.param));
+                         });
+
+// The Registers layout (the transposed product, NVFP4 codes expanded into the wgmma A fragments, activations
+// permuted inside 64-column blocks): the tensor-copy cases above, asked for it. Items of 1..64 rows take the
+// N = 64 MMAs, 65..128 the N = 128 ones; 1 and 3 tokens over 64 experts, 40 (skewed), 1000 (three routings),
+// one expert of 200 rows. BF16 and FP8Block cannot take it: asked for anyway, they run their own layouts.
+class CudaMoeWgmmaRegisters : public ::testing::TestWithParam<MoeWeightFormat> {};
+
+TEST_P(CudaMoeWgmmaRegisters, SmallShapesMatchCpuReference) {
+  if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
+  const int rs = static_cast<int>(ms::cuda::MoeWgExpand::Registers);
+  int seed = 80;
+  const Experts many(64, 512, 256, GetParam(), 5);
+  for (int m : {1, 3}) run_case(many, m, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1, rs);
+  run_case(many, 40, 4, Routing::Skewed, seed++, MoePrefillKernel::Wgmma, 1, rs);
+  const Experts wide(16, 512, 256, GetParam(), 4);
+  for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot})
+    run_case(wide, 1000, 4, r, seed++, MoePrefillKernel::Wgmma, 1, rs);
+  const Experts one(1, 512, 256, GetParam(), 7);
+  run_case(one, 200, 1, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1, rs);
+}
+
+TEST_P(CudaMoeWgmmaRegisters, FullWidthMatchesCpuReference) {
+  if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
+  const int rs = static_cast<int>(ms::cuda::MoeWgExpand::Registers);
+  const Experts xs(8, 6144, 2048, GetParam(), 3);
+  run_case(xs, 150, 4, Routing::Uniform, 90, MoePrefillKernel::Wgmma, 1, rs);
+  run_case(xs, 300, 4, Routing::Skewed, 91, MoePrefillKernel::Wgmma, 1, rs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeWgmmaRegisters,
                          ::testing::Values(MoeWeightFormat::NVFP4, MoeWeightFormat::BF16,
                                            MoeWeightFormat::FP8Block),
                          [](const ::testing::TestParamInfo<MoeWeightFormat>& i) {

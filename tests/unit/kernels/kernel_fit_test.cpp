@@ -748,6 +748,55 @@ TEST(KernelFit, MoeWgmmaTmaLayouts) {
   EXPECT_EQ(g8->load, MoeWgLoad::CpAsync);
 }
 
+// The Registers layout (NVFP4 expanded into wgmma A fragments): no bf16 W buffers, so the ring goes to the
+// deepest stage count (6) on an H200 at GLM-5's shape; both projections or neither (a gate_up tile of 128
+// rows cannot take it, so the down projection does not either); BF16, FP8Block and cp.async loads fall back
+// to their own layouts; nothing fits off sm_90.
+TEST(KernelFit, MoeWgmmaRegistersLayout) {
+  const MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
+  const auto r = choose_moe_wgmma_config(s, limits_h200(), nullptr, MoeWgExpand::Registers, MoeWgLoad::Tma);
+  ASSERT_TRUE(r.has_value());
+  for (const MoeWgmmaGemmConfig& g : {r->gate_up, r->down}) {
+    EXPECT_EQ(g.expand, MoeWgExpand::Registers);
+    EXPECT_EQ(g.load, MoeWgLoad::Tma);
+    EXPECT_EQ(g.bn, 256);
+    EXPECT_EQ(g.stages, kMoeWgMaxStages);
+    // 1024 slack + A ring + raw ring (256 x (32 + 16)) + barriers + table; no W buffers.
+    EXPECT_EQ(g.smem, size_t{1024 + 6 * 16384 + 6 * 12288 + 128 + 1152});
+    EXPECT_LE(g.smem, limits_h200().smem_per_block_optin);
+  }
+  // cp.async loads, other formats: their own layouts.
+  const auto c = choose_moe_wgmma_config(s, limits_h200(), nullptr, MoeWgExpand::Registers);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->gate_up.expand, MoeWgExpand::Consumer);
+  EXPECT_EQ(c->down.expand, MoeWgExpand::Consumer);
+  for (MoeMmaFormat f : {MoeMmaFormat::BF16, MoeMmaFormat::FP8Block}) {
+    MoeMmaShape o = s;
+    o.format = f;
+    o.fp8_block = 128;
+    const auto x = choose_moe_wgmma_config(o, limits_h200(), nullptr, MoeWgExpand::Registers, MoeWgLoad::Tma);
+    ASSERT_TRUE(x.has_value());
+    EXPECT_NE(x->gate_up.expand, MoeWgExpand::Registers);
+    EXPECT_NE(x->down.expand, MoeWgExpand::Registers);
+  }
+  // A small shape whose tiles are 256 rows in both projections takes it too.
+  const MoeMmaShape ok{MoeMmaFormat::NVFP4, 1000, 4, 16, 512, 512};
+  const auto rok =
+      choose_moe_wgmma_config(ok, limits_h200(), nullptr, MoeWgExpand::Registers, MoeWgLoad::Tma);
+  ASSERT_TRUE(rok.has_value());
+  EXPECT_EQ(rok->gate_up.expand, MoeWgExpand::Registers);
+  EXPECT_EQ(rok->down.expand, MoeWgExpand::Registers);
+  // 128-row tiles cannot take it (the projection chooser says Consumer); with tensor copies (hidden and
+  // inter multiples of 256) both projections have 256-row tiles, so the pair never splits.
+  const auto g128 = choose_moe_wgmma_gemm(MoeMmaFormat::NVFP4, 128, 16, limits_h200(), nullptr,
+                                          MoeWgExpand::Registers, MoeWgLoad::Tma);
+  ASSERT_TRUE(g128.has_value());
+  EXPECT_EQ(g128->expand, MoeWgExpand::Consumer);
+  for (const DeviceLimits& dev : {limits_b200(), limits_rtx_pro_6000()})
+    EXPECT_FALSE(choose_moe_wgmma_config(s, dev, nullptr, MoeWgExpand::Registers, MoeWgLoad::Tma).has_value())
+        << dev.name;
+}
+
 TEST(KernelFit, MoeWgmmaExpandLayouts) {
   const MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
   const auto cx = choose_moe_wgmma_config(s, limits_h200());

@@ -447,4 +447,99 @@ __device__ __forceinline__ void mma_bf16_ss(float (&d)[N / 2], uint64_t desc_a, 
   }
 }
 
+// ---- wgmma.mma_async m64nNk16, f32 += bf16 x bf16, A from registers, B from shared memory (descriptor,
+// K-major). A fragment of warp w = 0..3 of the warpgroup, lane = 4 g + t (mma.sync m16n8k16's A, one 16-row
+// slice a warp): a[0] = A[16 w + g][2 t .. 2 t + 1], a[1] = A[16 w + g + 8][2 t ..], a[2] = A[16 w + g][2 t +
+// 8
+// ..], a[3] = A[16 w + g + 8][2 t + 8 ..] (lower half the first element). The registers of a must keep their
+// values until the wgmma that read them completed (wgmma_wait).
+
+// d[0 .. 32) (+)= A (64 x 16, registers: the fragment above) . B (64 x 16, smem desc)^T; B K-major. d may be
+// longer than 32 (R >= 32): the rest is untouched.
+template <int R>
+__device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[R], const uint32_t (&a)[4], uint64_t desc_b,
+                                                      int scale_d) {
+  static_assert(R >= 32, "the accumulator holds 32 values a thread");
+#if MS_WGMMA_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+  (void)scale_d;
+  trap_not_sm90a();
+#endif
+}
+
+// d[0 .. 64) (+)= A (64 x 16, registers: the fragment above) . B (128 x 16, smem desc)^T; B K-major. d may be
+// longer than 64 (R >= 64): the rest is untouched.
+template <int R>
+__device__ __forceinline__ void mma_m64n128k16_bf16_rs(float (&d)[R], const uint32_t (&a)[4], uint64_t desc_b,
+                                                       int scale_d) {
+  static_assert(R >= 64, "the accumulator holds 64 values a thread");
+#if MS_WGMMA_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+  (void)scale_d;
+  trap_not_sm90a();
+#endif
+}
+
+// The same selected by N at compile time.
+template <int N, int R>
+__device__ __forceinline__ void mma_bf16_rs(float (&d)[R], const uint32_t (&a)[4], uint64_t desc_b,
+                                            int scale_d) {
+  static_assert(N == 64 || N == 128, "register-A wgmma wrappers exist for N = 64, 128");
+  if constexpr (N == 64) {
+    mma_m64n64k16_bf16_rs(d, a, desc_b, scale_d);
+  } else {
+    mma_m64n128k16_bf16_rs(d, a, desc_b, scale_d);
+  }
+}
+
+// Keeps the compiler from moving or reusing the registers of a wgmma's A fragment before the wgmma that read
+// them completed (after wgmma_wait; the analogue of fence_operands).
+__device__ __forceinline__ void fence_fragment(uint32_t (&a)[4]) {
+  asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3])::"memory");
+}
+
 }  // namespace ms::cuda::wg

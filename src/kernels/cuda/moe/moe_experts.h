@@ -96,6 +96,10 @@ struct MoeExpertsParams {
   // copies where wgmma_maps is set; 0 cp.async; 1 tensor copies (wgmma_maps required). FP8Block always
   // copies with cp.async, whatever is asked.
   int wgmma_load = -1;
+  // Who expands the wgmma kernel's NVFP4 tiles (moe_experts_wgmma_config.h MoeWgExpand): -1 the environment's
+  // MOESERVE_MOE_WGMMA_EXPAND (consumer | producer | registers), else the default; else that MoeWgExpand
+  // value (0 Consumer, 1 Producer, 2 Registers). Where the layout cannot apply the chooser falls back.
+  int wgmma_expand = -1;
 };
 
 // Which kernels run. Tiled: vector loads of whole 16-element weight pieces and 8-element activation pieces,

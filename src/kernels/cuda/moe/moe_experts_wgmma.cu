@@ -148,7 +148,9 @@ struct WgLayout {
 // cx: expanded by the consumers (3 W buffers, a raw ring of `stages`); else the bf16 ring of `stages` and,
 // for NVFP4, a raw ring of stages - 1. Raw stages (moe_wgmma_raw_stage_bytes): NVFP4 bn x 36 bytes (tma: bn x
 // (32 + kTmaScaleRow)), FP8Block bn x 64 + 128.
-__host__ __device__ inline WgLayout wg_layout(int bn, int stages, MoeMmaFormat f, bool cx, bool tma) {
+// rs (MoeWgExpand::Registers): the consumer layout without W buffers.
+__host__ __device__ inline WgLayout wg_layout(int bn, int stages, MoeMmaFormat f, bool cx, bool tma,
+                                              bool rs = false) {
   WgLayout L;
   L.a_stage = kBM * kRowBytes;
   L.w_stage = static_cast<uint32_t>(bn) * kRowBytes;
@@ -157,7 +159,7 @@ __host__ __device__ inline WgLayout wg_layout(int bn, int stages, MoeMmaFormat f
                     : static_cast<uint32_t>(bn) * (kRawRow + (tma ? kTmaScaleRow : kRawScale));
   L.a = 0;
   L.w = L.a + stages * L.a_stage;
-  L.raw = L.w + (cx ? kMoeWgConsumerWBufs : stages) * L.w_stage;
+  L.raw = L.w + (rs ? 0 : cx ? kMoeWgConsumerWBufs : stages) * L.w_stage;
   const uint32_t raw_bytes = f != MoeMmaFormat::BF16 ? (cx ? stages : stages - 1) * L.raw_stage : 0;
   L.bars = L.raw + (raw_bytes + 127) / 128 * 128;
   L.table = L.bars + (2 * stages * 8 + 127) / 128 * 128;
@@ -575,18 +577,189 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
   }
 }
 
+// Column position of k inside its 64-wide block in the permuted activations of the Registers layout: the
+// thread of quad lane t holds the packed codes of k 16 t .. 16 t + 15 of a row (bytes 8 t .. 8 t + 7 of the
+// stage's 32), and its byte q (codes 16 t + 2 q, + 1) feeds the fragment pair of k step q / 2, pair q % 2,
+// i.e. wgmma columns 16 (q / 2) + 8 (q % 2) + 2 t (+1). So column 8 q + 2 t + e of the block holds k 16 t + 2
+// q
+// + e of the matrix.
+__host__ __device__ constexpr int rs_column_of_k(int k) {
+  return (k & ~63) | (((k & 15) >> 1) << 3) | (((k & 63) >> 4) << 1) | (k & 1);
+}
+
+// Registers layout consumer (NVFP4, Tma, BN 256): warpgroup cw computes the transposed product D[w
+// rows][grouped rows] = W . A^T of its 128 weight rows as two chains (ch 0, 1) of wgmma m64nNk16 with A = the
+// expanded weights from registers and B = the stage's activation tile [128 grouped rows][64 k] from shared
+// memory, N = 128 (64 for an item of at most 64 rows). Tile rows (the W tile of the raw stage):
+//   gate_up: chain 0 = gate rows 64 cw + 16 w + g (+8), chain 1 = the matching up rows 128 + ..., so a thread
+//            holds gate and up of one act column and grouped row in the same register of acc0 / acc1;
+//   down:    chain ch = rows 128 cw + 64 ch + 16 w + g (+8).
+// Per stage a thread reads 8 packed bytes (16 codes, one scale block) of each of its 4 rows and expands them
+// in two halves of two k steps into the A fragments (16 registers a half, double-buffered: a half's fragments
+// are rewritten only after the wgmma that read them completed). The activation tile's k are permuted inside
+// each 64-column block (rs_column_of_k) to match: the launcher's grouping copy permutes x, and the gate_up
+// epilogue stores act permuted.
+template <int N, bool kGateUp>
+__device__ __forceinline__ void rs_mainloop(const WgParams& p, const WgLayout& L, uint32_t sbase,
+                                            const unsigned char* smem, uint64_t* full, uint64_t* empty,
+                                            const int (&row)[2][2], float (&acc0)[64], float (&acc1)[64],
+                                            uint32_t (&fr)[2][2][2][4], uint32_t& q) {
+  constexpr int BN = 256;
+  const int t4 = threadIdx.x & 3;
+  const int S = p.stages;
+  const int nk = p.k / kBK;
+  for (int kc = 0; kc < nk; ++kc) {
+    const uint32_t slot = q % S;
+    wg::mbar_wait_bounded(&full[slot], (q / S) & 1u, slot, p.hang);
+    const unsigned char* raw = smem + L.raw + slot * L.raw_stage;
+    uint2 v[2][2];
+    __nv_bfloat162 sc[2][2];
+#pragma unroll
+    for (int ch = 0; ch < 2; ++ch) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        v[ch][h] = *reinterpret_cast<const uint2*>(raw + row[ch][h] * kRawRow + 8 * t4);
+        const uint32_t b =
+            raw[BN * kRawRow + row[ch][h] * kTmaScaleRow + (kc % kTmaScaleSteps) * kRawScale + t4];
+        sc[ch][h] = __float2bfloat162_rn(moe_dev::fp8_e4m3_value(b));
+      }
+    }
+    const uint64_t db = wg::smem_desc_sw128(sbase + L.a + slot * L.a_stage);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      // Word hf of a row: bytes 4 hf .. 4 hf + 3 = k steps 2 hf (pairs 0, 1) and 2 hf + 1.
+      uint4 x[2][2];
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          x[ch][h] = moe_dev::e2m1x8_to_bf16(hf ? v[ch][h].y : v[ch][h].x, sc[ch][h]);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int ch = 0; ch < 2; ++ch) {
+          uint32_t(&a)[4] = fr[hf][j][ch];
+          a[0] = j ? x[ch][0].z : x[ch][0].x;
+          a[1] = j ? x[ch][1].z : x[ch][1].x;
+          a[2] = j ? x[ch][0].w : x[ch][0].y;
+          a[3] = j ? x[ch][1].w : x[ch][1].y;
+        }
+      wg::fence_operands(acc0);
+      wg::fence_operands(acc1);
+      wg::wgmma_fence();
+      // Both chains of k steps 2 hf and 2 hf + 1, one group; their fragments fr[hf] stay untouched until the
+      // wgmma_wait<1> after the next group has seen this one complete.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int kk = 2 * hf + j;
+        wg::mma_bf16_rs<N>(acc0, fr[hf][j][0], wg::desc_advance(db, kk), (kc > 0 || kk > 0) ? 1 : 0);
+        wg::mma_bf16_rs<N>(acc1, fr[hf][j][1], wg::desc_advance(db, kk), (kc > 0 || kk > 0) ? 1 : 0);
+      }
+      wg::wgmma_commit();
+      wg::wgmma_wait<1>();
+      wg::fence_operands(acc0);
+      wg::fence_operands(acc1);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int ch = 0; ch < 2; ++ch) wg::fence_fragment(fr[hf ^ 1][j][ch]);
+      // After half 0's wait the previous stage's last group has completed: its slot is free.
+      if (hf == 0 && kc > 0 && (threadIdx.x & 31) == 0) wg::mbar_arrive(&empty[(q - 1) % S]);
+    }
+    ++q;
+  }
+}
+
+template <bool kGateUp>
+__device__ __forceinline__ void consumer_rs(const WgParams& p, const WgLayout& L, uint32_t sbase,
+                                            const unsigned char* smem, uint64_t* full, uint64_t* empty,
+                                            const int* s_mt, int total_items, int cw) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int S = p.stages;
+  int row[2][2];  // tile row of chain ch, fragment half h
+#pragma unroll
+  for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      row[ch][h] =
+          kGateUp ? 128 * ch + 64 * cw + 16 * w + g + 8 * h : 128 * cw + 64 * ch + 16 * w + g + 8 * h;
+  float acc0[64], acc1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+  uint32_t fr[2][2][2][4];  // [half][k step of the half][chain]: the A fragments
+#pragma unroll
+  for (int i = 0; i < 32; ++i) (&fr[0][0][0][0])[i] = 0u;
+  uint32_t q = 0;
+
+  for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
+    const Item it = decode_item(item, s_mt, p);
+    if (wg::warp_uniform(it.rows > 64 ? 1 : 0) != 0)
+      rs_mainloop<128, kGateUp>(p, L, sbase, smem, full, empty, row, acc0, acc1, fr, q);
+    else
+      rs_mainloop<64, kGateUp>(p, L, sbase, smem, full, empty, row, acc0, acc1, fr, q);
+    wg::wgmma_wait<0>();
+    wg::fence_operands(acc0);
+    wg::fence_operands(acc1);
+    if (lane == 0) wg::mbar_arrive(&empty[(q - 1) % S]);
+
+    const MoeExpertWeights* ew = p.experts + it.e;
+    const int ncols = it.rows > 64 ? 16 : 8;  // n8 blocks of grouped rows the mainloop computed
+    if constexpr (kGateUp) {
+      const float sg = ew->gate_scale2, su = ew->up_scale2;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = it.nt * 128 + 64 * cw + 16 * w + g + 8 * h;  // act column (k of down)
+        __nv_bfloat16* dst = p.act + rs_column_of_k(c);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          if (j >= ncols) break;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = 8 * j + 2 * t4 + e;
+            if (r >= it.rows) continue;
+            const float gv = acc0[4 * j + 2 * h + e] * sg, uv = acc1[4 * j + 2 * h + e] * su;
+            // The CPU silu_mul's expression.
+            dst[static_cast<int64_t>(it.pos0 + r) * p.n_out] =
+                __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
+          }
+        }
+      }
+    } else {
+      const float sd = ew->down_scale2;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        if (j >= ncols) break;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * j + 2 * t4 + e;
+          if (r >= it.rows) continue;
+          float* dst = p.slot_out + static_cast<int64_t>(p.sorted_slots[it.pos0 + r]) * p.n_out +
+                       it.nt * 256 + 128 * cw + 16 * w + g;
+#pragma unroll
+          for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) dst[64 * ch + 8 * h] = (ch ? acc1 : acc0)[4 * j + 2 * h + e] * sd;
+        }
+      }
+    }
+  }
+}
+
 // tmap_a (Tma loads): the A rows [rows, k] bf16 in grouped order, box {64, 128}, 128-byte swizzle; unused
 // otherwise.
-template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma>
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma, bool kRs = false>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_wgmma_kernel(const WgParams p, const __grid_constant__ CUtensorMap tmap_a) {
+  static_assert(!kRs || (BN == 256 && F == MoeMmaFormat::NVFP4 && kCx && kTma),
+                "the Registers layout is NVFP4 with tensor copies and 256-row tiles");
 #if MS_WGMMA_SM90A
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   const uint32_t dyn = wg::smem_u32(smem_dyn);
   const uint32_t pad = ((dyn + 1023u) & ~1023u) - dyn;  // the 128-byte swizzle wants 1024-aligned tiles
   unsigned char* smem = smem_dyn + pad;
   const uint32_t sbase = dyn + pad;
-  const WgLayout L = wg_layout(BN, p.stages, F, kCx, kTma);
+  const WgLayout L = wg_layout(BN, p.stages, F, kCx, kTma, kRs);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bars);
   uint64_t* empty = full + p.stages;
   int* s_mt = reinterpret_cast<int*>(smem + L.table);  // [n_experts + 1]
@@ -607,7 +780,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int total_items = s_mt[p.n_experts] * p.n_tiles;
 
   const int wgi = wg::warp_uniform(tid / 128);
-  if (wgi == 0) {
+  if constexpr (kRs) {
+    // The consumers hold 128 accumulators and 32 fragment registers a thread: move registers to them from
+    // the producer warpgroup, whose one copying thread needs few.
+    if (wgi == 0) {
+      wg::regs_dealloc<40>();
+      producer_tma<BN, F, kGateUp>(p, &tmap_a, L, sbase, full, empty, s_mt, total_items);
+    } else {
+      wg::regs_alloc<232>();
+      consumer_rs<kGateUp>(p, L, sbase, smem, full, empty, s_mt, total_items, wgi - 1);
+    }
+  } else if (wgi == 0) {
     if constexpr (kTma) {
       producer_tma<BN, F, kGateUp>(p, &tmap_a, L, sbase, full, empty, s_mt, total_items);
     } else {
@@ -624,7 +807,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // xb bf16 [m, hidden] packed -> xg bf16 [slots, hidden] packed in grouped order: xg[pos] =
 // xb[sorted_slots[pos] / top_k] for pos < offsets[n_experts] (rows past it stay unwritten: a Tma A tile that
 // reaches them feeds only rows whose results are dropped). One warp per row, 16 bytes a lane (hidden % 8 ==
-// 0).
+// 0). kPerm (the Registers layout): columns permuted inside each 64-column block, xg[pos][rs_column_of_k(k)]
+// = xb[token][k] (hidden % 64 == 0): 16-byte piece 8 b + q of a row gathers the k pairs 64 b + 2 q + 16 i, i
+// = 0..3.
+template <bool kPerm>
 __global__ void __launch_bounds__(256)
     moe_wg_group_rows_kernel(const __nv_bfloat16* __restrict__ xb, const int32_t* __restrict__ sorted_slots,
                              const int32_t* __restrict__ offsets, int n_experts, int top_k, int hidden,
@@ -636,9 +822,17 @@ __global__ void __launch_bounds__(256)
   for (int64_t pos = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; pos < rows;
        pos += warps) {
     const int64_t t = sorted_slots[pos] / top_k;
-    const uint4* src = reinterpret_cast<const uint4*>(xb + t * hidden);
     uint4* dst = reinterpret_cast<uint4*>(xg + pos * hidden);
-    for (int c = lane; c < hidden / 8; c += 32) dst[c] = src[c];
+    if constexpr (kPerm) {
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(xb + t * hidden);
+      for (int c = lane; c < hidden / 8; c += 32) {
+        const uint32_t* b = src + (c >> 3) * 32 + (c & 7);
+        dst[c] = make_uint4(b[0], b[8], b[16], b[24]);
+      }
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(xb + t * hidden);
+      for (int c = lane; c < hidden / 8; c += 32) dst[c] = src[c];
+    }
   }
 }
 
@@ -656,14 +850,18 @@ bool wg_format_ok(MoeWeightFormat f) {
   return f == MoeWeightFormat::BF16 || f == MoeWeightFormat::NVFP4 || f == MoeWeightFormat::FP8Block;
 }
 
-// Who expands NVFP4 tiles, read once: MOESERVE_MOE_WGMMA_EXPAND=producer selects the earlier layout (A/B
-// timing without a rebuild); anything else the consumer expansion.
-MoeWgExpand wg_expand() {
-  static const MoeWgExpand x = [] {
+// Who expands NVFP4 tiles: p.wgmma_expand if set (0 .. 2), else MOESERVE_MOE_WGMMA_EXPAND (read once:
+// producer | registers | consumer), else the default; for A/B timing without a rebuild.
+MoeWgExpand wg_expand(const MoeExpertsParams& p) {
+  static const int env = [] {
     const char* v = std::getenv("MOESERVE_MOE_WGMMA_EXPAND");
-    return v != nullptr && std::strcmp(v, "producer") == 0 ? MoeWgExpand::Producer : MoeWgExpand::Consumer;
+    if (v != nullptr && std::strcmp(v, "consumer") == 0) return static_cast<int>(MoeWgExpand::Consumer);
+    if (v != nullptr && std::strcmp(v, "producer") == 0) return static_cast<int>(MoeWgExpand::Producer);
+    if (v != nullptr && std::strcmp(v, "registers") == 0) return static_cast<int>(MoeWgExpand::Registers);
+    return -1;
   }();
-  return x;
+  const int want = p.wgmma_expand >= 0 && p.wgmma_expand <= 2 ? p.wgmma_expand : env;
+  return want >= 0 ? static_cast<MoeWgExpand>(want) : kMoeWgDefaultExpand;
 }
 
 // The loads asked for: CpAsync for a format the tensor copies cannot take (FP8Block, whatever was asked:
@@ -785,9 +983,10 @@ CUtensorMap encode_2d(const TmaMap2d& m) {
 // which cover every box start modulo the scale piece) lands where check_tma_box allows, the stage's boxes add
 // up to tma_stage_bytes (the expect_tx count) and the mbarriers are 8-byte aligned. `a` is the launch's A
 // map, the weight maps are described from the shape (moe_experts_wgmma_maps encodes the same ones).
-void check_tma_stages(MoeMmaFormat f, bool gate_up, int bn, int stages, const TmaMap2d& a, int k, int n_out) {
+void check_tma_stages(MoeMmaFormat f, bool gate_up, int bn, int stages, const TmaMap2d& a, int k, int n_out,
+                      bool rs) {
   const bool nv = f == MoeMmaFormat::NVFP4;
-  const WgLayout L = wg_layout(bn, stages, f, nv, true);
+  const WgLayout L = wg_layout(bn, stages, f, nv, true, rs);
   const uint32_t half = static_cast<uint32_t>(bn / 2);
   const uint64_t wrows = static_cast<uint64_t>(n_out);  // gate / up rows = inter, down rows = hidden
   const uintptr_t any = 256;  // the weight maps' own addresses are checked where they are encoded
@@ -819,14 +1018,14 @@ void check_tma_stages(MoeMmaFormat f, bool gate_up, int bn, int stages, const Tm
   }
 }
 
-template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma>
+template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma, bool kRs = false>
 void launch_one(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
                 const DeviceCaps& caps, size_t smem, cudaStream_t stream) {
-  const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma>);
+  const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma, kRs>);
   const int per_sm = moe_launch::resident_blocks("moe_experts_wgmma", fn, kThreads, smem, caps.device);
   const unsigned grid = moe_launch::grid(p, kBM, wp.n_tiles, per_sm, caps.multiprocessors);
-  launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma>, grid, kThreads, smem, stream, wp,
-                tmap_a);
+  launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma, kRs>, grid, kThreads, smem, stream,
+                wp, tmap_a);
 }
 
 template <int BN, bool kGateUp>
@@ -840,10 +1039,16 @@ void launch_bn(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsPa
     return;
   }
   if (cfg.load == MoeWgLoad::Tma) {
-    if (!nv)
+    if (!nv) {
       launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, true>(wp, tmap_a, p, caps, cfg.smem, stream);
-    else
+    } else if (cfg.expand == MoeWgExpand::Registers) {
+      if constexpr (BN == 256)
+        launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, true, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+      else
+        MS_THROW("moe_experts_wgmma: the Registers layout with {}-row tiles", BN);
+    } else {
       launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+    }
   } else if (!nv) {
     launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, false>(wp, tmap_a, p, caps, cfg.smem, stream);
   } else if (cx) {
@@ -879,7 +1084,7 @@ std::optional<std::string> moe_experts_wgmma_unavailable(const MoeExpertsParams&
   const MoeWgLoad load = wg_load(p);
   if (load == MoeWgLoad::Tma && p.wgmma_maps == nullptr)
     return std::string("moe_experts_wgmma: tensor-copy loads asked for without wgmma_maps");
-  if (!choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand(), load)) return why;
+  if (!choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand(p), load)) return why;
   return std::nullopt;
 }
 
@@ -892,7 +1097,7 @@ MoeWgmmaConfig moe_experts_wgmma_config(const MoeExpertsParams& p) {
            "moe_experts_wgmma: tensor-copy loads asked for (wgmma_load / MOESERVE_MOE_WGMMA_LOAD) without "
            "wgmma_maps");
   std::string why;
-  const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand(), load);
+  const auto cfg = choose_moe_wgmma_config(wg_shape(p), limits_of(caps), &why, wg_expand(p), load);
   MS_CHECK(cfg.has_value(), "{}", why);
   check_smem(caps, "moe_experts_wgmma gate_up", cfg->gate_up.smem);
   check_smem(caps, "moe_experts_wgmma down", cfg->down.smem);
@@ -955,6 +1160,9 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
   MS_CHECK(p.slot_out != nullptr && reinterpret_cast<uintptr_t>(p.slot_out) % 16 == 0,
            "moe_experts_wgmma: slot_out is null or not 16-byte aligned");
   const bool tma = cfg.gate_up.load == MoeWgLoad::Tma;
+  const bool rs = cfg.gate_up.expand == MoeWgExpand::Registers;
+  MS_CHECK(rs == (cfg.down.expand == MoeWgExpand::Registers),
+           "moe_experts_wgmma: the Registers layout for one projection only");
   MS_CHECK(!tma || (xg != nullptr && reinterpret_cast<uintptr_t>(xg) % 128 == 0),
            "moe_experts_wgmma: xg (grouped rows for the tensor-copy loads) is null or not 128-byte aligned");
   MS_CHECK(!tma || reinterpret_cast<uintptr_t>(p.wgmma_maps) % 64 == 0,
@@ -984,13 +1192,18 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
     // One warp per grouped row (at most `slots` of them), 8 warps a block.
     const int blocks = static_cast<int>(
         std::min<int64_t>((static_cast<int64_t>(slots) + 7) / 8, int64_t{caps.multiprocessors} * 16));
-    launch_kernel("moe_wg_group_rows", moe_wg_group_rows_kernel, std::max(blocks, 1), 256, 0, stream,
-                  static_cast<const __nv_bfloat16*>(xb), p.sorted_slots, p.expert_offsets, p.n_experts,
-                  p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg));
+    if (rs)
+      launch_kernel("moe_wg_group_rows", moe_wg_group_rows_kernel<true>, std::max(blocks, 1), 256, 0, stream,
+                    static_cast<const __nv_bfloat16*>(xb), p.sorted_slots, p.expert_offsets, p.n_experts,
+                    p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg));
+    else
+      launch_kernel("moe_wg_group_rows", moe_wg_group_rows_kernel<false>, std::max(blocks, 1), 256, 0, stream,
+                    static_cast<const __nv_bfloat16*>(xb), p.sorted_slots, p.expert_offsets, p.n_experts,
+                    p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg));
     const TmaMap2d ma = tma_a_map("xg", xg, slots, p.hidden), md = tma_a_map("act", act, slots, p.inter);
     const MoeMmaFormat f = wg_format(p.format);
-    check_tma_stages(f, true, cfg.gate_up.bn, cfg.gate_up.stages, ma, p.hidden, p.inter);
-    check_tma_stages(f, false, cfg.down.bn, cfg.down.stages, md, p.inter, p.hidden);
+    check_tma_stages(f, true, cfg.gate_up.bn, cfg.gate_up.stages, ma, p.hidden, p.inter, rs);
+    check_tma_stages(f, false, cfg.down.bn, cfg.down.stages, md, p.inter, p.hidden, rs);
     a_gu = encode_2d(ma);
     a_dn = encode_2d(md);
   }

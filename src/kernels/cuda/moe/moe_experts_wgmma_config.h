@@ -28,7 +28,14 @@ constexpr int kMoeWgMinStages = 3;
 // bf16 W buffers while the tensor cores run stage q - 1. Producer: the earlier layout, the producer warpgroup
 // copies and expands (bf16 ring of `stages`, raw ring of stages - 1); kept selectable for A/B timing
 // (MOESERVE_MOE_WGMMA_EXPAND=producer).
-enum class MoeWgExpand { Consumer, Producer };
+// Registers: the product is taken transposed (weight rows as wgmma's M, grouped rows as its N) so that each
+// consumer thread expands the NVFP4 codes of its own A fragment straight into registers: no bf16 W tile in
+// shared memory, no consumer barrier a stage. NVFP4 with tensor-copy loads and 256-row tiles only (the
+// choosers fall back to Consumer elsewhere); both projections take it or neither (the activations between
+// them are stored with k permuted inside each 64-column block, see moe_experts_wgmma.cu).
+enum class MoeWgExpand { Consumer, Producer, Registers };
+// What the launcher asks for when neither the caller nor MOESERVE_MOE_WGMMA_EXPAND says.
+constexpr MoeWgExpand kMoeWgDefaultExpand = MoeWgExpand::Consumer;
 
 // How the producer fills the ring. CpAsync: the producer warpgroup's 128 threads copy with cp.async (A rows
 // gathered through the plan's permutation), arriving on `full` when their own copies landed. Tma: one thread
@@ -64,7 +71,15 @@ struct MoeWgmmaConfig {
 // Whether the consumers expand the weight tiles (3 bf16 W buffers, a raw ring of `stages`): NVFP4 with
 // MoeWgExpand::Consumer, and FP8Block always.
 inline bool moe_wgmma_consumer_expands(MoeMmaFormat f, MoeWgExpand x) {
-  return f == MoeMmaFormat::FP8Block || (f == MoeMmaFormat::NVFP4 && x == MoeWgExpand::Consumer);
+  return f == MoeMmaFormat::FP8Block ||
+         (f == MoeMmaFormat::NVFP4 && (x == MoeWgExpand::Consumer || x == MoeWgExpand::Registers));
+}
+
+// Bf16 W buffers of a layout: the consumer expansion's 3, none where the consumers expand into registers,
+// else (the bf16 ring) `stages`.
+inline int moe_wgmma_w_buffers(MoeMmaFormat f, MoeWgExpand x, int stages) {
+  if (f == MoeMmaFormat::NVFP4 && x == MoeWgExpand::Registers) return 0;
+  return moe_wgmma_consumer_expands(f, x) ? kMoeWgConsumerWBufs : stages;
 }
 
 // Why the tensor-copy loads cannot take format f (nullopt when they can). FP8Block: its raw stage rotates
@@ -94,8 +109,9 @@ inline size_t moe_wgmma_raw_stage_bytes(MoeMmaFormat f, int bn, MoeWgLoad load =
 //     + 4 e4m3 scales).
 //   Consumer expansion (NVFP4 with MoeWgExpand::Consumer, FP8Block): A ring [stages] x [128][64] bf16, 3 bf16
 //     W buffers [bn][64], raw ring [stages] x moe_wgmma_raw_stage_bytes.
-//   MoeWgLoad::Tma: as the layouts above (NVFP4 always the consumer one) with raw NVFP4 rows of 32 packed
-//     bytes + kMoeWgTmaScaleRow scale bytes (moe_wgmma_raw_stage_bytes).
+//   MoeWgLoad::Tma: as the layouts above (NVFP4 the consumer one, or Registers) with raw NVFP4 rows of 32
+//     packed bytes + kMoeWgTmaScaleRow scale bytes (moe_wgmma_raw_stage_bytes).
+//   Registers (NVFP4, Tma): the consumer layout without W buffers.
 // Then 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums.
 inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts,
                                    MoeWgExpand x = MoeWgExpand::Consumer,
@@ -103,8 +119,10 @@ inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_exp
   const bool tma = load == MoeWgLoad::Tma;
   const size_t a_tile = size_t{kMoeWgBM} * kMoeWgBK * 2, w_tile = static_cast<size_t>(bn) * kMoeWgBK * 2;
   const size_t raw_stage = moe_wgmma_raw_stage_bytes(f, bn, load);
-  const bool cx = moe_wgmma_consumer_expands(f, tma ? MoeWgExpand::Consumer : x);
-  const size_t ring = static_cast<size_t>(stages) * a_tile + (cx ? kMoeWgConsumerWBufs : stages) * w_tile;
+  if (tma && x == MoeWgExpand::Producer) x = MoeWgExpand::Consumer;
+  const bool cx = moe_wgmma_consumer_expands(f, x);
+  const size_t ring =
+      static_cast<size_t>(stages) * a_tile + static_cast<size_t>(moe_wgmma_w_buffers(f, x, stages)) * w_tile;
   const size_t raw = f != MoeMmaFormat::BF16 ? static_cast<size_t>(cx ? stages : stages - 1) * raw_stage : 0;
   const size_t bars = static_cast<size_t>(2) * stages * 8;
   const size_t table = (static_cast<size_t>(n_experts) + 1 + 12) * 4;
@@ -144,11 +162,14 @@ inline std::optional<MoeWgmmaGemmConfig> choose_moe_wgmma_gemm(MoeMmaFormat f, i
   std::string last;
   if (f == MoeMmaFormat::FP8Block) x = MoeWgExpand::Consumer;
   if (moe_wgmma_tma_unsupported(f)) load = MoeWgLoad::CpAsync;
-  if (load == MoeWgLoad::Tma) x = MoeWgExpand::Consumer;
+  if (x == MoeWgExpand::Registers && (f != MoeMmaFormat::NVFP4 || load != MoeWgLoad::Tma || bn != 256))
+    x = MoeWgExpand::Consumer;
+  if (load == MoeWgLoad::Tma && x == MoeWgExpand::Producer) x = MoeWgExpand::Consumer;
   const bool cx = moe_wgmma_consumer_expands(f, x);
   for (int stages = bn == 256 && !cx ? 4 : kMoeWgMaxStages; stages >= kMoeWgMinStages; --stages) {
     const KernelNeed need{
-        fmt::format("moe_experts_wgmma bn{} stages{}{}", bn, stages, load == MoeWgLoad::Tma ? " tma" : ""),
+        fmt::format("moe_experts_wgmma bn{} stages{}{}{}", bn, stages, load == MoeWgLoad::Tma ? " tma" : "",
+                    x == MoeWgExpand::Registers ? " rs" : ""),
         moe_wgmma_smem_bytes(f, bn, stages, n_experts, x, load), 90, true};
     const auto no = why_cannot_run(need, dev);
     if (!no) return MoeWgmmaGemmConfig{bn, stages, need.smem_bytes, x, load};
@@ -182,9 +203,12 @@ inline std::optional<MoeWgmmaConfig> choose_moe_wgmma_config(const MoeMmaShape& 
   const auto gu =
       choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why, x, load);
   if (!gu) return std::nullopt;
-  const auto dn =
+  auto dn =
       choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why, x, load);
   if (!dn) return std::nullopt;
+  // Registers for both projections or for neither (gate_up's output is down's permuted input).
+  if ((gu->expand == MoeWgExpand::Registers) != (dn->expand == MoeWgExpand::Registers))
+    return choose_moe_wgmma_config(s, dev, why, MoeWgExpand::Consumer, load);
   return MoeWgmmaConfig{*gu, *dn};
 }
 
