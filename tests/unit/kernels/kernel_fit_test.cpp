@@ -748,10 +748,9 @@ TEST(KernelFit, MoeWgmmaTmaLayouts) {
   EXPECT_EQ(g8->load, MoeWgLoad::CpAsync);
 }
 
-// The Registers layout (NVFP4 expanded into wgmma A fragments): no bf16 W buffers, so the ring goes to the
-// deepest stage count (6) on an H200 at GLM-5's shape; both projections or neither (a gate_up tile of 128
-// rows cannot take it, so the down projection does not either); BF16, FP8Block and cp.async loads fall back
-// to their own layouts; nothing fits off sm_90.
+// The Registers layout (NVFP4 expanded into wgmma A fragments): 128 weight rows x 256 grouped rows, no bf16
+// W buffers, 5 stages on an H200 at GLM-5's shape (A 32 KiB + raw 6 KiB a stage); both projections; BF16,
+// FP8Block and cp.async loads fall back to their own layouts; nothing fits off sm_90.
 TEST(KernelFit, MoeWgmmaRegistersLayout) {
   const MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
   const auto r = choose_moe_wgmma_config(s, limits_h200(), nullptr, MoeWgExpand::Registers, MoeWgLoad::Tma);
@@ -759,10 +758,13 @@ TEST(KernelFit, MoeWgmmaRegistersLayout) {
   for (const MoeWgmmaGemmConfig& g : {r->gate_up, r->down}) {
     EXPECT_EQ(g.expand, MoeWgExpand::Registers);
     EXPECT_EQ(g.load, MoeWgLoad::Tma);
-    EXPECT_EQ(g.bn, 256);
-    EXPECT_EQ(g.stages, kMoeWgMaxStages);
-    // 1024 slack + A ring + raw ring (256 x (32 + 16)) + barriers + table; no W buffers.
-    EXPECT_EQ(g.smem, size_t{1024 + 6 * 16384 + 6 * 12288 + 128 + 1152});
+    EXPECT_EQ(g.bn, kMoeWgRsBN);
+    EXPECT_EQ(g.stages, 5);
+    // 1024 slack + A ring ([256][64] bf16) + raw ring (128 x (32 + 16)) + barriers + table; no W buffers.
+    EXPECT_EQ(g.smem, size_t{1024 + 5 * 32768 + 5 * 6144 + 128 + 1152});
+    EXPECT_GT(moe_wgmma_smem_bytes(MoeMmaFormat::NVFP4, kMoeWgRsBN, 6, 256, MoeWgExpand::Registers,
+                                   MoeWgLoad::Tma),
+              limits_h200().smem_per_block_optin);
     EXPECT_LE(g.smem, limits_h200().smem_per_block_optin);
   }
   // cp.async loads, other formats: their own layouts.
@@ -786,12 +788,12 @@ TEST(KernelFit, MoeWgmmaRegistersLayout) {
   ASSERT_TRUE(rok.has_value());
   EXPECT_EQ(rok->gate_up.expand, MoeWgExpand::Registers);
   EXPECT_EQ(rok->down.expand, MoeWgExpand::Registers);
-  // 128-row tiles cannot take it (the projection chooser says Consumer); with tensor copies (hidden and
-  // inter multiples of 256) both projections have 256-row tiles, so the pair never splits.
-  const auto g128 = choose_moe_wgmma_gemm(MoeMmaFormat::NVFP4, 128, 16, limits_h200(), nullptr,
+  // The projection chooser sets the layout's own tile height whatever it was given.
+  const auto g256 = choose_moe_wgmma_gemm(MoeMmaFormat::NVFP4, 256, 16, limits_h200(), nullptr,
                                           MoeWgExpand::Registers, MoeWgLoad::Tma);
-  ASSERT_TRUE(g128.has_value());
-  EXPECT_EQ(g128->expand, MoeWgExpand::Consumer);
+  ASSERT_TRUE(g256.has_value());
+  EXPECT_EQ(g256->expand, MoeWgExpand::Registers);
+  EXPECT_EQ(g256->bn, kMoeWgRsBN);
   for (const DeviceLimits& dev : {limits_b200(), limits_rtx_pro_6000()})
     EXPECT_FALSE(choose_moe_wgmma_config(s, dev, nullptr, MoeWgExpand::Registers, MoeWgLoad::Tma).has_value())
         << dev.name;

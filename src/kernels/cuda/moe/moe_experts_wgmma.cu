@@ -111,8 +111,10 @@ constexpr int kEmptyArrivals = 8;    // one per consumer warp
 constexpr int kFullArrivals = 128;   // every producer thread (cp.async loads)
 constexpr int kTmaScaleRow = kMoeWgTmaScaleRow;
 constexpr int kTmaScaleSteps = kTmaScaleRow / kRawScale;  // k steps whose scales one Tma scale piece holds
-// Tensor maps per expert (Tma loads): gate, up, down data, then gate, up, down scales (NVFP4; else unused).
-constexpr int kMapsPerExpert = 6;
+// Tensor maps per expert (Tma loads): gate, up, down data, then gate, up, down scales (NVFP4; else unused),
+// boxes of half the layout's tile rows (moe_wgmma_bn / 2); then the same six with boxes of kMoeWgRsBN / 2 rows
+// for the Registers layout (NVFP4 only).
+constexpr int kMapsPerExpert = 12;
 // Barrier numbers in a timeout record: full[s] = s, empty[s] = kEmptyTag | s.
 constexpr uint32_t kEmptyTag = 1u << 16;
 static_assert(kThreads == 384 && kBM == 128 && kBK == 64, "the thread mappings below assume these");
@@ -139,6 +141,12 @@ struct WgParams {
   wg::MbarTimeout* hang;  // where a timed-out mbarrier wait is recorded (may be null)
 };
 
+// The A (activation rows) tensor maps of a Tma launch: m[0] box {64, 128} for the 128-row layouts; the
+// Registers layout m[i] box {64, 64 (i + 1)}, the producer taking the smallest box that holds an item's rows.
+struct AMaps {
+  CUtensorMap m[4];
+};
+
 // Byte offsets inside the 1024-aligned dynamic window (moe_wgmma_smem_bytes sizes the same).
 struct WgLayout {
   uint32_t a, w, raw, bars, table;
@@ -152,7 +160,7 @@ struct WgLayout {
 __host__ __device__ inline WgLayout wg_layout(int bn, int stages, MoeMmaFormat f, bool cx, bool tma,
                                               bool rs = false) {
   WgLayout L;
-  L.a_stage = kBM * kRowBytes;
+  L.a_stage = (rs ? kMoeWgRsBM : kBM) * kRowBytes;
   L.w_stage = static_cast<uint32_t>(bn) * kRowBytes;
   L.raw_stage = f == MoeMmaFormat::FP8Block
                     ? static_cast<uint32_t>(bn) * kFp8Row + 128
@@ -169,12 +177,14 @@ __host__ __device__ inline WgLayout wg_layout(int bn, int stages, MoeMmaFormat f
 // Bytes the tensor copies of one Tma stage bring (the expect_tx count; the launcher checks it against the
 // boxes, check_tma_stages): A [128][64] bf16, then BF16 W [bn][64] bf16 or NVFP4 bn rows of 32 code bytes and
 // kTmaScaleRow scale bytes.
-__host__ __device__ constexpr uint32_t tma_stage_bytes(MoeMmaFormat f, int bn) {
-  return static_cast<uint32_t>(kBM * kRowBytes) +
+__host__ __device__ constexpr uint32_t tma_stage_bytes(MoeMmaFormat f, int bn, int bm = kBM) {
+  return static_cast<uint32_t>(bm * kRowBytes) +
          static_cast<uint32_t>(bn) * (f == MoeMmaFormat::NVFP4 ? kRawRow + kTmaScaleRow : kRowBytes);
 }
 // The mbarrier transaction count holds at most 2^20 - 1 bytes.
-static_assert(tma_stage_bytes(MoeMmaFormat::BF16, 256) < (1u << 20), "a stage's bytes exceed the tx count");
+static_assert(tma_stage_bytes(MoeMmaFormat::BF16, 256) < (1u << 20) &&
+                  tma_stage_bytes(MoeMmaFormat::NVFP4, kMoeWgRsBN, kMoeWgRsBM) < (1u << 20),
+              "a stage's bytes exceed the tx count");
 
 using dev::cp_async16;
 using dev::cp_async4;
@@ -235,6 +245,7 @@ struct Item {
 
 // item -> expert (largest e with s_mt[e] <= item / n_tiles), N tile, M tile, rows of the tile, first
 // position.
+template <int BM = kBM>
 __device__ __forceinline__ Item decode_item(int item, const int* s_mt, const WgParams& p) {
   const int lo = moe_dev::expert_of_m_tile(item / p.n_tiles, s_mt, p.n_experts);
   Item it;
@@ -242,8 +253,8 @@ __device__ __forceinline__ Item decode_item(int item, const int* s_mt, const WgP
   const int mt_e = s_mt[lo + 1] - s_mt[lo];
   const int local = item - s_mt[lo] * p.n_tiles;
   it.nt = local / mt_e;
-  const int m0 = (local % mt_e) * kBM;
-  it.rows = min(kBM, p.counts[lo] - m0);
+  const int m0 = (local % mt_e) * BM;
+  it.rows = min(BM, p.counts[lo] - m0);
   it.pos0 = p.offsets[lo] + m0;
   return it;
 }
@@ -419,21 +430,24 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
 // Tma loads: thread 0 alone issues every copy (the other producer threads return at once). Stage q, slot
 // q % S: wait empty[slot] (phase q / S - 1) unless q < S; arrive on full[slot] announcing the stage's bytes;
 // tensor copies that complete on full[slot]:
-//   A:     tmap_a box {64 k, 128 rows} at (64 kc, pos0), 128-byte swizzle              16384 bytes
+//   A:     amaps box {64 k, 128 rows} at (64 kc, pos0), 128-byte swizzle             16384 bytes
+//          (Registers layout: the box of 64 nb rows, nb = the item's rows / 64 rounded up; 8192 nb bytes)
 //   BF16:  two boxes {64 k, BN/2 rows} (the W tile's halves), 128-byte swizzle          2 x 64 BN bytes
 //   NVFP4: two code boxes {32 bytes, BN/2 rows} at (32 kc, row), raw rows 0 .. BN - 1  2 x 16 BN bytes
 //          two scale boxes {16 bytes, BN/2 rows} at (16 (kc / 4), row) after the codes 2 x 8 BN bytes
 //          (the aligned piece holding the stage's scales at 4 (kc % 4): a box must start 16-byte aligned)
-// = the expect_tx count kStageBytes below (boxes past a tensor's end are zero-filled and still counted).
+// = the expect_tx count (boxes past a tensor's end are zero-filled and still counted).
 // Every box's innermost start, in bytes, is a multiple of 16 (asserted below): the hardware faults on others.
-template <int BN, MoeMmaFormat F, bool kGateUp>
-__device__ __forceinline__ void producer_tma(const WgParams& p, const CUtensorMap* tmap_a, const WgLayout& L,
+// BM: grouped rows of the A box (128; the Registers layout 256); kMapBase: the first of the expert's maps
+// (0; the Registers layout's maps of 64-row boxes at kMapsPerExpert / 2).
+template <int BN, MoeMmaFormat F, bool kGateUp, int BM = kBM, int kMapBase = 0>
+__device__ __forceinline__ void producer_tma(const WgParams& p, const AMaps* amaps, const WgLayout& L,
                                              uint32_t sbase, uint64_t* full, uint64_t* empty, const int* s_mt,
                                              int total_items) {
   if (threadIdx.x != 0) return;
   constexpr bool kNv = F == MoeMmaFormat::NVFP4;
-  constexpr uint32_t kStageBytes = tma_stage_bytes(F, BN);
-  static_assert(kBM * kRowBytes == 128 * 64 * 2 && kRawRow == 32 && kRawScale == 4, "box sizes above");
+  static_assert(BM == kBM || BM == kMoeWgRsBM, "A boxes of 128 rows, or of 64 .. 256 (Registers layout)");
+  static_assert(kRowBytes == 64 * 2 && kRawRow == 32 && kRawScale == 4, "box sizes above");
   static_assert(
       kRowBytes % 16 == 0 && kRawRow % 16 == 0 && kTmaScaleRow % 16 == 0 && kTmaScaleRow % kRawScale == 0,
       "every box's innermost start coordinate (64 kc bf16, 32 kc and 16 (kc / 4) bytes) must be a "
@@ -444,9 +458,9 @@ __device__ __forceinline__ void producer_tma(const WgParams& p, const CUtensorMa
   int last_e = -1;
   const CUtensorMap *d0 = nullptr, *d1 = nullptr, *s0 = nullptr, *s1 = nullptr;
   for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
-    const Item it = decode_item(item, s_mt, p);
+    const Item it = decode_item<BM>(item, s_mt, p);
     if (it.e != last_e) {
-      const CUtensorMap* em = p.wmaps + static_cast<int64_t>(it.e) * kMapsPerExpert;
+      const CUtensorMap* em = p.wmaps + static_cast<int64_t>(it.e) * kMapsPerExpert + kMapBase;
       d0 = kGateUp ? em : em + 2;
       d1 = kGateUp ? em + 1 : em + 2;
       s0 = kGateUp ? em + 3 : em + 5;
@@ -463,11 +477,14 @@ __device__ __forceinline__ void producer_tma(const WgParams& p, const CUtensorMa
     // nt * BN + BN/2.
     const int r0 = kGateUp ? it.nt * (BN / 2) : it.nt * BN;
     const int r1 = kGateUp ? r0 : r0 + BN / 2;
+    const int nb = BM == kBM ? 2 : (it.rows + 63) / 64;  // 64-row blocks of the A box
+    const CUtensorMap* tmap_a = &amaps->m[BM == kBM ? 0 : nb - 1];
+    const uint32_t stage_bytes = tma_stage_bytes(F, BN, 64 * nb);
     for (int kc = 0; kc < nk; ++kc) {
       const uint32_t slot = q % S;
       if (q >= static_cast<uint32_t>(S))
         wg::mbar_wait_bounded(&empty[slot], (q / S - 1) & 1u, kEmptyTag | slot, p.hang);
-      wg::mbar_arrive_expect_tx(&full[slot], kStageBytes);
+      wg::mbar_arrive_expect_tx(&full[slot], stage_bytes);
       wg::tma_load_2d(sbase + L.a + slot * L.a_stage, tmap_a, kc * kBK, it.pos0, &full[slot]);
       if constexpr (!kNv) {
         const uint32_t w = sbase + L.w + slot * L.w_stage;
@@ -577,34 +594,35 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
   }
 }
 
-// Column position of k inside its 64-wide block in the permuted activations of the Registers layout: the
-// thread of quad lane t holds the packed codes of k 16 t .. 16 t + 15 of a row (bytes 8 t .. 8 t + 7 of the
-// stage's 32), and its byte q (codes 16 t + 2 q, + 1) feeds the fragment pair of k step q / 2, pair q % 2,
-// i.e. wgmma columns 16 (q / 2) + 8 (q % 2) + 2 t (+1). So column 8 q + 2 t + e of the block holds k 16 t + 2
-// q
-// + e of the matrix.
+// Column position of k inside its 64-wide block in the permuted activations of the Registers layout. The
+// thread of quad lane t holds the packed codes of k 16 t .. 16 t + 15 of a weight row (bytes 8 t .. 8 t + 7 of
+// the stage's 32, one scale block), and its byte q (codes 16 t + 2 q, + 1) feeds the fragment pair of k step
+// q / 2, pair q % 2, i.e. wgmma columns 16 (q / 2) + 8 (q % 2) + 2 t (+1): column 8 q + 2 t + e of the block
+// holds k 16 t + 2 q + e.
 __host__ __device__ constexpr int rs_column_of_k(int k) {
   return (k & ~63) | (((k & 15) >> 1) << 3) | (((k & 63) >> 4) << 1) | (k & 1);
 }
 
-// Registers layout consumer (NVFP4, Tma, BN 256): warpgroup cw computes the transposed product D[w
-// rows][grouped rows] = W . A^T of its 128 weight rows as two chains (ch 0, 1) of wgmma m64nNk16 with A = the
-// expanded weights from registers and B = the stage's activation tile [128 grouped rows][64 k] from shared
-// memory, N = 128 (64 for an item of at most 64 rows). Tile rows (the W tile of the raw stage):
-//   gate_up: chain 0 = gate rows 64 cw + 16 w + g (+8), chain 1 = the matching up rows 128 + ..., so a thread
-//            holds gate and up of one act column and grouped row in the same register of acc0 / acc1;
-//   down:    chain ch = rows 128 cw + 64 ch + 16 w + g (+8).
-// Per stage a thread reads 8 packed bytes (16 codes, one scale block) of each of its 4 rows and expands them
-// in two halves of two k steps into the A fragments (16 registers a half, double-buffered: a half's fragments
+// Registers layout consumer (NVFP4, Tma; block tile kMoeWgRsBN = 128 weight rows x kMoeWgRsBM = 256 grouped
+// rows): warpgroup cw computes the transposed product D[weight rows][grouped rows] = W . A^T of its 64 weight
+// rows by wgmma m64nNk16 with A = the expanded weights from registers and B = the stage's activation tile
+// [256 grouped rows][64 k] from shared memory; N = 64, 128, 192 or 256, the item's rows rounded up to 64.
+// Fragment rows g and g + 8 of warp w are tile rows
+//   gate_up: 32 cw + 8 w + g (gate) and 64 + 32 cw + 8 w + g (the matching up row), so a thread holds gate
+//            and up of one act column and grouped row in neighbouring accumulators: SiLU-and-mul in
+//            registers;
+//   down:    64 cw + 16 w + g (+8).
+// Per stage a thread reads 8 packed bytes (16 codes, one scale block) of each of its 2 rows and expands them
+// in two halves of two k steps into the A fragments (8 registers a half, double-buffered: a half's fragments
 // are rewritten only after the wgmma that read them completed). The activation tile's k are permuted inside
 // each 64-column block (rs_column_of_k) to match: the launcher's grouping copy permutes x, and the gate_up
 // epilogue stores act permuted.
-template <int N, bool kGateUp>
+template <int N>
 __device__ __forceinline__ void rs_mainloop(const WgParams& p, const WgLayout& L, uint32_t sbase,
                                             const unsigned char* smem, uint64_t* full, uint64_t* empty,
-                                            const int (&row)[2][2], float (&acc0)[64], float (&acc1)[64],
-                                            uint32_t (&fr)[2][2][2][4], uint32_t& q) {
-  constexpr int BN = 256;
+                                            const int (&row)[2], float (&acc)[128], uint32_t (&fr)[2][2][4],
+                                            uint32_t& q) {
+  constexpr int BN = kMoeWgRsBN;
   const int t4 = threadIdx.x & 3;
   const int S = p.stages;
   const int nk = p.k / kBK;
@@ -612,57 +630,42 @@ __device__ __forceinline__ void rs_mainloop(const WgParams& p, const WgLayout& L
     const uint32_t slot = q % S;
     wg::mbar_wait_bounded(&full[slot], (q / S) & 1u, slot, p.hang);
     const unsigned char* raw = smem + L.raw + slot * L.raw_stage;
-    uint2 v[2][2];
-    __nv_bfloat162 sc[2][2];
+    uint2 v[2];
+    __nv_bfloat162 sc[2];
 #pragma unroll
-    for (int ch = 0; ch < 2; ++ch) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        v[ch][h] = *reinterpret_cast<const uint2*>(raw + row[ch][h] * kRawRow + 8 * t4);
-        const uint32_t b =
-            raw[BN * kRawRow + row[ch][h] * kTmaScaleRow + (kc % kTmaScaleSteps) * kRawScale + t4];
-        sc[ch][h] = __float2bfloat162_rn(moe_dev::fp8_e4m3_value(b));
-      }
+    for (int h = 0; h < 2; ++h) {
+      v[h] = *reinterpret_cast<const uint2*>(raw + row[h] * kRawRow + 8 * t4);
+      const uint32_t b = raw[BN * kRawRow + row[h] * kTmaScaleRow + (kc % kTmaScaleSteps) * kRawScale + t4];
+      sc[h] = __float2bfloat162_rn(moe_dev::fp8_e4m3_value(b));
     }
     const uint64_t db = wg::smem_desc_sw128(sbase + L.a + slot * L.a_stage);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       // Word hf of a row: bytes 4 hf .. 4 hf + 3 = k steps 2 hf (pairs 0, 1) and 2 hf + 1.
-      uint4 x[2][2];
-#pragma unroll
-      for (int ch = 0; ch < 2; ++ch)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          x[ch][h] = moe_dev::e2m1x8_to_bf16(hf ? v[ch][h].y : v[ch][h].x, sc[ch][h]);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int ch = 0; ch < 2; ++ch) {
-          uint32_t(&a)[4] = fr[hf][j][ch];
-          a[0] = j ? x[ch][0].z : x[ch][0].x;
-          a[1] = j ? x[ch][1].z : x[ch][1].x;
-          a[2] = j ? x[ch][0].w : x[ch][0].y;
-          a[3] = j ? x[ch][1].w : x[ch][1].y;
-        }
-      wg::fence_operands(acc0);
-      wg::fence_operands(acc1);
+      const uint4 x0 = moe_dev::e2m1x8_to_bf16(hf ? v[0].y : v[0].x, sc[0]);
+      const uint4 x1 = moe_dev::e2m1x8_to_bf16(hf ? v[1].y : v[1].x, sc[1]);
+      fr[hf][0][0] = x0.x;
+      fr[hf][0][1] = x1.x;
+      fr[hf][0][2] = x0.y;
+      fr[hf][0][3] = x1.y;
+      fr[hf][1][0] = x0.z;
+      fr[hf][1][1] = x1.z;
+      fr[hf][1][2] = x0.w;
+      fr[hf][1][3] = x1.w;
+      wg::fence_operands(acc);
       wg::wgmma_fence();
-      // Both chains of k steps 2 hf and 2 hf + 1, one group; their fragments fr[hf] stay untouched until the
+      // K steps 2 hf and 2 hf + 1, one group; their fragments fr[hf] stay untouched until the
       // wgmma_wait<1> after the next group has seen this one complete.
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int kk = 2 * hf + j;
-        wg::mma_bf16_rs<N>(acc0, fr[hf][j][0], wg::desc_advance(db, kk), (kc > 0 || kk > 0) ? 1 : 0);
-        wg::mma_bf16_rs<N>(acc1, fr[hf][j][1], wg::desc_advance(db, kk), (kc > 0 || kk > 0) ? 1 : 0);
+        wg::mma_bf16_rs<N>(acc, fr[hf][j], wg::desc_advance(db, kk), (kc > 0 || kk > 0) ? 1 : 0);
       }
       wg::wgmma_commit();
       wg::wgmma_wait<1>();
-      wg::fence_operands(acc0);
-      wg::fence_operands(acc1);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int ch = 0; ch < 2; ++ch) wg::fence_fragment(fr[hf ^ 1][j][ch]);
+      wg::fence_operands(acc);
+      wg::fence_fragment(fr[hf ^ 1][0]);
+      wg::fence_fragment(fr[hf ^ 1][1]);
       // After half 0's wait the previous stage's last group has completed: its slot is free.
       if (hf == 0 && kc > 0 && (threadIdx.x & 31) == 0) wg::mbar_arrive(&empty[(q - 1) % S]);
     }
@@ -677,82 +680,74 @@ __device__ __forceinline__ void consumer_rs(const WgParams& p, const WgLayout& L
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, t4 = lane & 3;
   const int S = p.stages;
-  int row[2][2];  // tile row of chain ch, fragment half h
+  int row[2];  // tile rows of fragment rows g, g + 8
+  row[0] = kGateUp ? 32 * cw + 8 * w + g : 64 * cw + 16 * w + g;
+  row[1] = kGateUp ? 64 + 32 * cw + 8 * w + g : 64 * cw + 16 * w + g + 8;
+  float acc[128];
 #pragma unroll
-  for (int ch = 0; ch < 2; ++ch)
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  uint32_t fr[2][2][4];  // [half][k step of the half]: the A fragments
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      row[ch][h] =
-          kGateUp ? 128 * ch + 64 * cw + 16 * w + g + 8 * h : 128 * cw + 64 * ch + 16 * w + g + 8 * h;
-  float acc0[64], acc1[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
-  uint32_t fr[2][2][2][4];  // [half][k step of the half][chain]: the A fragments
-#pragma unroll
-  for (int i = 0; i < 32; ++i) (&fr[0][0][0][0])[i] = 0u;
+  for (int i = 0; i < 16; ++i) (&fr[0][0][0])[i] = 0u;
   uint32_t q = 0;
 
   for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
-    const Item it = decode_item(item, s_mt, p);
-    if (wg::warp_uniform(it.rows > 64 ? 1 : 0) != 0)
-      rs_mainloop<128, kGateUp>(p, L, sbase, smem, full, empty, row, acc0, acc1, fr, q);
+    const Item it = decode_item<kMoeWgRsBM>(item, s_mt, p);
+    const int nb = wg::warp_uniform((it.rows + 63) / 64);  // 64-row blocks of grouped rows: 1 .. 4
+    if (nb == 1)
+      rs_mainloop<64>(p, L, sbase, smem, full, empty, row, acc, fr, q);
+    else if (nb == 2)
+      rs_mainloop<128>(p, L, sbase, smem, full, empty, row, acc, fr, q);
+    else if (nb == 3)
+      rs_mainloop<192>(p, L, sbase, smem, full, empty, row, acc, fr, q);
     else
-      rs_mainloop<64, kGateUp>(p, L, sbase, smem, full, empty, row, acc0, acc1, fr, q);
+      rs_mainloop<256>(p, L, sbase, smem, full, empty, row, acc, fr, q);
     wg::wgmma_wait<0>();
-    wg::fence_operands(acc0);
-    wg::fence_operands(acc1);
+    wg::fence_operands(acc);
     if (lane == 0) wg::mbar_arrive(&empty[(q - 1) % S]);
 
     const MoeExpertWeights* ew = p.experts + it.e;
-    const int ncols = it.rows > 64 ? 16 : 8;  // n8 blocks of grouped rows the mainloop computed
+    const int ncols = 8 * nb;  // n8 blocks of grouped rows the mainloop computed
     if constexpr (kGateUp) {
       const float sg = ew->gate_scale2, su = ew->up_scale2;
+      __nv_bfloat16* dst = p.act + rs_column_of_k(it.nt * 64 + 32 * cw + 8 * w + g);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int c = it.nt * 128 + 64 * cw + 16 * w + g + 8 * h;  // act column (k of down)
-        __nv_bfloat16* dst = p.act + rs_column_of_k(c);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          if (j >= ncols) break;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int r = 8 * j + 2 * t4 + e;
-            if (r >= it.rows) continue;
-            const float gv = acc0[4 * j + 2 * h + e] * sg, uv = acc1[4 * j + 2 * h + e] * su;
-            // The CPU silu_mul's expression.
-            dst[static_cast<int64_t>(it.pos0 + r) * p.n_out] =
-                __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
-          }
-        }
-      }
-    } else {
-      const float sd = ew->down_scale2;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < 32; ++j) {
         if (j >= ncols) break;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int r = 8 * j + 2 * t4 + e;
           if (r >= it.rows) continue;
-          float* dst = p.slot_out + static_cast<int64_t>(p.sorted_slots[it.pos0 + r]) * p.n_out +
-                       it.nt * 256 + 128 * cw + 16 * w + g;
+          const float gv = acc[4 * j + e] * sg, uv = acc[4 * j + 2 + e] * su;
+          // The CPU silu_mul's expression.
+          dst[static_cast<int64_t>(it.pos0 + r) * p.n_out] = __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
+        }
+      }
+    } else {
+      const float sd = ew->down_scale2;
+      const int col = it.nt * kMoeWgRsBN + 64 * cw + 16 * w + g;
 #pragma unroll
-          for (int ch = 0; ch < 2; ++ch)
+      for (int j = 0; j < 32; ++j) {
+        if (j >= ncols) break;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) dst[64 * ch + 8 * h] = (ch ? acc1 : acc0)[4 * j + 2 * h + e] * sd;
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * j + 2 * t4 + e;
+          if (r >= it.rows) continue;
+          float* dst = p.slot_out + static_cast<int64_t>(p.sorted_slots[it.pos0 + r]) * p.n_out + col;
+          dst[0] = acc[4 * j + e] * sd;
+          dst[8] = acc[4 * j + 2 + e] * sd;
         }
       }
     }
   }
 }
 
-// tmap_a (Tma loads): the A rows [rows, k] bf16 in grouped order, box {64, 128}, 128-byte swizzle; unused
-// otherwise.
+// amaps (Tma loads): the A rows [rows, k] bf16 in grouped order, 128-byte swizzle (AMaps); unused otherwise.
 template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma, bool kRs = false>
 __global__ void __launch_bounds__(kThreads, 1)
-    moe_wgmma_kernel(const WgParams p, const __grid_constant__ CUtensorMap tmap_a) {
-  static_assert(!kRs || (BN == 256 && F == MoeMmaFormat::NVFP4 && kCx && kTma),
-                "the Registers layout is NVFP4 with tensor copies and 256-row tiles");
+    moe_wgmma_kernel(const WgParams p, const __grid_constant__ AMaps amaps) {
+  static_assert(!kRs || (BN == kMoeWgRsBN && F == MoeMmaFormat::NVFP4 && kCx && kTma),
+                "the Registers layout is NVFP4 with tensor copies and kMoeWgRsBN-row tiles");
 #if MS_WGMMA_SM90A
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   const uint32_t dyn = wg::smem_u32(smem_dyn);
@@ -776,23 +771,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   dev::grid_dep_enter();
 
   // Prefix of M tiles over experts (its barriers also publish the initialised mbarriers).
-  moe_dev::m_tile_prefix<kThreads, kBM>(p.counts, p.n_experts, s_mt, s_warp);
+  moe_dev::m_tile_prefix<kThreads, kRs ? kMoeWgRsBM : kBM>(p.counts, p.n_experts, s_mt, s_warp);
   const int total_items = s_mt[p.n_experts] * p.n_tiles;
 
   const int wgi = wg::warp_uniform(tid / 128);
   if constexpr (kRs) {
-    // The consumers hold 128 accumulators and 32 fragment registers a thread: move registers to them from
+    // The consumers hold 128 accumulators and 16 fragment registers a thread: move registers to them from
     // the producer warpgroup, whose one copying thread needs few.
     if (wgi == 0) {
       wg::regs_dealloc<40>();
-      producer_tma<BN, F, kGateUp>(p, &tmap_a, L, sbase, full, empty, s_mt, total_items);
+      producer_tma<BN, F, kGateUp, kMoeWgRsBM, kMapsPerExpert / 2>(p, &amaps, L, sbase, full, empty, s_mt,
+                                                                  total_items);
     } else {
       wg::regs_alloc<232>();
       consumer_rs<kGateUp>(p, L, sbase, smem, full, empty, s_mt, total_items, wgi - 1);
     }
   } else if (wgi == 0) {
     if constexpr (kTma) {
-      producer_tma<BN, F, kGateUp>(p, &tmap_a, L, sbase, full, empty, s_mt, total_items);
+      producer_tma<BN, F, kGateUp>(p, &amaps, L, sbase, full, empty, s_mt, total_items);
     } else {
       producer<BN, F, kGateUp, kCx>(p, L, sbase, smem, full, empty, s_mt, total_items);
     }
@@ -940,8 +936,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // The maps of the Tma loads, described once for encoding (encode_2d) and for the launcher's box checks
 // (check_tma_stages). A rows [rows, k] bf16 (grouped xg or act), box {64, 128}, 128-byte swizzle.
-TmaMap2d tma_a_map(const char* what, const void* base, uint64_t rows, uint64_t k) {
-  return {what, reinterpret_cast<uintptr_t>(base), 2, k, rows, 2 * k, kBK, kBM, 128};
+TmaMap2d tma_a_map(const char* what, const void* base, uint64_t rows, uint64_t k, uint32_t box_rows = kBM) {
+  return {what, reinterpret_cast<uintptr_t>(base), 2, k, rows, 2 * k, kBK, box_rows, 128};
 }
 // One weight matrix [rows, cols] (cols = k): bf16 box {64, half} swizzled like the wgmma operand; NVFP4 codes
 // (bytes) box {32, half}, unswizzled (the consumers expand them).
@@ -1011,60 +1007,60 @@ void check_tma_stages(MoeMmaFormat f, bool gate_up, int bn, int stages, const Tm
         bytes += check_tma_box(sc, raw + static_cast<uint64_t>(bn) * kRawRow, c_sc);
         bytes += check_tma_box(sc, raw + static_cast<uint64_t>(bn) * kRawRow + half * kTmaScaleRow, c_sc);
       }
-      MS_CHECK(bytes == tma_stage_bytes(f, bn),
-               "moe_experts_wgmma tma: the boxes of a stage bring {} bytes, expect_tx announces {}", bytes,
-               tma_stage_bytes(f, bn));
+      const uint32_t want = tma_stage_bytes(f, bn, static_cast<int>(a.box_rows));
+      MS_CHECK(bytes == want, "moe_experts_wgmma tma: the boxes of a stage bring {} bytes, expect_tx announces {}",
+               bytes, want);
     }
   }
 }
 
 template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma, bool kRs = false>
-void launch_one(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+void launch_one(const WgParams& wp, const AMaps& amaps, const MoeExpertsParams& p,
                 const DeviceCaps& caps, size_t smem, cudaStream_t stream) {
   const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma, kRs>);
   const int per_sm = moe_launch::resident_blocks("moe_experts_wgmma", fn, kThreads, smem, caps.device);
-  const unsigned grid = moe_launch::grid(p, kBM, wp.n_tiles, per_sm, caps.multiprocessors);
+  const unsigned grid = moe_launch::grid(p, kRs ? kMoeWgRsBM : kBM, wp.n_tiles, per_sm, caps.multiprocessors);
   launch_kernel("moe_wgmma", moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma, kRs>, grid, kThreads, smem, stream,
-                wp, tmap_a);
+                wp, amaps);
 }
 
 template <int BN, bool kGateUp>
-void launch_bn(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+void launch_bn(const WgParams& wp, const AMaps& amaps, const MoeExpertsParams& p,
                const MoeWgmmaGemmConfig& cfg, const DeviceCaps& caps, cudaStream_t stream) {
   const bool nv = p.format == MoeWeightFormat::NVFP4, cx = cfg.expand == MoeWgExpand::Consumer;
   if (p.format == MoeWeightFormat::FP8Block) {
     // Always consumer expansion and cp.async (the choosers never return Tma for FP8Block).
     MS_CHECK(cfg.load == MoeWgLoad::CpAsync, "moe_experts_wgmma: FP8Block with tensor-copy loads");
-    launch_one<BN, MoeMmaFormat::FP8Block, kGateUp, true, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+    launch_one<BN, MoeMmaFormat::FP8Block, kGateUp, true, false>(wp, amaps, p, caps, cfg.smem, stream);
     return;
   }
   if (cfg.load == MoeWgLoad::Tma) {
     if (!nv) {
-      launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+      launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, true>(wp, amaps, p, caps, cfg.smem, stream);
     } else if (cfg.expand == MoeWgExpand::Registers) {
-      if constexpr (BN == 256)
-        launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, true, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+      if constexpr (BN == kMoeWgRsBN)
+        launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, true, true>(wp, amaps, p, caps, cfg.smem, stream);
       else
         MS_THROW("moe_experts_wgmma: the Registers layout with {}-row tiles", BN);
     } else {
-      launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, true>(wp, tmap_a, p, caps, cfg.smem, stream);
+      launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, true>(wp, amaps, p, caps, cfg.smem, stream);
     }
   } else if (!nv) {
-    launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+    launch_one<BN, MoeMmaFormat::BF16, kGateUp, false, false>(wp, amaps, p, caps, cfg.smem, stream);
   } else if (cx) {
-    launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+    launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, true, false>(wp, amaps, p, caps, cfg.smem, stream);
   } else {
-    launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, false, false>(wp, tmap_a, p, caps, cfg.smem, stream);
+    launch_one<BN, MoeMmaFormat::NVFP4, kGateUp, false, false>(wp, amaps, p, caps, cfg.smem, stream);
   }
 }
 
 template <bool kGateUp>
-void launch_gemm(const WgParams& wp, const CUtensorMap& tmap_a, const MoeExpertsParams& p,
+void launch_gemm(const WgParams& wp, const AMaps& amaps, const MoeExpertsParams& p,
                  const MoeWgmmaGemmConfig& cfg, const DeviceCaps& caps, cudaStream_t stream) {
   if (cfg.bn == 256)
-    launch_bn<256, kGateUp>(wp, tmap_a, p, cfg, caps, stream);
+    launch_bn<256, kGateUp>(wp, amaps, p, cfg, caps, stream);
   else
-    launch_bn<128, kGateUp>(wp, tmap_a, p, cfg, caps, stream);
+    launch_bn<128, kGateUp>(wp, amaps, p, cfg, caps, stream);
 }
 
 // Scale columns of an FP8Block matrix whose rows are k wide (0 for the other formats, whose fp8_block is
@@ -1138,6 +1134,16 @@ void* moe_experts_wgmma_maps(const MoeExpertWeights* host_table, int n_experts, 
     put(m + 1, m + 4, w.up, w.up_scale, inter, hidden, gu_half, name("up").c_str(), name("up_scale").c_str());
     put(m + 2, m + 5, w.down, w.down_scale, hidden, inter, dn_half, name("down").c_str(),
         name("down_scale").c_str());
+    if (nv) {  // the Registers layout's boxes of kMoeWgRsBN / 2 rows
+      constexpr uint32_t rh = kMoeWgRsBN / 2;
+      CUtensorMap* r = m + kMapsPerExpert / 2;
+      put(r + 0, r + 3, w.gate, w.gate_scale, inter, hidden, rh, name("gate (64-row boxes)").c_str(),
+          name("gate_scale (64-row boxes)").c_str());
+      put(r + 1, r + 4, w.up, w.up_scale, inter, hidden, rh, name("up (64-row boxes)").c_str(),
+          name("up_scale (64-row boxes)").c_str());
+      put(r + 2, r + 5, w.down, w.down_scale, hidden, inter, rh, name("down (64-row boxes)").c_str(),
+          name("down_scale (64-row boxes)").c_str());
+    }
   }
   void* d = nullptr;
   CUDA_CHECK(cudaMalloc(&d, maps.size() * sizeof(CUtensorMap)));
@@ -1185,7 +1191,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
   wp.hang = timeout_record();
   const uint64_t slots = static_cast<uint64_t>(p.m) * p.top_k;
 
-  CUtensorMap a_gu, a_dn;
+  AMaps a_gu, a_dn;
   std::memset(&a_gu, 0, sizeof a_gu);
   std::memset(&a_dn, 0, sizeof a_dn);
   if (tma) {
@@ -1200,12 +1206,17 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
       launch_kernel("moe_wg_group_rows", moe_wg_group_rows_kernel<false>, std::max(blocks, 1), 256, 0, stream,
                     static_cast<const __nv_bfloat16*>(xb), p.sorted_slots, p.expert_offsets, p.n_experts,
                     p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg));
-    const TmaMap2d ma = tma_a_map("xg", xg, slots, p.hidden), md = tma_a_map("act", act, slots, p.inter);
     const MoeMmaFormat f = wg_format(p.format);
-    check_tma_stages(f, true, cfg.gate_up.bn, cfg.gate_up.stages, ma, p.hidden, p.inter, rs);
-    check_tma_stages(f, false, cfg.down.bn, cfg.down.stages, md, p.inter, p.hidden, rs);
-    a_gu = encode_2d(ma);
-    a_dn = encode_2d(md);
+    // The 128-row layouts: one box of 128 rows; the Registers layout: boxes of 64, 128, 192 and 256 rows.
+    for (int i = 0; i < (rs ? 4 : 1); ++i) {
+      const uint32_t box = rs ? 64u * static_cast<uint32_t>(i + 1) : static_cast<uint32_t>(kBM);
+      const TmaMap2d ma = tma_a_map("xg", xg, slots, p.hidden, box);
+      const TmaMap2d md = tma_a_map("act", act, slots, p.inter, box);
+      check_tma_stages(f, true, cfg.gate_up.bn, cfg.gate_up.stages, ma, p.hidden, p.inter, rs);
+      check_tma_stages(f, false, cfg.down.bn, cfg.down.stages, md, p.inter, p.hidden, rs);
+      a_gu.m[i] = encode_2d(ma);
+      a_dn.m[i] = encode_2d(md);
+    }
   }
 
   WgParams gu = wp;

@@ -41,7 +41,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
 // else where p.wgmma_maps is set, and the shape allows it), i.e. uses xg. Throws where nothing fits.
 bool moe_experts_wgmma_groups_rows(const MoeExpertsParams& p);
 
-// Bytes of the per-expert tensor maps (6 CUtensorMap of 128 bytes per expert).
+// Bytes of the per-expert tensor maps (12 CUtensorMap of 128 bytes per expert: two box heights).
 size_t moe_experts_wgmma_maps_bytes(int n_experts);
 
 // The per-expert tensor maps of the tensor-copy loads, built on the host from a layer's expert table as the

@@ -30,10 +30,13 @@ constexpr int kMoeWgMinStages = 3;
 // (MOESERVE_MOE_WGMMA_EXPAND=producer).
 // Registers: the product is taken transposed (weight rows as wgmma's M, grouped rows as its N) so that each
 // consumer thread expands the NVFP4 codes of its own A fragment straight into registers: no bf16 W tile in
-// shared memory, no consumer barrier a stage. NVFP4 with tensor-copy loads and 256-row tiles only (the
-// choosers fall back to Consumer elsewhere); both projections take it or neither (the activations between
-// them are stored with k permuted inside each 64-column block, see moe_experts_wgmma.cu).
+// shared memory, no consumer barrier a stage, and each expanded value serves up to 256 grouped rows (block
+// tile kMoeWgRsBN weight rows x kMoeWgRsBM grouped rows). NVFP4 with tensor-copy loads only (the choosers fall
+// back to Consumer elsewhere); both projections take it or neither (the activations between them are stored
+// with k permuted inside each 64-column block, see moe_experts_wgmma.cu).
 enum class MoeWgExpand { Consumer, Producer, Registers };
+constexpr int kMoeWgRsBM = 256;  // grouped rows per block tile of the Registers layout
+constexpr int kMoeWgRsBN = 128;  // weight rows per block tile of the Registers layout
 // What the launcher asks for when neither the caller nor MOESERVE_MOE_WGMMA_EXPAND says.
 constexpr MoeWgExpand kMoeWgDefaultExpand = MoeWgExpand::Consumer;
 
@@ -111,13 +114,15 @@ inline size_t moe_wgmma_raw_stage_bytes(MoeMmaFormat f, int bn, MoeWgLoad load =
 //     W buffers [bn][64], raw ring [stages] x moe_wgmma_raw_stage_bytes.
 //   MoeWgLoad::Tma: as the layouts above (NVFP4 the consumer one, or Registers) with raw NVFP4 rows of 32
 //     packed bytes + kMoeWgTmaScaleRow scale bytes (moe_wgmma_raw_stage_bytes).
-//   Registers (NVFP4, Tma): the consumer layout without W buffers.
+//   Registers (NVFP4, Tma): A ring [stages] x [kMoeWgRsBM][64] bf16 and the raw ring, no W buffers.
 // Then 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums.
 inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts,
                                    MoeWgExpand x = MoeWgExpand::Consumer,
                                    MoeWgLoad load = MoeWgLoad::CpAsync) {
   const bool tma = load == MoeWgLoad::Tma;
-  const size_t a_tile = size_t{kMoeWgBM} * kMoeWgBK * 2, w_tile = static_cast<size_t>(bn) * kMoeWgBK * 2;
+  const bool rs = x == MoeWgExpand::Registers && f == MoeMmaFormat::NVFP4;
+  const size_t a_tile = static_cast<size_t>(rs ? kMoeWgRsBM : kMoeWgBM) * kMoeWgBK * 2,
+               w_tile = static_cast<size_t>(bn) * kMoeWgBK * 2;
   const size_t raw_stage = moe_wgmma_raw_stage_bytes(f, bn, load);
   if (tma && x == MoeWgExpand::Producer) x = MoeWgExpand::Consumer;
   const bool cx = moe_wgmma_consumer_expands(f, x);
@@ -162,8 +167,11 @@ inline std::optional<MoeWgmmaGemmConfig> choose_moe_wgmma_gemm(MoeMmaFormat f, i
   std::string last;
   if (f == MoeMmaFormat::FP8Block) x = MoeWgExpand::Consumer;
   if (moe_wgmma_tma_unsupported(f)) load = MoeWgLoad::CpAsync;
-  if (x == MoeWgExpand::Registers && (f != MoeMmaFormat::NVFP4 || load != MoeWgLoad::Tma || bn != 256))
+  if (x == MoeWgExpand::Registers && (f != MoeMmaFormat::NVFP4 || load != MoeWgLoad::Tma))
     x = MoeWgExpand::Consumer;
+  // The Registers layout's tiles: 128 weight rows (gate_up: 64 gate + 64 up; the shape rules, inter % 64 and
+  // hidden % 128, make both projections divide).
+  if (x == MoeWgExpand::Registers) bn = kMoeWgRsBN;
   if (load == MoeWgLoad::Tma && x == MoeWgExpand::Producer) x = MoeWgExpand::Consumer;
   const bool cx = moe_wgmma_consumer_expands(f, x);
   for (int stages = bn == 256 && !cx ? 4 : kMoeWgMaxStages; stages >= kMoeWgMinStages; --stages) {
