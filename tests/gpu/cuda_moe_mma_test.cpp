@@ -512,37 +512,41 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeWgmma,
                          });
 
 // The tensor-copy loads (MoeWgLoad::Tma: grouped activation rows, per-expert tensor maps, one issuing thread,
-// NVFP4 codes and scales expanded by the consumers). Shapes whose NVFP4 scale rows are multiples of 16 bytes
-// (hidden, inter multiples of 256). Ragged counts: 1 and 3 tokens over 64 experts (experts of 0 and 1 rows),
-// 40 tokens (partial tiles, a consumer warpgroup with no rows), 1000 (full and partial 128-row tiles), one
-// expert whose k steps (512 / 64 = 8, 256 / 64 = 4) are fewer than or equal to the ring's stages.
+// NVFP4 codes and scales expanded by the consumers into the bf16 W tile: the consumer layout, pinned). Shapes
+// whose NVFP4 scale rows are multiples of 16 bytes (hidden, inter multiples of 256). Ragged counts: 1 and 3
+// tokens over 64 experts (experts of 0 and 1 rows), 40 tokens (partial tiles, a consumer warpgroup with no
+// rows), 1000 (full and partial 128-row tiles), one expert whose k steps (512 / 64 = 8, 256 / 64 = 4) are
+// fewer than or equal to the ring's stages.
 class CudaMoeWgmmaTma : public ::testing::TestWithParam<MoeWeightFormat> {};
+
+// The consumer layout pinned (NVFP4 takes the Registers layout by default where it can).
+constexpr int kConsumer = static_cast<int>(ms::cuda::MoeWgExpand::Consumer);
 
 TEST_P(CudaMoeWgmmaTma, SmallShapesMatchCpuReference) {
   if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
   int seed = 50;
   const Experts many(64, 512, 256, GetParam(), 5);
-  for (int m : {1, 3}) run_case(many, m, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1);
-  run_case(many, 40, 4, Routing::Skewed, seed++, MoePrefillKernel::Wgmma, 1);
+  for (int m : {1, 3}) run_case(many, m, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1, kConsumer);
+  run_case(many, 40, 4, Routing::Skewed, seed++, MoePrefillKernel::Wgmma, 1, kConsumer);
   const Experts wide(16, 512, 256, GetParam(), 4);
   for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::OneHot})
-    run_case(wide, 1000, 4, r, seed++, MoePrefillKernel::Wgmma, 1);
-  run_case(wide, 40, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1);
+    run_case(wide, 1000, 4, r, seed++, MoePrefillKernel::Wgmma, 1, kConsumer);
+  run_case(wide, 40, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1, kConsumer);
   // bn 128 for gate_up (inter 320 is a multiple of 64, not of 128): gate_up tiles of 64 gate + 64 up rows.
   if (GetParam() == MoeWeightFormat::BF16) {
     const Experts narrow(16, 256, 320, GetParam(), 6);
-    run_case(narrow, 300, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1);
+    run_case(narrow, 300, 4, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1, kConsumer);
   }
   const Experts one(1, 512, 256, GetParam(), 7);
-  run_case(one, 200, 1, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1);
+  run_case(one, 200, 1, Routing::Uniform, seed++, MoePrefillKernel::Wgmma, 1, kConsumer);
 }
 
 TEST_P(CudaMoeWgmmaTma, FullWidthMatchesCpuReference) {
   if (!have_sm90()) GTEST_SKIP() << "no CUDA device of sm_90";
   const Experts xs(8, 6144, 2048, GetParam(), 3);
-  run_case(xs, 150, 4, Routing::Uniform, 60, MoePrefillKernel::Wgmma, 1);
-  run_case(xs, 64, 4, Routing::OneHot, 61, MoePrefillKernel::Wgmma, 1);
-  run_case(xs, 300, 4, Routing::Skewed, 62, MoePrefillKernel::Wgmma, 1);
+  run_case(xs, 150, 4, Routing::Uniform, 60, MoePrefillKernel::Wgmma, 1, kConsumer);
+  run_case(xs, 64, 4, Routing::OneHot, 61, MoePrefillKernel::Wgmma, 1, kConsumer);
+  run_case(xs, 300, 4, Routing::Skewed, 62, MoePrefillKernel::Wgmma, 1, kConsumer);
 }
 
 // FP8Block: the same cases asked for with tensor copies run on the cp.async loads (the fallback).

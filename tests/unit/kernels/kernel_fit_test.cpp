@@ -762,9 +762,9 @@ TEST(KernelFit, MoeWgmmaRegistersLayout) {
     EXPECT_EQ(g.stages, 5);
     // 1024 slack + A ring ([256][64] bf16) + raw ring (128 x (32 + 16)) + barriers + table; no W buffers.
     EXPECT_EQ(g.smem, size_t{1024 + 5 * 32768 + 5 * 6144 + 128 + 1152});
-    EXPECT_GT(moe_wgmma_smem_bytes(MoeMmaFormat::NVFP4, kMoeWgRsBN, 6, 256, MoeWgExpand::Registers,
-                                   MoeWgLoad::Tma),
-              limits_h200().smem_per_block_optin);
+    EXPECT_GT(
+        moe_wgmma_smem_bytes(MoeMmaFormat::NVFP4, kMoeWgRsBN, 6, 256, MoeWgExpand::Registers, MoeWgLoad::Tma),
+        limits_h200().smem_per_block_optin);
     EXPECT_LE(g.smem, limits_h200().smem_per_block_optin);
   }
   // cp.async loads, other formats: their own layouts.
@@ -797,6 +797,21 @@ TEST(KernelFit, MoeWgmmaRegistersLayout) {
   for (const DeviceLimits& dev : {limits_b200(), limits_rtx_pro_6000()})
     EXPECT_FALSE(choose_moe_wgmma_config(s, dev, nullptr, MoeWgExpand::Registers, MoeWgLoad::Tma).has_value())
         << dev.name;
+}
+
+// The default layout by the step's size: Registers from 128 grouped rows an expert on average (GLM-5: 4096
+// tokens x top-8 over 256 experts), the consumer layout below; no experts, the consumer layout.
+TEST(KernelFit, MoeWgmmaDefaultExpandBySize) {
+  MoeMmaShape s{MoeMmaFormat::NVFP4, 8192, 8, 256, 6144, 2048};
+  EXPECT_EQ(moe_wgmma_default_expand(s), MoeWgExpand::Registers);
+  s.m = 4096;
+  EXPECT_EQ(moe_wgmma_default_expand(s), MoeWgExpand::Registers);
+  s.m = 4095;
+  EXPECT_EQ(moe_wgmma_default_expand(s), MoeWgExpand::Consumer);
+  s.m = 512;
+  EXPECT_EQ(moe_wgmma_default_expand(s), MoeWgExpand::Consumer);
+  s.n_experts = 0;
+  EXPECT_EQ(moe_wgmma_default_expand(s), MoeWgExpand::Consumer);
 }
 
 TEST(KernelFit, MoeWgmmaExpandLayouts) {

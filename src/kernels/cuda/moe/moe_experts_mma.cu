@@ -538,8 +538,9 @@ MoePrefillKernel moe_experts_prefill_kernel(const MoeExpertsParams& p) {
 size_t moe_experts_mma_workspace_bytes(int m, int top_k, int hidden, int inter) {
   const size_t mm = static_cast<size_t>(std::max(m, 0));
   const size_t slots = mm * std::max(top_k, 0);
+  // xb, act, xg (grouped rows of the tensor-copy loads), then 256 bytes for the wgmma launches' counters.
   return align256(mm * std::max(hidden, 0) * 2) + align256(slots * std::max(inter, 0) * 2) +
-         align256(slots * std::max(hidden, 0) * 2);
+         align256(slots * std::max(hidden, 0) * 2) + 256;
 }
 
 MoeMmaConfig moe_experts_mma_config(const MoeExpertsParams& p) {
@@ -591,7 +592,8 @@ void moe_experts_mma(const MoeExpertsParams& p_in, void* workspace, cudaStream_t
   if (wgmma) {
     auto* xg = static_cast<char*>(workspace) + align256(static_cast<size_t>(p.m) * p.hidden * 2) +
                align256(static_cast<size_t>(p.m) * p.top_k * p.inter * 2);
-    moe_experts_wgmma_gemms(p, xb, xg, act, stream);
+    auto* counters = reinterpret_cast<int*>(xg + align256(static_cast<size_t>(p.m) * p.top_k * p.hidden * 2));
+    moe_experts_wgmma_gemms(p, xb, xg, act, counters, stream);
     moe_experts_combine(p, stream);
     return;
   }

@@ -64,6 +64,15 @@
 // checks every map (tma_check.h: addresses, strides, box sizes, swizzle) and every box of a stage (shared
 // destinations 1024 / 128-aligned, innermost starts 16-byte aligned, the boxes' bytes = the expect_tx count).
 //
+// Registers layout (MoeWgExpand::Registers, NVFP4 with tensor copies; consumer_rs below): the product taken
+// transposed, 128 weight rows x up to 256 grouped rows a block, each consumer thread expanding its own wgmma
+// A fragments into registers (no bf16 W tile, no consumer barrier); the activations carry k permuted inside
+// each 64-column block (rs_column_of_k); the producer takes the smallest of four activation boxes (64 .. 256
+// rows) that holds the item and takes items from a launch counter (dynamic, instead of b, b + grid, ...).
+//
+// The ring's slot and phase parity advance by a wrapping counter (RingPos), not q % S and q / S: S is a
+// launch parameter and the divisions showed among the consumers' most stalled instructions.
+//
 // Every mbarrier wait is bounded (wg::mbar_wait_bounded): after about 4 s it records the barrier (full[s] =
 // s, empty[s] = kEmptyTag | s), block and thread in mapped host memory and traps; the next launch and the
 // process's exit report it.
@@ -112,8 +121,8 @@ constexpr int kFullArrivals = 128;   // every producer thread (cp.async loads)
 constexpr int kTmaScaleRow = kMoeWgTmaScaleRow;
 constexpr int kTmaScaleSteps = kTmaScaleRow / kRawScale;  // k steps whose scales one Tma scale piece holds
 // Tensor maps per expert (Tma loads): gate, up, down data, then gate, up, down scales (NVFP4; else unused),
-// boxes of half the layout's tile rows (moe_wgmma_bn / 2); then the same six with boxes of kMoeWgRsBN / 2 rows
-// for the Registers layout (NVFP4 only).
+// boxes of half the layout's tile rows (moe_wgmma_bn / 2); then the same six with boxes of kMoeWgRsBN / 2
+// rows for the Registers layout (NVFP4 only).
 constexpr int kMapsPerExpert = 12;
 // Barrier numbers in a timeout record: full[s] = s, empty[s] = kEmptyTag | s.
 constexpr uint32_t kEmptyTag = 1u << 16;
@@ -139,6 +148,9 @@ struct WgParams {
   // are never read.
   const CUtensorMap* __restrict__ wmaps;
   wg::MbarTimeout* hang;  // where a timed-out mbarrier wait is recorded (may be null)
+  // Registers layout: the launch's item counter (zero at launch; the grouping copy before gate_up clears
+  // it): each block's producer takes the next item by atomicAdd instead of items b, b + grid, ...
+  int* item_next = nullptr;
 };
 
 // The A (activation rows) tensor maps of a Tma launch: m[0] box {64, 128} for the 128-row layouts; the
@@ -241,6 +253,19 @@ __device__ __forceinline__ void consumers_sync() {
 
 struct Item {
   int e, nt, rows, pos0;
+};
+
+// The ring position of stage counter q: slot q % S and phase parity (q / S) & 1, advanced without dividing
+// (S is a launch parameter, and the consumers' stall samples charged a division by it, about 20 dependent
+// instructions with a reciprocal, a few times a stage).
+struct RingPos {
+  uint32_t slot = 0, parity = 0;
+  __device__ __forceinline__ void next(uint32_t stages) {
+    if (++slot == stages) {
+      slot = 0;
+      parity ^= 1u;
+    }
+  }
 };
 
 // item -> expert (largest e with s_mt[e] <= item / n_tiles), N tile, M tile, rows of the tile, first
@@ -440,10 +465,13 @@ __device__ __forceinline__ void producer(const WgParams& p, const WgLayout& L, u
 // Every box's innermost start, in bytes, is a multiple of 16 (asserted below): the hardware faults on others.
 // BM: grouped rows of the A box (128; the Registers layout 256); kMapBase: the first of the expert's maps
 // (0; the Registers layout's maps of 64-row boxes at kMapsPerExpert / 2).
+// s_item (BM == kMoeWgRsBM: the Registers layout): items are taken from p.item_next one at a time; the item
+// index goes to s_item[slot] of its first stage before that stage's arrival (release), and once the counter
+// passes total_items a stage of no bytes carries -1 to end the consumers.
 template <int BN, MoeMmaFormat F, bool kGateUp, int BM = kBM, int kMapBase = 0>
 __device__ __forceinline__ void producer_tma(const WgParams& p, const AMaps* amaps, const WgLayout& L,
                                              uint32_t sbase, uint64_t* full, uint64_t* empty, const int* s_mt,
-                                             int total_items) {
+                                             int total_items, int* s_item = nullptr) {
   if (threadIdx.x != 0) return;
   constexpr bool kNv = F == MoeMmaFormat::NVFP4;
   static_assert(BM == kBM || BM == kMoeWgRsBM, "A boxes of 128 rows, or of 64 .. 256 (Registers layout)");
@@ -455,9 +483,24 @@ __device__ __forceinline__ void producer_tma(const WgParams& p, const AMaps* ama
   const int S = p.stages;
   const int nk = p.k / kBK;
   uint32_t q = 0;
+  RingPos rp;
   int last_e = -1;
   const CUtensorMap *d0 = nullptr, *d1 = nullptr, *s0 = nullptr, *s1 = nullptr;
-  for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
+  constexpr bool kDynamic = BM == kMoeWgRsBM;
+  for (int item = kDynamic ? atomicAdd(p.item_next, 1) : static_cast<int>(blockIdx.x);;) {
+    if constexpr (kDynamic) {
+      if (item >= total_items) {
+        // The end: one more stage, no bytes, s_item -1.
+        const uint32_t slot = rp.slot;
+        if (q >= static_cast<uint32_t>(S))
+          wg::mbar_wait_bounded(&empty[slot], rp.parity ^ 1u, kEmptyTag | slot, p.hang);
+        s_item[slot] = -1;
+        wg::mbar_arrive(&full[slot]);
+        return;
+      }
+    } else if (item >= total_items) {
+      return;
+    }
     const Item it = decode_item<BM>(item, s_mt, p);
     if (it.e != last_e) {
       const CUtensorMap* em = p.wmaps + static_cast<int64_t>(it.e) * kMapsPerExpert + kMapBase;
@@ -481,9 +524,11 @@ __device__ __forceinline__ void producer_tma(const WgParams& p, const AMaps* ama
     const CUtensorMap* tmap_a = &amaps->m[BM == kBM ? 0 : nb - 1];
     const uint32_t stage_bytes = tma_stage_bytes(F, BN, 64 * nb);
     for (int kc = 0; kc < nk; ++kc) {
-      const uint32_t slot = q % S;
+      const uint32_t slot = rp.slot;
+      // Round q / S >= 1 waits for the consumers' release of round q / S - 1 (parity flipped).
       if (q >= static_cast<uint32_t>(S))
-        wg::mbar_wait_bounded(&empty[slot], (q / S - 1) & 1u, kEmptyTag | slot, p.hang);
+        wg::mbar_wait_bounded(&empty[slot], rp.parity ^ 1u, kEmptyTag | slot, p.hang);
+      if (kDynamic && kc == 0) s_item[slot] = item;
       wg::mbar_arrive_expect_tx(&full[slot], stage_bytes);
       wg::tma_load_2d(sbase + L.a + slot * L.a_stage, tmap_a, kc * kBK, it.pos0, &full[slot]);
       if constexpr (!kNv) {
@@ -499,7 +544,9 @@ __device__ __forceinline__ void producer_tma(const WgParams& p, const AMaps* ama
         wg::tma_load_2d(raw + BN * kRawRow + (BN / 2) * kTmaScaleRow, s1, sc, r1, &full[slot]);
       }
       ++q;
+      rp.next(S);
     }
+    item = kDynamic ? atomicAdd(p.item_next, 1) : item + static_cast<int>(gridDim.x);
   }
 }
 
@@ -518,17 +565,18 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-  uint32_t q = 0;
+  RingPos rp;                        // stage counter q's slot and parity
+  uint32_t prev = 0, wbuf_next = 0;  // the previous stage's slot; W buffer q % 3
 
   for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
     const Item it = decode_item(item, s_mt, p);
     const bool active = wg::warp_uniform(cw * 64 < it.rows ? 1 : 0) != 0;  // warpgroup-uniform
     for (int kc = 0; kc < nk; ++kc) {
-      const uint32_t slot = q % S;
-      wg::mbar_wait_bounded(&full[slot], (q / S) & 1u, slot, p.hang);
+      const uint32_t slot = rp.slot;
+      wg::mbar_wait_bounded(&full[slot], rp.parity, slot, p.hang);
       // The W tile of this stage: the ring slot, or (consumer expansion) buffer q % 3, free since both
       // warpgroups passed the barrier of stage q - 1 after waiting for their MMAs of stage q - 3.
-      const uint32_t wbuf = kCx ? q % kMoeWgConsumerWBufs : slot;
+      const uint32_t wbuf = kCx ? wbuf_next : slot;
       if constexpr (kCx) {
         const int ct = threadIdx.x - 128;  // 0 .. 255: row ct of the tile (bn 128: the first warpgroup)
         if (ct < BN) {
@@ -556,12 +604,14 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
       // Unconditional (a no-op without pending groups): ptxas then sees every accumulator use after a wait.
       wg::wgmma_wait<1>();
       wg::fence_operands(acc);
-      if (kc > 0 && lane == 0) wg::mbar_arrive(&empty[(q - 1) % S]);
-      ++q;
+      if (kc > 0 && lane == 0) wg::mbar_arrive(&empty[prev]);
+      prev = slot;
+      rp.next(S);
+      if (++wbuf_next == kMoeWgConsumerWBufs) wbuf_next = 0;
     }
     wg::wgmma_wait<0>();
     wg::fence_operands(acc);
-    if (lane == 0) wg::mbar_arrive(&empty[(q - 1) % S]);
+    if (lane == 0) wg::mbar_arrive(&empty[prev]);
     if (!active) continue;
 
     const MoeExpertWeights* ew = p.experts + it.e;
@@ -595,10 +645,10 @@ __device__ __forceinline__ void consumer(const WgParams& p, const WgLayout& L, u
 }
 
 // Column position of k inside its 64-wide block in the permuted activations of the Registers layout. The
-// thread of quad lane t holds the packed codes of k 16 t .. 16 t + 15 of a weight row (bytes 8 t .. 8 t + 7 of
-// the stage's 32, one scale block), and its byte q (codes 16 t + 2 q, + 1) feeds the fragment pair of k step
-// q / 2, pair q % 2, i.e. wgmma columns 16 (q / 2) + 8 (q % 2) + 2 t (+1): column 8 q + 2 t + e of the block
-// holds k 16 t + 2 q + e.
+// thread of quad lane t holds the packed codes of k 16 t .. 16 t + 15 of a weight row (bytes 8 t .. 8 t + 7
+// of the stage's 32, one scale block), and its byte q (codes 16 t + 2 q, + 1) feeds the fragment pair of k
+// step q / 2, pair q % 2, i.e. wgmma columns 16 (q / 2) + 8 (q % 2) + 2 t (+1): column 8 q + 2 t + e of the
+// block holds k 16 t + 2 q + e.
 __host__ __device__ constexpr int rs_column_of_k(int k) {
   return (k & ~63) | (((k & 15) >> 1) << 3) | (((k & 63) >> 4) << 1) | (k & 1);
 }
@@ -621,14 +671,14 @@ template <int N>
 __device__ __forceinline__ void rs_mainloop(const WgParams& p, const WgLayout& L, uint32_t sbase,
                                             const unsigned char* smem, uint64_t* full, uint64_t* empty,
                                             const int (&row)[2], float (&acc)[128], uint32_t (&fr)[2][2][4],
-                                            uint32_t& q) {
+                                            RingPos& rp, uint32_t& prev) {
   constexpr int BN = kMoeWgRsBN;
   const int t4 = threadIdx.x & 3;
   const int S = p.stages;
   const int nk = p.k / kBK;
   for (int kc = 0; kc < nk; ++kc) {
-    const uint32_t slot = q % S;
-    wg::mbar_wait_bounded(&full[slot], (q / S) & 1u, slot, p.hang);
+    const uint32_t slot = rp.slot;
+    wg::mbar_wait_bounded(&full[slot], rp.parity, slot, p.hang);
     const unsigned char* raw = smem + L.raw + slot * L.raw_stage;
     uint2 v[2];
     __nv_bfloat162 sc[2];
@@ -667,19 +717,19 @@ __device__ __forceinline__ void rs_mainloop(const WgParams& p, const WgLayout& L
       wg::fence_fragment(fr[hf ^ 1][0]);
       wg::fence_fragment(fr[hf ^ 1][1]);
       // After half 0's wait the previous stage's last group has completed: its slot is free.
-      if (hf == 0 && kc > 0 && (threadIdx.x & 31) == 0) wg::mbar_arrive(&empty[(q - 1) % S]);
+      if (hf == 0 && kc > 0 && (threadIdx.x & 31) == 0) wg::mbar_arrive(&empty[prev]);
     }
-    ++q;
+    prev = slot;
+    rp.next(S);
   }
 }
 
 template <bool kGateUp>
 __device__ __forceinline__ void consumer_rs(const WgParams& p, const WgLayout& L, uint32_t sbase,
                                             const unsigned char* smem, uint64_t* full, uint64_t* empty,
-                                            const int* s_mt, int total_items, int cw) {
+                                            const int* s_mt, const int* s_item, int cw) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, t4 = lane & 3;
-  const int S = p.stages;
   int row[2];  // tile rows of fragment rows g, g + 8
   row[0] = kGateUp ? 32 * cw + 8 * w + g : 64 * cw + 16 * w + g;
   row[1] = kGateUp ? 64 + 32 * cw + 8 * w + g : 64 * cw + 16 * w + g + 8;
@@ -689,22 +739,27 @@ __device__ __forceinline__ void consumer_rs(const WgParams& p, const WgLayout& L
   uint32_t fr[2][2][4];  // [half][k step of the half]: the A fragments
 #pragma unroll
   for (int i = 0; i < 16; ++i) (&fr[0][0][0])[i] = 0u;
-  uint32_t q = 0;
+  RingPos rp;
+  uint32_t prev = 0;  // the last stage's slot
 
-  for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
+  for (;;) {
+    // The producer names the item in the slot of its first stage (or -1: no more items).
+    wg::mbar_wait_bounded(&full[rp.slot], rp.parity, rp.slot, p.hang);
+    const int item = wg::warp_uniform(s_item[rp.slot]);
+    if (item < 0) break;
     const Item it = decode_item<kMoeWgRsBM>(item, s_mt, p);
     const int nb = wg::warp_uniform((it.rows + 63) / 64);  // 64-row blocks of grouped rows: 1 .. 4
     if (nb == 1)
-      rs_mainloop<64>(p, L, sbase, smem, full, empty, row, acc, fr, q);
+      rs_mainloop<64>(p, L, sbase, smem, full, empty, row, acc, fr, rp, prev);
     else if (nb == 2)
-      rs_mainloop<128>(p, L, sbase, smem, full, empty, row, acc, fr, q);
+      rs_mainloop<128>(p, L, sbase, smem, full, empty, row, acc, fr, rp, prev);
     else if (nb == 3)
-      rs_mainloop<192>(p, L, sbase, smem, full, empty, row, acc, fr, q);
+      rs_mainloop<192>(p, L, sbase, smem, full, empty, row, acc, fr, rp, prev);
     else
-      rs_mainloop<256>(p, L, sbase, smem, full, empty, row, acc, fr, q);
+      rs_mainloop<256>(p, L, sbase, smem, full, empty, row, acc, fr, rp, prev);
     wg::wgmma_wait<0>();
     wg::fence_operands(acc);
-    if (lane == 0) wg::mbar_arrive(&empty[(q - 1) % S]);
+    if (lane == 0) wg::mbar_arrive(&empty[prev]);
 
     const MoeExpertWeights* ew = p.experts + it.e;
     const int ncols = 8 * nb;  // n8 blocks of grouped rows the mainloop computed
@@ -720,7 +775,8 @@ __device__ __forceinline__ void consumer_rs(const WgParams& p, const WgLayout& L
           if (r >= it.rows) continue;
           const float gv = acc[4 * j + e] * sg, uv = acc[4 * j + 2 + e] * su;
           // The CPU silu_mul's expression.
-          dst[static_cast<int64_t>(it.pos0 + r) * p.n_out] = __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
+          dst[static_cast<int64_t>(it.pos0 + r) * p.n_out] =
+              __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
         }
       }
     } else {
@@ -759,6 +815,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = full + p.stages;
   int* s_mt = reinterpret_cast<int*>(smem + L.table);  // [n_experts + 1]
   int* s_warp = s_mt + p.n_experts + 1;                // [12]
+  int* s_item = s_warp + 12;  // [stages] Registers layout: the item whose first stage slot s holds
   const int tid = threadIdx.x;
 
   if (tid == 0) {
@@ -781,10 +838,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wgi == 0) {
       wg::regs_dealloc<40>();
       producer_tma<BN, F, kGateUp, kMoeWgRsBM, kMapsPerExpert / 2>(p, &amaps, L, sbase, full, empty, s_mt,
-                                                                  total_items);
+                                                                   total_items, s_item);
     } else {
       wg::regs_alloc<232>();
-      consumer_rs<kGateUp>(p, L, sbase, smem, full, empty, s_mt, total_items, wgi - 1);
+      consumer_rs<kGateUp>(p, L, sbase, smem, full, empty, s_mt, s_item, wgi - 1);
     }
   } else if (wgi == 0) {
     if constexpr (kTma) {
@@ -810,8 +867,10 @@ template <bool kPerm>
 __global__ void __launch_bounds__(256)
     moe_wg_group_rows_kernel(const __nv_bfloat16* __restrict__ xb, const int32_t* __restrict__ sorted_slots,
                              const int32_t* __restrict__ offsets, int n_experts, int top_k, int hidden,
-                             __nv_bfloat16* __restrict__ xg) {
+                             __nv_bfloat16* __restrict__ xg, int* __restrict__ counters) {
   dev::grid_dep_enter();
+  // The item counters of the gate_up and down launches that follow (null: not used).
+  if (counters != nullptr && blockIdx.x == 0 && threadIdx.x < 2) counters[threadIdx.x] = 0;
   const int64_t rows = offsets[n_experts];
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -857,7 +916,7 @@ MoeWgExpand wg_expand(const MoeExpertsParams& p) {
     return -1;
   }();
   const int want = p.wgmma_expand >= 0 && p.wgmma_expand <= 2 ? p.wgmma_expand : env;
-  return want >= 0 ? static_cast<MoeWgExpand>(want) : kMoeWgDefaultExpand;
+  return want >= 0 ? static_cast<MoeWgExpand>(want) : moe_wgmma_default_expand(wg_shape(p));
 }
 
 // The loads asked for: CpAsync for a format the tensor copies cannot take (FP8Block, whatever was asked:
@@ -1008,15 +1067,16 @@ void check_tma_stages(MoeMmaFormat f, bool gate_up, int bn, int stages, const Tm
         bytes += check_tma_box(sc, raw + static_cast<uint64_t>(bn) * kRawRow + half * kTmaScaleRow, c_sc);
       }
       const uint32_t want = tma_stage_bytes(f, bn, static_cast<int>(a.box_rows));
-      MS_CHECK(bytes == want, "moe_experts_wgmma tma: the boxes of a stage bring {} bytes, expect_tx announces {}",
-               bytes, want);
+      MS_CHECK(bytes == want,
+               "moe_experts_wgmma tma: the boxes of a stage bring {} bytes, expect_tx announces {}", bytes,
+               want);
     }
   }
 }
 
 template <int BN, MoeMmaFormat F, bool kGateUp, bool kCx, bool kTma, bool kRs = false>
-void launch_one(const WgParams& wp, const AMaps& amaps, const MoeExpertsParams& p,
-                const DeviceCaps& caps, size_t smem, cudaStream_t stream) {
+void launch_one(const WgParams& wp, const AMaps& amaps, const MoeExpertsParams& p, const DeviceCaps& caps,
+                size_t smem, cudaStream_t stream) {
   const void* fn = reinterpret_cast<const void*>(&moe_wgmma_kernel<BN, F, kGateUp, kCx, kTma, kRs>);
   const int per_sm = moe_launch::resident_blocks("moe_experts_wgmma", fn, kThreads, smem, caps.device);
   const unsigned grid = moe_launch::grid(p, kRs ? kMoeWgRsBM : kBM, wp.n_tiles, per_sm, caps.multiprocessors);
@@ -1155,7 +1215,7 @@ bool moe_experts_wgmma_groups_rows(const MoeExpertsParams& p) {
   return moe_experts_wgmma_config(p).gate_up.load == MoeWgLoad::Tma;
 }
 
-void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg, void* act,
+void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg, void* act, int* counters,
                              cudaStream_t stream) {
   const MoeWgmmaConfig cfg = moe_experts_wgmma_config(p);
   if (p.m == 0) return;
@@ -1167,6 +1227,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
            "moe_experts_wgmma: slot_out is null or not 16-byte aligned");
   const bool tma = cfg.gate_up.load == MoeWgLoad::Tma;
   const bool rs = cfg.gate_up.expand == MoeWgExpand::Registers;
+  MS_CHECK(!rs || counters != nullptr, "moe_experts_wgmma: the Registers layout needs the item counters");
   MS_CHECK(rs == (cfg.down.expand == MoeWgExpand::Registers),
            "moe_experts_wgmma: the Registers layout for one projection only");
   MS_CHECK(!tma || (xg != nullptr && reinterpret_cast<uintptr_t>(xg) % 128 == 0),
@@ -1201,11 +1262,11 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
     if (rs)
       launch_kernel("moe_wg_group_rows", moe_wg_group_rows_kernel<true>, std::max(blocks, 1), 256, 0, stream,
                     static_cast<const __nv_bfloat16*>(xb), p.sorted_slots, p.expert_offsets, p.n_experts,
-                    p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg));
+                    p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg), counters);
     else
       launch_kernel("moe_wg_group_rows", moe_wg_group_rows_kernel<false>, std::max(blocks, 1), 256, 0, stream,
                     static_cast<const __nv_bfloat16*>(xb), p.sorted_slots, p.expert_offsets, p.n_experts,
-                    p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg));
+                    p.top_k, p.hidden, static_cast<__nv_bfloat16*>(xg), static_cast<int*>(nullptr));
     const MoeMmaFormat f = wg_format(p.format);
     // The 128-row layouts: one box of 128 rows; the Registers layout: boxes of 64, 128, 192 and 256 rows.
     for (int i = 0; i < (rs ? 4 : 1); ++i) {
@@ -1228,6 +1289,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
   gu.n_tiles = p.inter / (cfg.gate_up.bn / 2);
   gu.stages = cfg.gate_up.stages;
   gu.fp8_scols = fp8_scale_cols(p, p.hidden);
+  gu.item_next = rs ? counters : nullptr;
   launch_gemm<true>(gu, a_gu, p, cfg.gate_up, caps, stream);
 
   WgParams dn = wp;
@@ -1239,6 +1301,7 @@ void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg
   dn.n_tiles = p.hidden / cfg.down.bn;
   dn.stages = cfg.down.stages;
   dn.fp8_scols = fp8_scale_cols(p, p.inter);
+  dn.item_next = rs ? counters + 1 : nullptr;
   launch_gemm<false>(dn, a_dn, p, cfg.down, caps, stream);
 }
 

@@ -32,9 +32,10 @@ MoeWgmmaConfig moe_experts_wgmma_config(const MoeExpertsParams& p);
 //   xb  bf16 [p.m, p.hidden] packed (16-byte aligned), act bf16 [p.m * p.top_k, p.inter] packed (written),
 //   p.slot_out f32 [p.m * p.top_k, p.hidden] (written for every valid slot);
 //   xg  bf16 [p.m * p.top_k, p.hidden] packed, 128-byte aligned: with tensor-copy loads
-//       (moe_experts_wgmma_groups_rows(p)) xb's rows are first copied here in grouped order; else unused.
+//       (moe_experts_wgmma_groups_rows(p)) xb's rows are first copied here in grouped order; else unused;
+//   counters: 2 i32 in device memory (the Registers layout's item counters, cleared by the launch itself).
 // Throws (before any launch) where moe_experts_wgmma_unavailable(p) says why.
-void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg, void* act,
+void moe_experts_wgmma_gemms(const MoeExpertsParams& p, const void* xb, void* xg, void* act, int* counters,
                              cudaStream_t stream);
 
 // Whether the launch for p loads by tensor copies (MoeWgLoad::Tma: p.wgmma_load, MOESERVE_MOE_WGMMA_LOAD,

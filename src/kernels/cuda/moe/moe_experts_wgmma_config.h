@@ -31,14 +31,26 @@ constexpr int kMoeWgMinStages = 3;
 // Registers: the product is taken transposed (weight rows as wgmma's M, grouped rows as its N) so that each
 // consumer thread expands the NVFP4 codes of its own A fragment straight into registers: no bf16 W tile in
 // shared memory, no consumer barrier a stage, and each expanded value serves up to 256 grouped rows (block
-// tile kMoeWgRsBN weight rows x kMoeWgRsBM grouped rows). NVFP4 with tensor-copy loads only (the choosers fall
-// back to Consumer elsewhere); both projections take it or neither (the activations between them are stored
-// with k permuted inside each 64-column block, see moe_experts_wgmma.cu).
+// tile kMoeWgRsBN weight rows x kMoeWgRsBM grouped rows). NVFP4 with tensor-copy loads only (the choosers
+// fall back to Consumer elsewhere); both projections take it or neither (the activations between them are
+// stored with k permuted inside each 64-column block, see moe_experts_wgmma.cu).
 enum class MoeWgExpand { Consumer, Producer, Registers };
 constexpr int kMoeWgRsBM = 256;  // grouped rows per block tile of the Registers layout
 constexpr int kMoeWgRsBN = 128;  // weight rows per block tile of the Registers layout
-// What the launcher asks for when neither the caller nor MOESERVE_MOE_WGMMA_EXPAND says.
-constexpr MoeWgExpand kMoeWgDefaultExpand = MoeWgExpand::Consumer;
+// Average grouped rows per expert from which the launcher asks for the Registers layout when neither the
+// caller nor MOESERVE_MOE_WGMMA_EXPAND says (below it the consumer layout): measured on an H200 at GLM-5's
+// shape, the Registers layout is 16% faster at 256 rows an expert (8192 tokens) and 10-15% slower at 16 and
+// 64 (512 and 2048 tokens, where it was on par before its items were handed out by a counter); 128 is the
+// untested middle (docs/PERFORMANCE.md).
+constexpr int kMoeWgRegistersMinRows = 128;
+
+// The layout asked for by default for shape s (the choosers still fall back where it cannot apply).
+inline MoeWgExpand moe_wgmma_default_expand(const MoeMmaShape& s) {
+  return s.n_experts > 0 &&
+                 static_cast<long long>(s.m) * s.top_k >= 1LL * kMoeWgRegistersMinRows * s.n_experts
+             ? MoeWgExpand::Registers
+             : MoeWgExpand::Consumer;
+}
 
 // How the producer fills the ring. CpAsync: the producer warpgroup's 128 threads copy with cp.async (A rows
 // gathered through the plan's permutation), arriving on `full` when their own copies landed. Tma: one thread
@@ -115,7 +127,8 @@ inline size_t moe_wgmma_raw_stage_bytes(MoeMmaFormat f, int bn, MoeWgLoad load =
 //   MoeWgLoad::Tma: as the layouts above (NVFP4 the consumer one, or Registers) with raw NVFP4 rows of 32
 //     packed bytes + kMoeWgTmaScaleRow scale bytes (moe_wgmma_raw_stage_bytes).
 //   Registers (NVFP4, Tma): A ring [stages] x [kMoeWgRsBM][64] bf16 and the raw ring, no W buffers.
-// Then 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32 and 12 warp sums.
+// Then 2 x stages mbarriers, the per-expert M-tile prefix [n_experts + 1] i32, 12 warp sums and one item
+// index per ring slot (the Registers layout's dynamic items).
 inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_experts,
                                    MoeWgExpand x = MoeWgExpand::Consumer,
                                    MoeWgLoad load = MoeWgLoad::CpAsync) {
@@ -130,7 +143,7 @@ inline size_t moe_wgmma_smem_bytes(MoeMmaFormat f, int bn, int stages, int n_exp
       static_cast<size_t>(stages) * a_tile + static_cast<size_t>(moe_wgmma_w_buffers(f, x, stages)) * w_tile;
   const size_t raw = f != MoeMmaFormat::BF16 ? static_cast<size_t>(cx ? stages : stages - 1) * raw_stage : 0;
   const size_t bars = static_cast<size_t>(2) * stages * 8;
-  const size_t table = (static_cast<size_t>(n_experts) + 1 + 12) * 4;
+  const size_t table = (static_cast<size_t>(n_experts) + 1 + 12 + kMoeWgMaxStages) * 4;
   return 1024 + ring + (raw + 127) / 128 * 128 + (bars + 127) / 128 * 128 + (table + 127) / 128 * 128;
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -19,16 +20,23 @@ namespace ms::cuda::moe_launch {
 
 // Blocks of `kernel` (with `threads` threads and `smem` bytes of dynamic shared memory, which this also
 // allows) resident on one multiprocessor of `device`; read once per (kernel, smem, device). A kernel of which
-// not one block fits is refused with its name.
+// not one block fits is refused with its name. The allowance only grows: one kernel launched with several
+// sizes (the per-expert table makes the size depend on the expert count) keeps the largest, so a launch with
+// a size seen before never exceeds what the kernel was last allowed.
 inline int resident_blocks(const char* name, const void* kernel, int threads, size_t smem, int device) {
   static std::mutex mu;
   static std::map<std::tuple<const void*, size_t, int>, int> cache;
+  static std::map<std::pair<const void*, int>, size_t> allowed;
   std::lock_guard<std::mutex> lock(mu);
+  size_t& allow = allowed[std::make_pair(kernel, device)];
+  if (smem > allow) {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    allow = smem;
+  }
   const auto key = std::make_tuple(kernel, smem, device);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   int blocks = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem));
   MS_CHECK(blocks >= 1, "{}: no block of {} threads and {} bytes of shared memory fits a multiprocessor",
