@@ -240,7 +240,10 @@ std::vector<BackendInfo> list_backends(const cuda::DeviceLimits* target) {
         "mma.sync; on sm_90 with 64+ grouped rows per expert the warp-specialised wgmma "
         "kernel instead (MOESERVE_MOE_PREFILL_KERNEL=mma|wgmma forces one), loading nvfp4 and bf16 tiles by "
         "tensor copies where the layer's tensor maps apply, else by cp.async "
-        "(MOESERVE_MOE_WGMMA_LOAD=cpasync|tma forces one); used by `grouped` automatically "
+        "(MOESERVE_MOE_WGMMA_LOAD=cpasync|tma forces one); nvfp4 by tensor copies from 128 grouped rows per "
+        "expert as a transposed product whose consumers expand the weights into the wgmma register "
+        "fragments (MOESERVE_MOE_WGMMA_EXPAND=consumer|producer|registers forces one); used by `grouped` "
+        "automatically "
         "where it applies (not in exact mode)",
         "sm_80 or newer",
         0,
