@@ -558,8 +558,9 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeWgmmaTma,
                          });
 
 // The Registers layout (the transposed product, NVFP4 codes expanded into the wgmma A fragments, activations
-// permuted inside 64-column blocks): the tensor-copy cases above, asked for it. Items of 1..64 rows take the
-// N = 64 MMAs, 65..128 the N = 128 ones; 1 and 3 tokens over 64 experts, 40 (skewed), 1000 (three routings),
+// permuted inside 64-column blocks, items taken from a counter): the tensor-copy cases above, asked for it.
+// An item of r rows (at most 256) runs the N = 64 ceil(r / 64) MMAs: 1 and 3 tokens over 64 experts, 40
+// (skewed), 1000 over 16 experts (about 250 rows an expert; skewed and one-hot: experts of several items),
 // one expert of 200 rows. BF16 and FP8Block cannot take it: asked for anyway, they run their own layouts.
 class CudaMoeWgmmaRegisters : public ::testing::TestWithParam<MoeWeightFormat> {};
 
