@@ -224,12 +224,11 @@ inline std::optional<MoeWgmmaConfig> choose_moe_wgmma_config(const MoeMmaShape& 
   const auto gu =
       choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(true, s.hidden, s.inter), s.n_experts, dev, why, x, load);
   if (!gu) return std::nullopt;
-  auto dn =
+  // Both projections get the Registers layout or neither (gate_up's output is down's permuted input): the
+  // projection chooser decides it from the format and the loads alone, which the two share.
+  const auto dn =
       choose_moe_wgmma_gemm(s.format, moe_wgmma_bn(false, s.hidden, s.inter), s.n_experts, dev, why, x, load);
   if (!dn) return std::nullopt;
-  // Registers for both projections or for neither (gate_up's output is down's permuted input).
-  if ((gu->expand == MoeWgExpand::Registers) != (dn->expand == MoeWgExpand::Registers))
-    return choose_moe_wgmma_config(s, dev, why, MoeWgExpand::Consumer, load);
   return MoeWgmmaConfig{*gu, *dn};
 }
 
