@@ -17,12 +17,6 @@ namespace ms::cuda::moe_decode_dev {
 
 using dev::word_of;
 
-__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
 // Every e2m1 value w (s e1 e0 m) is the e4m3 byte s << 7 | e1 e0 m << 2 times 2^6: the e2m1 exponent field
 // lands in the low bits of e4m3's (bias 7 instead of 1) and the subnormal code (0.5) in e4m3's subnormals,
 // so w x 2^-6 is exact and a normal f16 after the conversion. kCodeScale undoes the 2^-6 in the epilogues.
@@ -35,25 +29,44 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_
   lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);
 }
 
-// Byte h of two e4m3 scale bytes -> (s, s) as f16x2 (exact: every e4m3 value is an f16).
-__device__ __forceinline__ uint32_t scale_f16x2(uint32_t two, int h) {
-  return tc::fp8x2_to_f16x2(__byte_perm(two, 0u, h == 0 ? 0x0000u : 0x1111u));
+// Two e4m3 scale bytes (scale group h in byte h) -> (s0, s1) as f16x2 (exact: every e4m3 value is an f16).
+__device__ __forceinline__ uint32_t scales_f16x2(uint32_t two) {
+  return tc::fp8x2_to_f16x2(two);
 }
 
-// The two mmas of word j2 of tile_step_split, with that word's B piece bj and its rows' scales s0, s1 as
-// f16x2 (scale_f16x2 of the word's scale group).
+// a x (s_h, s_h), s_h the f16 of half h (compile-time after inlining) of s: the product's operand selector
+// broadcasts the half, so no permute builds (s_h, s_h) first.
+__device__ __forceinline__ uint32_t f16x2_mul_half(uint32_t a, uint32_t s, int h) {
+  uint32_t d;
+  if (h == 0)
+    asm("{\n.reg .b16 lo, hi;\n.reg .b32 b;\nmov.b32 {lo, hi}, %2;\nmov.b32 b, {lo, lo};\n"
+        "mul.rn.f16x2 %0, %1, b;\n}\n"
+        : "=r"(d)
+        : "r"(a), "r"(s));
+  else
+    asm("{\n.reg .b16 lo, hi;\n.reg .b32 b;\nmov.b32 {lo, hi}, %2;\nmov.b32 b, {hi, hi};\n"
+        "mul.rn.f16x2 %0, %1, b;\n}\n"
+        : "=r"(d)
+        : "r"(a), "r"(s));
+  return d;
+}
+
+// The two mmas of word j2 of tile_step_split, with that word's B piece bj and its rows' two scales s0, s1
+// (scales_f16x2: the word's scale group is j2 / 2).
 __device__ __forceinline__ void word_mmas(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
                                           const uint4& w1, uint32_t s0, uint32_t s1, int j2,
                                           const uint4& bj) {
+  const int h = j2 >> 1;
   uint32_t lo0, hi0, lo1, hi1;
   e2m1x8_to_e4m3(word_of(w0, j2), lo0, hi0);
   e2m1x8_to_e4m3(word_of(w1, j2), lo1, hi1);
-  const uint32_t a[4] = {f16x2_mul(tc::fp8x2_to_f16x2(lo0), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1), s1),
-                         f16x2_mul(tc::fp8x2_to_f16x2(hi0), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1), s1)};
+  const uint32_t a[4] = {
+      f16x2_mul_half(tc::fp8x2_to_f16x2(lo0), s0, h), f16x2_mul_half(tc::fp8x2_to_f16x2(lo1), s1, h),
+      f16x2_mul_half(tc::fp8x2_to_f16x2(hi0), s0, h), f16x2_mul_half(tc::fp8x2_to_f16x2(hi1), s1, h)};
   tc::mma_f16(acc0, a, bj.x, bj.y);
   const uint32_t a2[4] = {
-      f16x2_mul(tc::fp8x2_to_f16x2(lo0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(lo1 >> 16), s1),
-      f16x2_mul(tc::fp8x2_to_f16x2(hi0 >> 16), s0), f16x2_mul(tc::fp8x2_to_f16x2(hi1 >> 16), s1)};
+      f16x2_mul_half(tc::fp8x2_hi_to_f16x2(lo0), s0, h), f16x2_mul_half(tc::fp8x2_hi_to_f16x2(lo1), s1, h),
+      f16x2_mul_half(tc::fp8x2_hi_to_f16x2(hi0), s0, h), f16x2_mul_half(tc::fp8x2_hi_to_f16x2(hi1), s1, h)};
   tc::mma_f16(acc1, a2, bj.z, bj.w);
 }
 
@@ -61,7 +74,7 @@ __device__ __forceinline__ void word_mmas(float (&acc0)[4], float (&acc1)[4], co
 __device__ __forceinline__ void word_step_split(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
                                                 const uint4& w1, uint32_t sc0, uint32_t sc1, int j2,
                                                 const uint4& bj) {
-  word_mmas(acc0, acc1, w0, w1, scale_f16x2(sc0, j2 >> 1), scale_f16x2(sc1, j2 >> 1), j2, bj);
+  word_mmas(acc0, acc1, w0, w1, scales_f16x2(sc0), scales_f16x2(sc1), j2, bj);
 }
 
 // tile_step with the two mmas of every word in two accumulator sets (mma 2 j2 into acc0, 2 j2 + 1 into
@@ -70,12 +83,9 @@ __device__ __forceinline__ void word_step_split(float (&acc0)[4], float (&acc1)[
 __device__ __forceinline__ void tile_step_split(float (&acc0)[4], float (&acc1)[4], const uint4& w0,
                                                 const uint4& w1, uint32_t sc0, uint32_t sc1,
                                                 const uint4 (&b)[4]) {
+  const uint32_t s0 = scales_f16x2(sc0), s1 = scales_f16x2(sc1);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // scale group: words 2 h, 2 h + 1
-    const uint32_t s0 = scale_f16x2(sc0, h), s1 = scale_f16x2(sc1, h);
-#pragma unroll
-    for (int q = 0; q < 2; ++q) word_mmas(acc0, acc1, w0, w1, s0, s1, 2 * h + q, b[2 * h + q]);
-  }
+  for (int j2 = 0; j2 < 4; ++j2) word_mmas(acc0, acc1, w0, w1, s0, s1, j2, b[j2]);
 }
 
 // One 32-k step of one 16-row tile: weights w0 (row g), w1 (row g + 8), the rows' two e4m3 scale bytes sc0,
