@@ -1,0 +1,356 @@
+// Can NVFP4 decode reach 75% of the copy rate? A study on one GEMV shape, outside the engine's kernels. The
+// decode experts (moe_experts_decode.cu) stop near half the copy rate, and taking their math or their loads
+// away showed that both halves are too slow (docs/PERFORMANCE.md, "Where the NVFP4 decode time goes"). This
+// benchmark times, on the same weights (8 GLM-5 experts' gate/up rows: 32768 rows x 6144, NVFP4 with e4m3
+// scales a 16, one token of f32 x; 4 rotated copies so the bytes come from HBM):
+//   load       the fragment layout's bytes read and xor-folded, no math: what its loads can reach
+//   f16-nat    the decode kernels' math (e2m1 -> e4m3 -> f16, scale product in f16, mma m16n8k16) on the
+//              checkpoint's own layout: lane (g, t) reads 16 bytes of rows g and g + 8 (a quad 64 contiguous
+//              bytes a row) and each row's 2 scale bytes
+//   f16-frag   the same math on the fragment layout: each 16-row x 128-k tile is 1152 contiguous bytes, lane
+//              l's 16 bytes of row g, then of row g + 8, then its 4 scale bytes, so a warp's three loads read
+//              512, 512 and 128 contiguous bytes
+//   e4m3-frag  the fragment layout with the codes multiplied as e4m3 (mma m16n8k32, no f16 conversion and no
+//              f16 scale product): x carried as two e4m3 terms (x s = hi + lo / 16, s = 448 / max |x|), each
+//              of the quad's four lanes' 8 codes summed into a column of its own (columns 2 t and 2 t + 1:
+//              the two terms of lane t's 16-k group), so the block scale multiplies the f32 sums after the
+//              mma
+// Every kernel gives one warp a whole 16-row tile (all of k: no partial sums across warps, no barrier after
+// the x staging), 4 warps a block, kDepth tiles of loads in flight a lane. Each kernel's output is compared
+// with a double-precision reference of the same NVFP4 weights and x (largest error over largest |y|).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "gpu_bench.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/ldg.cuh"
+#include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/moe/moe_decode_math.cuh"
+
+namespace {
+
+namespace tc = ms::cuda::tc;
+using ms::cuda::dev::ld_stream16;
+using ms::cuda::dev::ld_stream2;
+using ms::cuda::dev::word_of;
+namespace mdd = ms::cuda::moe_decode_dev;
+
+constexpr int kR = 32768, kK = 6144;  // rows (8 experts x 2048 gate + 2048 up), k
+constexpr int kRowBytes = kK / 2, kScaleRow = kK / 16;
+constexpr int kKt = kK / 128;     // 128-k tiles a row tile
+constexpr int kTileBytes = 1152;  // 16 rows x 64 code bytes + 16 rows x 8 scale bytes
+constexpr int64_t kCodeBytes = int64_t{kR} * kRowBytes, kScaleBytes = int64_t{kR} * kScaleRow;
+constexpr int64_t kCopyBytes = kCodeBytes + kScaleBytes;  // one copy of the weights, either layout
+constexpr int kCopies = 4;
+constexpr int kWarps = 4, kDepth = 4;
+static_assert(kKt % kDepth == 0, "the register slots cycle over whole groups of tiles");
+
+// Natural layout -> fragment layout, one thread per (row tile, k tile, lane).
+__global__ void repack_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                              uint8_t* __restrict__ tiles) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t{kR / 16} * kKt * 32) return;
+  const int lane = static_cast<int>(i % 32), kt = static_cast<int>((i / 32) % kKt);
+  const int rt = static_cast<int>(i / (32 * kKt));
+  const int g = lane >> 2, t = lane & 3;
+  uint8_t* tile = tiles + (static_cast<int64_t>(rt) * kKt + kt) * kTileBytes;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = int64_t{rt} * 16 + g + 8 * h;
+    const uint4 v = *reinterpret_cast<const uint4*>(codes + row * kRowBytes + kt * 64 + 16 * t);
+    *reinterpret_cast<uint4*>(tile + 512 * h + 16 * lane) = v;
+    const uint8_t* s = scales + row * kScaleRow + kt * 8 + 2 * t;
+    tile[1024 + 4 * lane + 2 * h] = s[0];
+    tile[1024 + 4 * lane + 2 * h + 1] = s[1];
+  }
+}
+
+// x (f32) staged into shared memory as the f16 B pieces of tile_step: for k tile kt, lane quad t and word j2,
+// the 8 values of k = 128 kt + 32 t + 8 j2 .. + 7 in b_order, 16 bytes.
+__device__ void stage_x_f16(const float* __restrict__ x, __half* xs) {
+  for (int i = threadIdx.x; i < kK; i += blockDim.x) {
+    const int kt = i / 128, r = i % 128, t = r / 32, j2 = (r % 32) / 8, e = r % 8;
+    xs[((kt * 4 + t) * 4 + j2) * 8 + mdd::b_order(e)] = __float2half_rn(x[i]);
+  }
+}
+
+template <bool kFrag>
+__global__ void __launch_bounds__(32 * kWarps)
+    f16_kernel(const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y) {
+  __shared__ __align__(16) __half xs[kK];
+  stage_x_f16(x, xs);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int rt = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  // Natural layout: rows g and g + 8 of the tile, 16 bytes at 64 kt + 16 t, scale bytes at 8 kt + 2 t.
+  const uint8_t* c0 = w + (int64_t{rt} * 16 + g) * kRowBytes + 16 * t;
+  const uint8_t* s0 = w + kCodeBytes + (int64_t{rt} * 16 + g) * kScaleRow + 2 * t;
+  const uint8_t* tl = w + int64_t{rt} * kKt * kTileBytes;
+  uint4 a[kDepth], b[kDepth];
+  uint32_t sc[kDepth];
+  auto load = [&](int kt, int u) {
+    if (kt >= kKt) return;
+    if constexpr (kFrag) {
+      const uint8_t* p = tl + int64_t{kt} * kTileBytes;
+      a[u] = ld_stream16(p + 16 * lane);
+      b[u] = ld_stream16(p + 512 + 16 * lane);
+      sc[u] = *reinterpret_cast<const uint32_t*>(p + 1024 + 4 * lane);
+    } else {
+      a[u] = ld_stream16(c0 + 64 * kt);
+      b[u] = ld_stream16(c0 + 8 * kRowBytes + 64 * kt);
+      sc[u] = ld_stream2(s0 + 8 * kt) | (ld_stream2(s0 + 8 * kScaleRow + 8 * kt) << 16);
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) load(u, u);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int kt0 = 0; kt0 < kKt; kt0 += kDepth) {
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      const int kt = kt0 + u;
+      const uint4* xp = reinterpret_cast<const uint4*>(xs + (kt * 4 + t) * 32);
+      const uint4 bx[4] = {xp[0], xp[1], xp[2], xp[3]};
+      mdd::tile_step(acc, a[u], b[u], sc[u] & 0xffffu, sc[u] >> 16, bx);
+      load(kt + kDepth, u);
+    }
+  }
+  // Every column holds the same token: column 2 t of rows g and g + 8.
+  if (t == 0) {
+    y[int64_t{rt} * 16 + g] = acc[0] * mdd::kCodeScale;
+    y[int64_t{rt} * 16 + g + 8] = acc[2] * mdd::kCodeScale;
+  }
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f), "f"(0.f), "f"(0.f));
+}
+
+// x terms in shared memory: for k tile kt, lane quad t, term e and word j2, 8 e4m3 bytes: b0 = the term at
+// k = 128 kt + 32 t + 8 j2 + 2 i (i = 0..3), b1 at + 2 i + 1 (the codes e2m1x8_to_e4m3 puts in lo / hi).
+__global__ void __launch_bounds__(32 * kWarps)
+    e4m3_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ xterms, float inv_sx,
+                float* __restrict__ y) {
+  __shared__ __align__(16) uint8_t xs[2 * kK];
+  for (int i = threadIdx.x; i < 2 * kK / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(xterms)[i];
+  __syncthreads();
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int rt = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  // Lane (g, t) feeds column g of B: term g - 2 t of its quad t's codes, where g is 2 t or 2 t + 1.
+  const int term = g - 2 * t;
+  const bool feeds = term == 0 || term == 1;
+  const uint8_t* tl = w + int64_t{rt} * kKt * kTileBytes;
+  uint4 a[kDepth], b[kDepth];
+  uint32_t sc[kDepth];
+  auto load = [&](int kt, int u) {
+    if (kt >= kKt) return;
+    const uint8_t* p = tl + int64_t{kt} * kTileBytes;
+    a[u] = ld_stream16(p + 16 * lane);
+    b[u] = ld_stream16(p + 512 + 16 * lane);
+    sc[u] = *reinterpret_cast<const uint32_t*>(p + 1024 + 4 * lane);
+  };
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) load(u, u);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // rows g, g + 8 x terms 0, 1 (columns 2 t, 2 t + 1)
+  for (int kt0 = 0; kt0 < kKt; kt0 += kDepth) {
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      const int kt = kt0 + u;
+      const uint4* xp = reinterpret_cast<const uint4*>(xs + ((kt * 4 + t) * 2 + (feeds ? term : 0)) * 32);
+      uint4 xv[2] = {xp[0], xp[1]};
+      if (!feeds) xv[0] = xv[1] = make_uint4(0u, 0u, 0u, 0u);
+      // The rows' scales of groups 2 t (words 0, 1) and 2 t + 1 (words 2, 3), as f32.
+      const uint32_t s01 = tc::fp8x2_to_f16x2(sc[u]), s23 = tc::fp8x2_hi_to_f16x2(sc[u]);
+      const float2 srow_g = __half22float2(*reinterpret_cast<const __half2*>(&s01));   // row g, h = 0, 1
+      const float2 srow_g8 = __half22float2(*reinterpret_cast<const __half2*>(&s23));  // row g + 8
+#pragma unroll
+      for (int j2 = 0; j2 < 4; ++j2) {
+        uint32_t lo0, hi0, lo1, hi1;
+        mdd::e2m1x8_to_e4m3(word_of(a[u], j2), lo0, hi0);
+        mdd::e2m1x8_to_e4m3(word_of(b[u], j2), lo1, hi1);
+        const uint32_t af[4] = {lo0, lo1, hi0, hi1};
+        const uint2 bj = j2 == 0   ? make_uint2(xv[0].x, xv[0].y)
+                         : j2 == 1 ? make_uint2(xv[0].z, xv[0].w)
+                         : j2 == 2 ? make_uint2(xv[1].x, xv[1].y)
+                                   : make_uint2(xv[1].z, xv[1].w);
+        float d[4];
+        mma_e4m3(d, af, bj.x, bj.y);
+        const float s0 = j2 < 2 ? srow_g.x : srow_g.y, s1 = j2 < 2 ? srow_g8.x : srow_g8.y;
+        acc[0] = fmaf(s0, d[0], acc[0]);
+        acc[1] = fmaf(s0, d[1], acc[1]);
+        acc[2] = fmaf(s1, d[2], acc[2]);
+        acc[3] = fmaf(s1, d[3], acc[3]);
+      }
+      load(kt + kDepth, u);
+    }
+  }
+  float yg = acc[0] + acc[1] * (1.f / 16.f), yh = acc[2] + acc[3] * (1.f / 16.f);
+  yg += __shfl_xor_sync(0xffffffffu, yg, 1);
+  yg += __shfl_xor_sync(0xffffffffu, yg, 2);
+  yh += __shfl_xor_sync(0xffffffffu, yh, 1);
+  yh += __shfl_xor_sync(0xffffffffu, yh, 2);
+  if (t == 0) {
+    y[int64_t{rt} * 16 + g] = yg * mdd::kCodeScale * inv_sx;
+    y[int64_t{rt} * 16 + g + 8] = yh * mdd::kCodeScale * inv_sx;
+  }
+}
+
+// The fragment layout's loads alone, xor-folded; a store only where the fold hits a value it never does in
+// practice (so no load is dead).
+__global__ void __launch_bounds__(32 * kWarps)
+    load_kernel(const uint8_t* __restrict__ w, float* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const int rt = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const uint8_t* tl = w + int64_t{rt} * kKt * kTileBytes;
+  uint32_t f = 0;
+#pragma unroll kDepth
+  for (int kt = 0; kt < kKt; ++kt) {
+    const uint8_t* p = tl + int64_t{kt} * kTileBytes;
+    const uint4 a = ld_stream16(p + 16 * lane), b = ld_stream16(p + 512 + 16 * lane);
+    f ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^
+         *reinterpret_cast<const uint32_t*>(p + 1024 + 4 * lane);
+  }
+  if (f == 0x9e3779b9u) y[int64_t{rt} * 16] = 1.f;
+}
+
+// e4m3 (OCP E4M3FN) byte -> value, and value -> nearest byte (ties to the even code), saturating at 448.
+double e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return (b & 0x80u) ? -mag : mag;
+}
+
+uint8_t e4m3_nearest(double v) {
+  const double a = std::min(std::fabs(v), 448.0);
+  int best = 0;
+  for (int c = 1; c < 0x7f; ++c) {
+    const double d = std::fabs(e4m3_value(static_cast<uint8_t>(c)) - a),
+                 db = std::fabs(e4m3_value(static_cast<uint8_t>(best)) - a);
+    if (d < db || (d == db && (c & 1) == 0)) best = c;
+  }
+  return static_cast<uint8_t>(best | (v < 0 ? 0x80 : 0));
+}
+
+double e2m1(uint32_t c) {
+  static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return (c & 8u) ? -mag[c & 7u] : mag[c & 7u];
+}
+
+}  // namespace
+
+int main() {
+  if (ms::cuda::device_count() == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  const double bw = ms::bench::measure_copy_gbs();
+  std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", bw);
+  // Weights: random codes, scales e4m3 in [2^-6, 2^2) (random mantissas), one copy in each layout, x ~ N(0,
+  // 1).
+  std::mt19937 rng(7);
+  std::vector<uint8_t> codes(kCodeBytes), scales(kScaleBytes);
+  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  for (auto& s : scales) s = static_cast<uint8_t>(((rng() % 8u) + 1u) << 3 | (rng() % 8u));  // exp 1..8
+  std::normal_distribution<float> nd;
+  std::vector<float> x(kK);
+  for (auto& v : x) v = nd(rng);
+  std::vector<double> ref(kR, 0.0);
+  for (int r = 0; r < kR; ++r) {
+    double acc = 0;
+    for (int gi = 0; gi < kScaleRow; ++gi) {
+      double part = 0;
+      for (int k = 16 * gi; k < 16 * gi + 16; ++k) {
+        const uint8_t byte = codes[int64_t{r} * kRowBytes + k / 2];
+        part += e2m1((k & 1) ? byte >> 4 : byte & 15u) * x[k];
+      }
+      acc += part * e4m3_value(scales[int64_t{r} * kScaleRow + gi]);
+    }
+    ref[r] = acc;
+  }
+  // x as two e4m3 terms: x s = hi + lo / 16.
+  float amax = 0.f;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  const float sx = 448.f / amax;
+  std::vector<uint8_t> xterms(2 * kK);
+  for (int k = 0; k < kK; ++k) {
+    const uint8_t hi = e4m3_nearest(x[k] * sx);
+    const uint8_t lo = e4m3_nearest((x[k] * sx - e4m3_value(hi)) * 16.f);
+    const int kt = k / 128, r = k % 128, t = r / 32, j2 = (r % 32) / 8, e = r % 8;
+    // byte i of b0 holds k = .. + 2 i, byte i of b1 holds .. + 2 i + 1
+    const int off = e % 2 == 0 ? e / 2 : 4 + e / 2;
+    for (int term = 0; term < 2; ++term)
+      xterms[((kt * 4 + t) * 2 + term) * 32 + j2 * 8 + off] = term == 0 ? hi : lo;
+  }
+
+  uint8_t *nat, *frag, *d_codes, *d_scales, *d_xt;
+  float *d_x, *d_y;
+  CUDA_CHECK(cudaMalloc(&nat, kCopies * kCopyBytes));
+  CUDA_CHECK(cudaMalloc(&frag, kCopies * kCopyBytes));
+  CUDA_CHECK(cudaMalloc(&d_xt, xterms.size()));
+  CUDA_CHECK(cudaMalloc(&d_x, kK * 4));
+  CUDA_CHECK(cudaMalloc(&d_y, kR * 4));
+  CUDA_CHECK(cudaMemcpy(d_x, x.data(), kK * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(d_xt, xterms.data(), xterms.size(), cudaMemcpyHostToDevice));
+  for (int c = 0; c < kCopies; ++c) {
+    d_codes = nat + c * kCopyBytes;
+    d_scales = d_codes + kCodeBytes;
+    CUDA_CHECK(cudaMemcpy(d_codes, codes.data(), kCodeBytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_scales, scales.data(), kScaleBytes, cudaMemcpyHostToDevice));
+    const int64_t n = int64_t{kR / 16} * kKt * 32;
+    repack_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d_codes, d_scales, frag + c * kCopyBytes);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  double rmax = 0;
+  for (double v : ref) rmax = std::max(rmax, std::fabs(v));
+  const double floor_us = static_cast<double>(kCopyBytes) / (bw * 1e9) * 1e6;
+  std::printf("%d rows x %d k NVFP4 (%.1f MB with scales), one token; floor %.2f us\n", kR, kK,
+              kCopyBytes / 1e6, floor_us);
+  std::printf("%-10s %10s %8s %12s\n", "kernel", "time us", "% copy", "max err/max");
+  const dim3 grid(kR / 16 / kWarps), block(32 * kWarps);
+  auto report = [&](const char* name, auto&& launch, bool check) {
+    int which = 0;
+    const float ms = ms::bench::time_ms(
+        [&] {
+          launch(which);
+          which = (which + 1) % kCopies;
+        },
+        40);
+    double err = 0;
+    if (check) {
+      CUDA_CHECK(cudaMemset(d_y, 0, kR * 4));
+      launch(0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<float> y(kR);
+      CUDA_CHECK(cudaMemcpy(y.data(), d_y, kR * 4, cudaMemcpyDeviceToHost));
+      for (int r = 0; r < kR; ++r) err = std::max(err, std::fabs(y[r] - ref[r]));
+    }
+    std::printf("%-10s %10.2f %7.1f%% %12.3g\n", name, ms * 1e3, 100.0 * floor_us / (ms * 1e3),
+                check ? err / rmax : 0.0);
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    report(
+        "load", [&](int c) { load_kernel<<<grid, block>>>(frag + c * kCopyBytes, d_y); }, false);
+    report(
+        "f16-nat", [&](int c) { f16_kernel<false><<<grid, block>>>(nat + c * kCopyBytes, d_x, d_y); }, true);
+    report(
+        "f16-frag", [&](int c) { f16_kernel<true><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y); }, true);
+    report(
+        "e4m3-frag", [&](int c) { e4m3_kernel<<<grid, block>>>(frag + c * kCopyBytes, d_xt, 1.f / sx, d_y); },
+        true);
+  }
+  CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
