@@ -14,7 +14,9 @@
 //              f16 scale product): x carried as two e4m3 terms (x s = hi + lo / 16, s = 448 / max |x|), each
 //              of the quad's four lanes' 8 codes summed into a column of its own (columns 2 t and 2 t + 1:
 //              the two terms of lane t's 16-k group), so the block scale multiplies the f32 sums after the
-//              mma
+//              mma. On sm_90 the compiler runs mma.sync on e4m3 as conversions to f16 and two f16 mmas
+//              (Hopper's e4m3 tensor-core path is warpgroup MMA only), so there its time is not the
+//              design's; its error is (it says whether two e4m3 terms of x are precise enough)
 // Every kernel gives one warp a whole 16-row tile (all of k: no partial sums across warps, no barrier after
 // the x staging), 4 warps a block, kDepth tiles of loads in flight a lane. Each kernel's output is compared
 // with a double-precision reference of the same NVFP4 weights and x (largest error over largest |y|).
