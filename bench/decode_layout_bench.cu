@@ -84,9 +84,10 @@ __device__ void stage_x_f16(const float* __restrict__ x, __half* xs) {
   }
 }
 
-template <bool kFrag>
+template <bool kFrag, int kD = kDepth>
 __global__ void __launch_bounds__(32 * kWarps)
     f16_kernel(const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y) {
+  static_assert(kKt % kD == 0, "the register slots cycle over whole groups of tiles");
   __shared__ __align__(16) __half xs[kK];
   stage_x_f16(x, xs);
   __syncthreads();
@@ -96,8 +97,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   const uint8_t* c0 = w + (int64_t{rt} * 16 + g) * kRowBytes + 16 * t;
   const uint8_t* s0 = w + kCodeBytes + (int64_t{rt} * 16 + g) * kScaleRow + 2 * t;
   const uint8_t* tl = w + int64_t{rt} * kKt * kTileBytes;
-  uint4 a[kDepth], b[kDepth];
-  uint32_t sc[kDepth];
+  uint4 a[kD], b[kD];
+  uint32_t sc[kD];
   auto load = [&](int kt, int u) {
     if (kt >= kKt) return;
     if constexpr (kFrag) {
@@ -112,16 +113,16 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
   };
 #pragma unroll
-  for (int u = 0; u < kDepth; ++u) load(u, u);
+  for (int u = 0; u < kD; ++u) load(u, u);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int kt0 = 0; kt0 < kKt; kt0 += kDepth) {
+  for (int kt0 = 0; kt0 < kKt; kt0 += kD) {
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) {
+    for (int u = 0; u < kD; ++u) {
       const int kt = kt0 + u;
       const uint4* xp = reinterpret_cast<const uint4*>(xs + (kt * 4 + t) * 32);
       const uint4 bx[4] = {xp[0], xp[1], xp[2], xp[3]};
       mdd::tile_step(acc, a[u], b[u], sc[u] & 0xffffu, sc[u] >> 16, bx);
-      load(kt + kDepth, u);
+      load(kt + kD, u);
     }
   }
   // Every column holds the same token: column 2 t of rows g and g + 8.
@@ -349,6 +350,12 @@ int main() {
         "f16-nat", [&](int c) { f16_kernel<false><<<grid, block>>>(nat + c * kCopyBytes, d_x, d_y); }, true);
     report(
         "f16-frag", [&](int c) { f16_kernel<true><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y); }, true);
+    report(
+        "f16-frag2", [&](int c) { f16_kernel<true, 2><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y); },
+        true);
+    report(
+        "f16-frag6", [&](int c) { f16_kernel<true, 6><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y); },
+        true);
     report(
         "e4m3-frag", [&](int c) { e4m3_kernel<<<grid, block>>>(frag + c * kCopyBytes, d_xt, 1.f / sx, d_y); },
         true);
