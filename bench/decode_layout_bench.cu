@@ -10,6 +10,7 @@
 //   f16-frag   the same math on the fragment layout: each 16-row x 128-k tile is 1152 contiguous bytes, lane
 //              l's 16 bytes of row g, then of row g + 8, then its 4 scale bytes, so a warp's three loads read
 //              512, 512 and 128 contiguous bytes
+//   noconv     diagnostic: f16-frag with the codes fed to the mmas unconverted (wrong output, not checked)
 //   e4m3-frag  the fragment layout with the codes multiplied as e4m3 (mma m16n8k32, no f16 conversion and no
 //              f16 scale product): x carried as two e4m3 terms (x s = hi + lo / 16, s = 448 / max |x|), each
 //              of the quad's four lanes' 8 codes summed into a column of its own (columns 2 t and 2 t + 1:
@@ -18,8 +19,9 @@
 //              (Hopper's e4m3 tensor-core path is warpgroup MMA only), so there its time is not the
 //              design's; its error is (it says whether two e4m3 terms of x are precise enough)
 // Every kernel gives one warp a whole 16-row tile (all of k: no partial sums across warps, no barrier after
-// the x staging), 4 warps a block, kDepth tiles of loads in flight a lane. Each kernel's output is compared
-// with a double-precision reference of the same NVFP4 weights and x (largest error over largest |y|).
+// the x staging), 4 warps a block, kDepth tiles of loads in flight a lane (f16-frag2 and f16-frag6: 2 and 6).
+// Each kernel's output is compared with a double-precision reference of the same NVFP4 weights and x (largest
+// error over largest |y|).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -84,7 +86,7 @@ __device__ void stage_x_f16(const float* __restrict__ x, __half* xs) {
   }
 }
 
-template <bool kFrag, int kD = kDepth>
+template <bool kFrag, int kD = kDepth, bool kNoConv = false>
 __global__ void __launch_bounds__(32 * kWarps)
     f16_kernel(const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y) {
   static_assert(kKt % kD == 0, "the register slots cycle over whole groups of tiles");
@@ -121,7 +123,19 @@ __global__ void __launch_bounds__(32 * kWarps)
       const int kt = kt0 + u;
       const uint4* xp = reinterpret_cast<const uint4*>(xs + (kt * 4 + t) * 32);
       const uint4 bx[4] = {xp[0], xp[1], xp[2], xp[3]};
-      mdd::tile_step(acc, a[u], b[u], sc[u] & 0xffffu, sc[u] >> 16, bx);
+      if constexpr (kNoConv) {  // diagnostic: the words go to the mmas unconverted (the output is wrong)
+#pragma unroll
+        for (int j2 = 0; j2 < 4; ++j2) {
+          const uint32_t a0 = word_of(a[u], j2) ^ sc[u], a1 = word_of(b[u], j2);
+          const uint32_t f0[4] = {a0, a1, word_of(a[u], j2 ^ 1), word_of(b[u], j2 ^ 1)};
+          const uint32_t f1[4] = {word_of(a[u], j2 ^ 2), word_of(b[u], j2 ^ 2), word_of(a[u], j2 ^ 3),
+                                  word_of(b[u], j2 ^ 3)};
+          tc::mma_f16(acc, f0, bx[j2].x, bx[j2].y);
+          tc::mma_f16(acc, f1, bx[j2].z, bx[j2].w);
+        }
+      } else {
+        mdd::tile_step(acc, a[u], b[u], sc[u] & 0xffffu, sc[u] >> 16, bx);
+      }
       load(kt + kD, u);
     }
   }
@@ -356,6 +370,10 @@ int main() {
     report(
         "f16-frag6", [&](int c) { f16_kernel<true, 6><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y); },
         true);
+    report(
+        "noconv",
+        [&](int c) { f16_kernel<true, kDepth, true><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y); },
+        false);
     report(
         "e4m3-frag", [&](int c) { e4m3_kernel<<<grid, block>>>(frag + c * kCopyBytes, d_xt, 1.f / sx, d_y); },
         true);
