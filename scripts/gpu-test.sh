@@ -23,7 +23,7 @@ status() { printf '%-28s %s\n' "$1" "$2" >>"$log/summary"; }
 source scripts/gpu-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 # The kernel benchmarks that exist in this tree (each issue's kernels bring their own).
-benches=(bench_cuda_kernels bench_moe_experts bench_moe_prefill bench_mla_decode bench_stream_patterns)
+benches=(bench_cuda_kernels bench_moe_experts bench_moe_prefill bench_mla_decode bench_stream_patterns bench_decode_layout)
 if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=ON -DMOESERVE_CUDA_ARCHS="$archs" \
      -DMOESERVE_WERROR=ON "${MS_BUNDLE_CMAKE_ARGS[@]}" >"$log/configure" 2>&1 &&
    cmake --build "$build" -j "$(nproc)" --target moeserve >"$log/build" 2>&1; then
