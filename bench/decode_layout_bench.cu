@@ -38,6 +38,7 @@
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/ldg.cuh"
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/common/wgmma_sm90.cuh"
 #include "kernels/cuda/moe/moe_decode_math.cuh"
 
 namespace {
@@ -86,13 +87,32 @@ __device__ void stage_x_f16(const float* __restrict__ x, __half* xs) {
   }
 }
 
-template <bool kFrag, int kD = kDepth, bool kNoConv = false>
+// kLoadsFirst: the first kD tiles' loads go in flight before x is staged (the engine's order), by 16-byte
+// pieces (stage_x_f16_vec); kNoLoad
+// (diagnostic): the weights are made from the tile index instead of read (one real load a lane at the start),
+// so the time is the math and the structure alone.
+// The same image by 16-byte pieces: thread i takes k = 8 i .. 8 i + 7 (two float4 loads, one 16-byte store).
+__device__ void stage_x_f16_vec(const float* __restrict__ x, __half* xs) {
+  for (int i = threadIdx.x; i < kK / 8; i += blockDim.x) {
+    const float4 v0 = __ldg(reinterpret_cast<const float4*>(x) + 2 * i);
+    const float4 v1 = __ldg(reinterpret_cast<const float4*>(x) + 2 * i + 1);
+    // b_order within each 4: x0 x2 x1 x3
+    const uint4 pc = make_uint4(tc::pack_f16_sat(v0.x, v0.z), tc::pack_f16_sat(v0.y, v0.w),
+                                tc::pack_f16_sat(v1.x, v1.z), tc::pack_f16_sat(v1.y, v1.w));
+    const int k = 8 * i, kt = k / 128, r = k % 128, t = r / 32, j2 = (r % 32) / 8;
+    *reinterpret_cast<uint4*>(xs + ((kt * 4 + t) * 4 + j2) * 8) = pc;
+  }
+}
+
+template <bool kFrag, int kD = kDepth, bool kNoConv = false, bool kLoadsFirst = false, bool kNoLoad = false>
 __global__ void __launch_bounds__(32 * kWarps)
     f16_kernel(const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y) {
   static_assert(kKt % kD == 0, "the register slots cycle over whole groups of tiles");
   __shared__ __align__(16) __half xs[kK];
-  stage_x_f16(x, xs);
-  __syncthreads();
+  if constexpr (!kLoadsFirst) {
+    stage_x_f16(x, xs);
+    __syncthreads();
+  }
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int rt = blockIdx.x * kWarps + (threadIdx.x >> 5);
   // Natural layout: rows g and g + 8 of the tile, 16 bytes at 64 kt + 16 t, scale bytes at 8 kt + 2 t.
@@ -101,9 +121,16 @@ __global__ void __launch_bounds__(32 * kWarps)
   const uint8_t* tl = w + int64_t{rt} * kKt * kTileBytes;
   uint4 a[kD], b[kD];
   uint32_t sc[kD];
+  uint4 seed = make_uint4(0u, 0u, 0u, 0u);
+  if constexpr (kNoLoad) seed = ld_stream16(tl + 16 * lane);
   auto load = [&](int kt, int u) {
     if (kt >= kKt) return;
-    if constexpr (kFrag) {
+    if constexpr (kNoLoad) {
+      const uint32_t m = 0x9e3779b9u * static_cast<uint32_t>(kt + 1);
+      a[u] = make_uint4(seed.x ^ m, seed.y ^ m, seed.z ^ m, seed.w ^ m);
+      b[u] = make_uint4(seed.w + m, seed.z + m, seed.y + m, seed.x + m);
+      sc[u] = (seed.x ^ m) & 0x37373737u;  // finite e4m3 scales
+    } else if constexpr (kFrag) {
       const uint8_t* p = tl + int64_t{kt} * kTileBytes;
       a[u] = ld_stream16(p + 16 * lane);
       b[u] = ld_stream16(p + 512 + 16 * lane);
@@ -116,6 +143,10 @@ __global__ void __launch_bounds__(32 * kWarps)
   };
 #pragma unroll
   for (int u = 0; u < kD; ++u) load(u, u);
+  if constexpr (kLoadsFirst) {
+    stage_x_f16_vec(x, xs);
+    __syncthreads();
+  }
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int kt0 = 0; kt0 < kKt; kt0 += kD) {
 #pragma unroll
@@ -143,6 +174,245 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (t == 0) {
     y[int64_t{rt} * 16 + g] = acc[0] * mdd::kCodeScale;
     y[int64_t{rt} * 16 + g + 8] = acc[2] * mdd::kCodeScale;
+  }
+}
+
+// f16 math on the fragment layout, the weights brought by bulk copies into a per-warp ring in shared memory
+// (kS stages of kT tiles, one mbarrier a stage): lane 0 of each warp issues its warp's copies, so bytes in
+// flight cost no registers and the loads never wait behind the math. A stage is refilled once the warp has
+// read it (__syncwarp after the math: every read of the stage fed an mma before it).
+template <int kT, int kS>
+constexpr int ring_smem_bytes() {
+  return kK * 2 + kWarps * kS * kT * kTileBytes + kWarps * kS * 8;
+}
+
+template <int kT, int kS>
+__global__ void __launch_bounds__(32 * kWarps)
+    ring_kernel(const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y) {
+  static_assert(kKt % kT == 0, "a stage holds whole tiles");
+  constexpr int kStages = kKt / kT;
+  constexpr uint32_t kStageBytes = kT * kTileBytes;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __half* xs = reinterpret_cast<__half*>(smem);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  uint8_t* ring = smem + kK * 2 + warp * kS * kStageBytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kK * 2 + kWarps * kS * kStageBytes) + warp * kS;
+  const int rt = blockIdx.x * kWarps + warp;
+  const uint8_t* tl = w + int64_t{rt} * kKt * kTileBytes;
+  if (lane == 0) {
+    for (int st = 0; st < kS; ++st) ms::cuda::wg::mbar_init(&bars[st], 1);
+    ms::cuda::wg::mbar_init_fence();
+  }
+  __syncwarp();
+  if (lane == 0) {
+    for (int st = 0; st < kS && st < kStages; ++st) {
+      ms::cuda::wg::mbar_arrive_expect_tx(&bars[st], kStageBytes);
+      ms::cuda::wg::bulk_copy_g2s(ring + st * kStageBytes, tl + int64_t{st} * kStageBytes, kStageBytes,
+                                  &bars[st]);
+    }
+  }
+  stage_x_f16_vec(x, xs);
+  __syncthreads();
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int i = 0; i < kStages; ++i) {
+    const int st = i % kS;
+    ms::cuda::wg::mbar_wait(&bars[st], static_cast<uint32_t>((i / kS) & 1));
+    const uint8_t* sp = ring + st * kStageBytes;
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      const int kt = i * kT + u;
+      const uint8_t* p = sp + u * kTileBytes;
+      const uint4 a = *reinterpret_cast<const uint4*>(p + 16 * lane);
+      const uint4 b = *reinterpret_cast<const uint4*>(p + 512 + 16 * lane);
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(p + 1024 + 4 * lane);
+      const uint4* xp = reinterpret_cast<const uint4*>(xs + (kt * 4 + t) * 32);
+      const uint4 bx[4] = {xp[0], xp[1], xp[2], xp[3]};
+      mdd::tile_step(acc, a, b, sc & 0xffffu, sc >> 16, bx);
+    }
+    __syncwarp();
+    if (lane == 0 && i + kS < kStages) {
+      ms::cuda::wg::mbar_arrive_expect_tx(&bars[st], kStageBytes);
+      ms::cuda::wg::bulk_copy_g2s(ring + st * kStageBytes, tl + int64_t{i + kS} * kStageBytes, kStageBytes,
+                                  &bars[st]);
+    }
+  }
+  if (t == 0) {
+    y[int64_t{rt} * 16 + g] = acc[0] * mdd::kCodeScale;
+    y[int64_t{rt} * 16 + g + 8] = acc[2] * mdd::kCodeScale;
+  }
+}
+
+// ---- e4m3 codes by warpgroup MMA (wgmma m64n8k32, A = the codes from registers, B = x's two e4m3 terms) --
+// A warpgroup (the block) owns 64 rows: warp w its 16-row tile rt = 4 blockIdx.x + w, over all of k. Its own
+// fragment layout ("wg layout", 1152 bytes a 16-row x 128-k tile as the f16 one): lane l = 4 g + t holds 16
+// bytes of row g, then 16 of row g + 8, then 4 scale bytes; word kk (0..3) of a row is the 8 codes of k =
+// 16 grp + 8 (kk & 1) .. + 7 of the tile, grp = t for kk < 2 and 4 + t after, so the lane's scale bytes are
+// (row g, grp t), (row g + 8, grp t), (row g, grp 4 + t), (row g + 8, grp 4 + t). wgmma step kk takes word kk
+// of both rows: e2m1x8_to_e4m3 gives lo (codes 0 2 4 6) as A k = 4 t .. 4 t + 3 and hi (codes 1 3 5 7) as
+// k = 16 + 4 t .. + 3 (the k32 A fragment: a0 row g, a1 row g + 8 at k 4 t ..; a2, a3 at 16 + 4 t ..).
+// B (8 x 32 a step, K-major, 128-byte swizzle, one 1024-byte atom a 128-k tile): column 2 t + e holds term
+// e of x at lane t's eight k and zeros elsewhere, so D column 2 t + e is lane t's group sum alone and the
+// block scale multiplies the f32 result: steps 0 and 1 accumulate group t in one D, steps 2 and 3 group 4 + t
+// in another.
+
+__device__ __forceinline__ void wgmma_e4m3_n8(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b,
+                                              int scale_d) {
+#if MS_WGMMA_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+#else
+  (void)d;
+  (void)a;
+  (void)desc_b;
+  (void)scale_d;
+  ms::cuda::wg::trap_not_sm90a();
+#endif
+}
+
+// Natural layout -> wg layout.
+__global__ void repack_wg_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                 uint8_t* __restrict__ tiles) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t{kR / 16} * kKt * 32) return;
+  const int lane = static_cast<int>(i % 32), kt = static_cast<int>((i / 32) % kKt);
+  const int rt = static_cast<int>(i / (32 * kKt));
+  const int g = lane >> 2, t = lane & 3;
+  uint8_t* tile = tiles + (static_cast<int64_t>(rt) * kKt + kt) * kTileBytes;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = int64_t{rt} * 16 + g + 8 * h;
+    for (int kk = 0; kk < 4; ++kk) {
+      const int grp = kk < 2 ? t : 4 + t;
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(codes + row * kRowBytes + kt * 64 + 8 * grp +
+                                                            4 * (kk & 1));
+      *reinterpret_cast<uint32_t*>(tile + 512 * h + 16 * lane + 4 * kk) = v;
+    }
+    const uint8_t* s = scales + row * kScaleRow + kt * 8;
+    tile[1024 + 4 * lane + h] = s[t];
+    tile[1024 + 4 * lane + 2 + h] = s[4 + t];
+  }
+}
+
+// kSwap (a hedge on the A fragment's register order): a1 and a2 trade places.
+template <bool kSwap>
+__device__ __forceinline__ void wg_fragment(uint32_t (&af)[4], uint32_t wg, uint32_t wh) {
+  uint32_t lo0, hi0, lo1, hi1;
+  mdd::e2m1x8_to_e4m3(wg, lo0, hi0);
+  mdd::e2m1x8_to_e4m3(wh, lo1, hi1);
+  if constexpr (kSwap) {
+    af[0] = lo0, af[1] = hi0, af[2] = lo1, af[3] = hi1;
+  } else {
+    af[0] = lo0, af[1] = lo1, af[2] = hi0, af[3] = hi1;
+  }
+}
+
+constexpr int kWgSmem = kKt * 1024 + 1024;  // x's B image: one 1024-byte atom a 128-k tile (+ alignment)
+
+// A tile's block scales applied to its two group sums d0 (grp t), d1 (grp 4 + t).
+__device__ __forceinline__ void wg_scale_add(float (&acc)[4], const float (&d0)[4], const float (&d1)[4],
+                                             uint32_t scu) {
+  // Scales: (row g, grp t), (row g + 8, grp t) | (row g, grp 4 + t), (row g + 8, grp 4 + t).
+  const uint32_t s01 = tc::fp8x2_to_f16x2(scu), s23 = tc::fp8x2_hi_to_f16x2(scu);
+  const float2 sa = __half22float2(*reinterpret_cast<const __half2*>(&s01));
+  const float2 sb = __half22float2(*reinterpret_cast<const __half2*>(&s23));
+  acc[0] = fmaf(sa.x, d0[0], acc[0]);
+  acc[1] = fmaf(sa.x, d0[1], acc[1]);
+  acc[2] = fmaf(sa.y, d0[2], acc[2]);
+  acc[3] = fmaf(sa.y, d0[3], acc[3]);
+  acc[0] = fmaf(sb.x, d1[0], acc[0]);
+  acc[1] = fmaf(sb.x, d1[1], acc[1]);
+  acc[2] = fmaf(sb.y, d1[2], acc[2]);
+  acc[3] = fmaf(sb.y, d1[3], acc[3]);
+}
+
+// kSwap: see wg_fragment. kPipe: two sets of fragments and sums, so tile kt's products run while tile kt + 1
+// is decoded (wait for all but the newest group) instead of waiting for each tile's own.
+template <bool kSwap, bool kPipe = false>
+__global__ void __launch_bounds__(128)
+    e4m3_wg_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ ximg, float inv_sx,
+                   float* __restrict__ y) {
+  extern __shared__ __align__(1024) uint8_t xb_raw[];
+  uint8_t* xb = xb_raw + ((1024u - (ms::cuda::wg::smem_u32(xb_raw) & 1023u)) & 1023u);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int rt = blockIdx.x * 4 + warp;
+  const uint8_t* tl = w + int64_t{rt} * kKt * kTileBytes;
+  uint4 a[kDepth], b[kDepth];
+  uint32_t sc[kDepth];
+  auto load = [&](int kt, int u) {
+    if (kt >= kKt) return;
+    const uint8_t* p = tl + int64_t{kt} * kTileBytes;
+    a[u] = ld_stream16(p + 16 * lane);
+    b[u] = ld_stream16(p + 512 + 16 * lane);
+    sc[u] = *reinterpret_cast<const uint32_t*>(p + 1024 + 4 * lane);
+  };
+#pragma unroll
+  for (int u = 0; u < kDepth; ++u) load(u, u);
+  // x's image (host-built, unswizzled [tile][column][128 bytes]) into the swizzled atoms.
+  for (int i = threadIdx.x; i < kKt * 64; i += blockDim.x) {
+    const int kt = i / 64, n = (i / 8) % 8, c = i % 8;
+    *reinterpret_cast<uint4*>(xb + kt * 1024 + ms::cuda::wg::sw128_offset(n, c)) =
+        __ldg(reinterpret_cast<const uint4*>(ximg) + i);
+  }
+  ms::cuda::wg::fence_proxy_async();
+  __syncthreads();
+  const uint64_t desc0 = ms::cuda::wg::smem_desc_sw128(ms::cuda::wg::smem_u32(xb));
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // rows g, g + 8 x terms 0, 1 (columns 2 t, 2 t + 1)
+  constexpr int kSets = kPipe ? 2 : 1;
+  float d[kSets][2][4] = {};
+  uint32_t af[kSets][4][4];
+  uint32_t sc_prev = 0;
+  static_assert(kDepth % 2 == 0, "the pipelined sets alternate within an unrolled group");
+  for (int kt0 = 0; kt0 < kKt; kt0 += kDepth) {
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      const int kt = kt0 + u, set = kPipe ? (u & 1) : 0;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wg_fragment<kSwap>(af[set][kk], word_of(a[u], kk), word_of(b[u], kk));
+      const uint64_t dk = desc0 + static_cast<uint64_t>(kt * 1024 >> 4);
+      ms::cuda::wg::wgmma_fence();
+      wgmma_e4m3_n8(d[set][0], af[set][0], ms::cuda::wg::desc_advance(dk, 0), 0);
+      wgmma_e4m3_n8(d[set][0], af[set][1], ms::cuda::wg::desc_advance(dk, 1), 1);
+      wgmma_e4m3_n8(d[set][1], af[set][2], ms::cuda::wg::desc_advance(dk, 2), 0);
+      wgmma_e4m3_n8(d[set][1], af[set][3], ms::cuda::wg::desc_advance(dk, 3), 1);
+      ms::cuda::wg::wgmma_commit();
+      const uint32_t scu = sc[u];
+      load(kt + kDepth, u);
+      if constexpr (kPipe) {
+        if (kt > 0) {  // the previous tile's group is done once at most this one is pending
+          ms::cuda::wg::wgmma_wait<1>();
+          ms::cuda::wg::fence_operands(d[set ^ 1][0]);
+          ms::cuda::wg::fence_operands(d[set ^ 1][1]);
+          wg_scale_add(acc, d[set ^ 1][0], d[set ^ 1][1], sc_prev);
+        }
+        sc_prev = scu;
+      } else {
+        ms::cuda::wg::wgmma_wait<0>();
+        ms::cuda::wg::fence_operands(d[0][0]);
+        ms::cuda::wg::fence_operands(d[0][1]);
+        wg_scale_add(acc, d[0][0], d[0][1], scu);
+      }
+    }
+  }
+  if constexpr (kPipe) {
+    ms::cuda::wg::wgmma_wait<0>();
+    constexpr int last = (kKt - 1) & 1;
+    ms::cuda::wg::fence_operands(d[last][0]);
+    ms::cuda::wg::fence_operands(d[last][1]);
+    wg_scale_add(acc, d[last][0], d[last][1], sc_prev);
+  }
+  float yg = acc[0] + acc[1] * (1.f / 16.f), yh = acc[2] + acc[3] * (1.f / 16.f);
+  yg += __shfl_xor_sync(0xffffffffu, yg, 1);
+  yg += __shfl_xor_sync(0xffffffffu, yg, 2);
+  yh += __shfl_xor_sync(0xffffffffu, yh, 1);
+  yh += __shfl_xor_sync(0xffffffffu, yh, 2);
+  if (t == 0) {
+    y[int64_t{rt} * 16 + g] = yg * mdd::kCodeScale * inv_sx;
+    y[int64_t{rt} * 16 + g + 8] = yh * mdd::kCodeScale * inv_sx;
   }
 }
 
@@ -311,11 +581,29 @@ int main() {
       xterms[((kt * 4 + t) * 2 + term) * 32 + j2 * 8 + off] = term == 0 ? hi : lo;
   }
 
-  uint8_t *nat, *frag, *d_codes, *d_scales, *d_xt;
+  // x's B image for e4m3_wg_kernel: [tile][column 2 t + e][128 bytes], step kk's 32 bytes at 32 kk, lane t's
+  // lo codes (code 2 i of its word) at byte 4 t + i and hi codes (2 i + 1) at 16 + 4 t + i.
+  std::vector<uint8_t> ximg(static_cast<size_t>(kKt) * 1024, 0);
+  for (int kt = 0; kt < kKt; ++kt)
+    for (int t = 0; t < 4; ++t)
+      for (int kk = 0; kk < 4; ++kk)
+        for (int code = 0; code < 8; ++code) {
+          const int grp = kk < 2 ? t : 4 + t;
+          const int k = 128 * kt + 16 * grp + 8 * (kk & 1) + code;
+          const int j = (code % 2 == 0 ? 4 * t : 16 + 4 * t) + code / 2;
+          const uint8_t hi = e4m3_nearest(x[k] * sx);
+          const uint8_t lo = e4m3_nearest((x[k] * sx - e4m3_value(hi)) * 16.f);
+          for (int e = 0; e < 2; ++e) ximg[kt * 1024 + (2 * t + e) * 128 + 32 * kk + j] = e == 0 ? hi : lo;
+        }
+
+  uint8_t *nat, *frag, *wgl, *d_codes, *d_scales, *d_xt, *d_ximg;
   float *d_x, *d_y;
   CUDA_CHECK(cudaMalloc(&nat, kCopies * kCopyBytes));
   CUDA_CHECK(cudaMalloc(&frag, kCopies * kCopyBytes));
   CUDA_CHECK(cudaMalloc(&d_xt, xterms.size()));
+  CUDA_CHECK(cudaMalloc(&wgl, kCopies * kCopyBytes));
+  CUDA_CHECK(cudaMalloc(&d_ximg, ximg.size()));
+  CUDA_CHECK(cudaMemcpy(d_ximg, ximg.data(), ximg.size(), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMalloc(&d_x, kK * 4));
   CUDA_CHECK(cudaMalloc(&d_y, kR * 4));
   CUDA_CHECK(cudaMemcpy(d_x, x.data(), kK * 4, cudaMemcpyHostToDevice));
@@ -327,6 +615,8 @@ int main() {
     CUDA_CHECK(cudaMemcpy(d_scales, scales.data(), kScaleBytes, cudaMemcpyHostToDevice));
     const int64_t n = int64_t{kR / 16} * kKt * 32;
     repack_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d_codes, d_scales, frag + c * kCopyBytes);
+    CUDA_CHECK(cudaGetLastError());
+    repack_wg_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d_codes, d_scales, wgl + c * kCopyBytes);
     CUDA_CHECK(cudaGetLastError());
   }
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -358,6 +648,15 @@ int main() {
     if (check) std::snprintf(errs, sizeof errs, "%.3g", err / rmax);
     std::printf("%-10s %10.2f %7.1f%% %12s\n", name, ms * 1e3, 100.0 * floor_us / (ms * 1e3), errs);
   };
+  CUDA_CHECK(cudaFuncSetAttribute(ring_kernel<2, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  ring_smem_bytes<2, 4>()));
+  CUDA_CHECK(cudaFuncSetAttribute(ring_kernel<4, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  ring_smem_bytes<4, 3>()));
+  CUDA_CHECK(cudaFuncSetAttribute(e4m3_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+  CUDA_CHECK(cudaFuncSetAttribute(e4m3_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+  CUDA_CHECK(
+      cudaFuncSetAttribute(e4m3_wg_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+  const dim3 wg_grid(kR / 64);
   for (int pass = 0; pass < 2; ++pass) {
     report(
         "load", [&](int c) { load_kernel<<<grid, block>>>(frag + c * kCopyBytes, d_y); }, false);
@@ -375,6 +674,56 @@ int main() {
         "noconv",
         [&](int c) { f16_kernel<true, kDepth, true><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y); },
         false);
+    report(
+        "f16-fragx",
+        [&](int c) {
+          f16_kernel<true, kDepth, false, true><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y);
+        },
+        true);
+    report(
+        "f16-natx",
+        [&](int c) {
+          f16_kernel<false, kDepth, false, true><<<grid, block>>>(nat + c * kCopyBytes, d_x, d_y);
+        },
+        true);
+    report(
+        "noconv-x",
+        [&](int c) {
+          f16_kernel<true, kDepth, true, true><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y);
+        },
+        false);
+    report(
+        "noload-x",
+        [&](int c) {
+          f16_kernel<true, kDepth, false, true, true><<<grid, block>>>(frag + c * kCopyBytes, d_x, d_y);
+        },
+        false);
+    report(
+        "ring2x4",
+        [&](int c) {
+          ring_kernel<2, 4><<<grid, block, ring_smem_bytes<2, 4>()>>>(frag + c * kCopyBytes, d_x, d_y);
+        },
+        true);
+    report(
+        "ring4x3",
+        [&](int c) {
+          ring_kernel<4, 3><<<grid, block, ring_smem_bytes<4, 3>()>>>(frag + c * kCopyBytes, d_x, d_y);
+        },
+        true);
+    report(
+        "e4m3-wg",
+        [&](int c) { e4m3_wg_kernel<false><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y); },
+        true);
+    report(
+        "e4m3-wgS",
+        [&](int c) { e4m3_wg_kernel<true><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y); },
+        true);
+    report(
+        "e4m3-wgP",
+        [&](int c) {
+          e4m3_wg_kernel<false, true><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y);
+        },
+        true);
     report(
         "e4m3-frag", [&](int c) { e4m3_kernel<<<grid, block>>>(frag + c * kCopyBytes, d_xt, 1.f / sx, d_y); },
         true);
