@@ -288,8 +288,8 @@ __global__ void repack_wg_kernel(const uint8_t* __restrict__ codes, const uint8_
     const int64_t row = int64_t{rt} * 16 + g + 8 * h;
     for (int kk = 0; kk < 4; ++kk) {
       const int grp = kk < 2 ? t : 4 + t;
-      const uint32_t v = *reinterpret_cast<const uint32_t*>(codes + row * kRowBytes + kt * 64 + 8 * grp +
-                                                            4 * (kk & 1));
+      const uint32_t v =
+          *reinterpret_cast<const uint32_t*>(codes + row * kRowBytes + kt * 64 + 8 * grp + 4 * (kk & 1));
       *reinterpret_cast<uint32_t*>(tile + 512 * h + 16 * lane + 4 * kk) = v;
     }
     const uint8_t* s = scales + row * kScaleRow + kt * 8;
@@ -616,7 +616,8 @@ int main() {
     const int64_t n = int64_t{kR / 16} * kKt * 32;
     repack_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d_codes, d_scales, frag + c * kCopyBytes);
     CUDA_CHECK(cudaGetLastError());
-    repack_wg_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d_codes, d_scales, wgl + c * kCopyBytes);
+    repack_wg_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d_codes, d_scales,
+                                                                      wgl + c * kCopyBytes);
     CUDA_CHECK(cudaGetLastError());
   }
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -652,10 +653,12 @@ int main() {
                                   ring_smem_bytes<2, 4>()));
   CUDA_CHECK(cudaFuncSetAttribute(ring_kernel<4, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   ring_smem_bytes<4, 3>()));
-  CUDA_CHECK(cudaFuncSetAttribute(e4m3_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
-  CUDA_CHECK(cudaFuncSetAttribute(e4m3_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
   CUDA_CHECK(
-      cudaFuncSetAttribute(e4m3_wg_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+      cudaFuncSetAttribute(e4m3_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+  CUDA_CHECK(
+      cudaFuncSetAttribute(e4m3_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+  CUDA_CHECK(cudaFuncSetAttribute(e4m3_wg_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kWgSmem));
   const dim3 wg_grid(kR / 64);
   for (int pass = 0; pass < 2; ++pass) {
     report(
@@ -712,11 +715,15 @@ int main() {
         true);
     report(
         "e4m3-wg",
-        [&](int c) { e4m3_wg_kernel<false><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y); },
+        [&](int c) {
+          e4m3_wg_kernel<false><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y);
+        },
         true);
     report(
         "e4m3-wgS",
-        [&](int c) { e4m3_wg_kernel<true><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y); },
+        [&](int c) {
+          e4m3_wg_kernel<true><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y);
+        },
         true);
     report(
         "e4m3-wgP",

@@ -334,6 +334,41 @@ TEST(KernelFit, MoeDecodeHalfChoosesOnlyWhatFits) {
   EXPECT_NE(odd.why.find("multiple of 512"), std::string::npos) << odd.why;
 }
 
+// The whole variant (one warp an item, all of k): hidden any multiple of 128, the 8-warp kernels' layout, x
+// rows and grid wherever those run too.
+TEST(KernelFit, MoeDecodeWholeTakesHiddenMultiplesOf128) {
+  namespace c = moe_decode_config;
+  int used = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (int m : {1, 3, 8, 64, 128})
+      for (int hidden : {128, 640, 1536, 6144, 7168, 6144 + 64}) {
+        const moe_decode_common::Shape s{true, hidden, 2048, m, 8, 256};
+        const c::Config whole = c::choose_variant(s, dev, c::KSplit::kWarp);
+        const c::Config base = c::choose(s, dev);
+        if (hidden % 128 != 0) {
+          EXPECT_FALSE(whole.use);
+          EXPECT_NE(whole.why.find("multiple of 128"), std::string::npos) << whole.why;
+          continue;
+        }
+        if (!whole.use) {
+          EXPECT_FALSE(whole.why.empty());
+          EXPECT_FALSE(base.use) << dev.name << " m" << m << " hidden " << hidden;
+          continue;
+        }
+        ++used;
+        EXPECT_FALSE(why_cannot_run(c::need_gate_up(hidden, whole.x_rows), dev).has_value()) << dev.name;
+        EXPECT_EQ(whole.smem_gate_up, c::gate_up_smem(hidden, whole.x_rows));
+        if (base.use) {
+          EXPECT_EQ(whole.x_rows, base.x_rows);
+          EXPECT_EQ(whole.grid_gate_up, base.grid_gate_up);
+        }
+      }
+  EXPECT_GT(used, 0);
+  const c::Config h200 = c::choose_variant({true, 640, 2048, 1, 8, 256}, limits_h200(), c::KSplit::kWarp);
+  EXPECT_TRUE(h200.use) << h200.why;
+  EXPECT_EQ(h200.grid_gate_up, 2 * 132);
+}
+
 // The cp.async ring variant: where it is offered, its layout (ring after the register kernels' layout, the
 // same x_rows) fits the device with a depth in range; where it is not, the register kernels still run and
 // ring_why names the ring.

@@ -134,11 +134,19 @@ inline RingFit ring_fit(size_t base, size_t step, const DeviceLimits& dev, int m
   return best;
 }
 
-// half: the configuration for the register kernels' half variants (moe_experts_decode.h), whose gate_up
-// splits k over 4 warps of a group instead of all 8: hidden a multiple of 512 instead of 1024, the same
-// shared-memory layout; the ring (8 warps on one item) is offered only where hidden is a multiple of 1024.
-// choose(s, dev) is choose_variant(s, dev, false): every other variant (one name, so tests can pass it on).
-inline Config choose_variant(const Shape& s, const DeviceLimits& dev, bool half) {
+// How a register variant's gate_up splits a work item's k: over the block's 8 warps (base, acc2, sc8,
+// acc2sc8), over the 4 warps of a group (half, halfsc8), or not at all (whole: one warp an item).
+enum class KSplit { kBlock, kGroup, kWarp };
+constexpr int k_split_warps(KSplit k) {
+  return k == KSplit::kBlock ? kWarps : k == KSplit::kGroup ? kHalfWarps : 1;
+}
+
+// The configuration for the register kernels' variants (moe_experts_decode.h): hidden a multiple of the
+// k of one step of every warp on an item (1024, 512 for half, 128 for whole), the same shared-memory layout
+// (whole leaves red unused); the ring (8 warps on one item) is offered only where hidden is a multiple of
+// 1024. choose(s, dev) is choose_variant(s, dev, KSplit::kBlock): the 8-warp variants (one name, so tests can
+// pass it on).
+inline Config choose_variant(const Shape& s, const DeviceLimits& dev, KSplit ksplit) {
   Config c;
   auto no = [&](std::string why) {
     c.use = false;
@@ -146,10 +154,10 @@ inline Config choose_variant(const Shape& s, const DeviceLimits& dev, bool half)
     return c;
   };
   if (auto why = moe_decode_common::why_outside(s, "decode", kMaxM, kMaxSlots)) return no(*why);
-  const int split = (half ? kHalfWarps : kWarps) * 4 * 32;  // k of one step of every warp on an item
+  const int split = k_split_warps(ksplit) * 4 * 32;  // k of one step of every warp on an item
   if (s.hidden <= 0 || s.hidden % split != 0)
-    return no(fmt::format("hidden = {} is not a multiple of {} ({} warps x 4 lanes x 32 k)", s.hidden, split,
-                          split / 128));
+    return no(fmt::format("hidden = {} is not a multiple of {} ({} warp{} x 4 lanes x 32 k)", s.hidden, split,
+                          split / 128, split == 128 ? "" : "s"));
   if (s.inter <= 0 || s.inter % kDownKr != 0 || s.inter % kGuIdx != 0)
     return no(fmt::format("inter = {} is not a multiple of {}", s.inter, kDownKr));
   // gate_up: the most x rows per pass (up to min(m, 8)) that still let two blocks share a multiprocessor;
@@ -194,8 +202,13 @@ inline Config choose_variant(const Shape& s, const DeviceLimits& dev, bool half)
   return c;
 }
 
+// half: true for the half variants' split, false for the 8-warp one.
+inline Config choose_variant(const Shape& s, const DeviceLimits& dev, bool half) {
+  return choose_variant(s, dev, half ? KSplit::kGroup : KSplit::kBlock);
+}
+
 inline Config choose(const Shape& s, const DeviceLimits& dev) {
-  return choose_variant(s, dev, false);
+  return choose_variant(s, dev, KSplit::kBlock);
 }
 
 }  // namespace ms::cuda::moe_decode_config

@@ -286,6 +286,121 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// ---- gate_up, whole variant ------------------------------------------------------------------------------
+//
+// Each warp takes whole work items (all of k of its 16 gate and 16 up rows: H / 128 steps) and writes the
+// item's act from its own C fragments: no partial sums across warps, no barrier per item. The block's
+// contiguous run of items is cut into segments of one work-list entry; in a segment warp w takes items
+// seg + w, seg + w + 8, ..; the block restages xs only between segments (two __syncthreads), and each warp's
+// first item of a segment has its first steps in flight before the barrier and the staging. Lane (g, t)
+// streams k [32 t + 128 s, + 32) of rows gate g, gate g + 8, up g, up g + 8 (the quad reads 64 contiguous
+// bytes of a row), its two scale bytes a row and step by a 2-byte load, kGuUnroll steps in flight as in
+// the 8-warp kernel. A one-token GEMV of 8 GLM-5 experts' gate/up rows with this work split reached 71% of
+// the copy rate on the checkpoint's layout (bench_decode_layout, docs/PERFORMANCE.md) where the 8-warp split
+// stops near half.
+__global__ void __launch_bounds__(kThreads, 2)
+    moe_decode_gate_up_whole_kernel(const MoeExpertsParams p, int x_rows) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int H = p.hidden;
+  const int64_t xld = xs_ld(H);
+  __half* xs;
+  float* red;
+  int32_t* ec;
+  moe_dev::carve_gate_up(smem, x_rows, xld, xs, red, ec);
+  __shared__ int s_nec;
+
+  moe_dev::build_ec<kMaxEc>(p, x_rows, ec, &s_nec);
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tiles = p.inter / kGuIdx;
+  const int items = s_nec * tiles;
+  const int steps = H / 128;
+  const int64_t row_bytes = H / 2, srow_bytes = H / 16;
+  // The lane's B row (x row g) at its 64-byte group t + 4 s: the pieces' swizzle bit is t >> 1 every step.
+  const __half* xs_lane = xs + g * xld + 32 * t;
+  const int sw = (t >> 1) & 1;
+  uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
+  const int it0 = moe_dev::run_start(items, blockIdx.x, gridDim.x);
+  const int it1 = moe_dev::run_start(items, blockIdx.x + 1, gridDim.x);
+
+  // Rows gate g and up g of the item being loaded, from the lane's k (rows g + 8 at a 32-bit offset: two
+  // pointers fewer keep the kernel within its 128 registers).
+  const int row8 = 8 * (H / 2), srow8 = 8 * (H / 16);
+  const uint8_t* wp[2];
+  const uint8_t* sp[2];
+  auto point = [&](int item) {
+    const MoeExpertWeights& ew = p.experts[ec[item / tiles] & 1023];
+    const int64_t row = static_cast<int64_t>(item % tiles) * kGuIdx + g;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      wp[r] = static_cast<const uint8_t*>(r == 0 ? ew.gate : ew.up) + row * row_bytes + 16 * t;
+      sp[r] = static_cast<const uint8_t*>(r == 0 ? ew.gate_scale : ew.up_scale) + row * srow_bytes + 2 * t;
+    }
+  };
+  // Rows gate g, gate g + 8, up g, up g + 8 (r = 0..3).
+  uint4 w[kGuUnroll][4];
+  uint32_t sc[kGuUnroll][4];
+  auto load = [&](int s, int u) {
+    if (s < steps) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        w[u][r] = ld_stream16(wp[r >> 1] + (r & 1) * row8 + s * 64);
+        sc[u][r] = ld_stream2(sp[r >> 1] + (r & 1) * srow8 + s * 8);
+      }
+    }
+  };
+  auto start = [&](int i) {
+    point(i);
+#pragma unroll
+    for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+  };
+  for (int seg = it0; seg < it1;) {
+    const int se = min(it1, (seg / tiles + 1) * tiles);
+    int item = seg + warp;
+    if (item < se) start(item);
+    __syncthreads();  // every warp is done with the previous segment's x rows
+    const moe_dev::EcEntry en = moe_dev::ec_entry(p, ec[seg / tiles], x_rows);
+    moe_decode_dev::stage_x_rows(p, en.pos0, en.rows, xs, xld, tid, kThreads);
+    __syncthreads();
+    const MoeExpertWeights& ew = p.experts[en.e];
+    for (; item < se; item += kWarps) {
+      float acc[2][4] = {};
+      for (int s0 = 0; s0 < steps; s0 += kGuUnroll) {
+#pragma unroll
+        for (int u = 0; u < kGuUnroll; ++u) {
+          const int s = s0 + u;
+          if (s >= steps) break;
+          uint4 b[4];
+#pragma unroll
+          for (int j2 = 0; j2 < 4; ++j2)
+            b[j2] = g < en.rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                                : make_uint4(0u, 0u, 0u, 0u);
+          tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
+          tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
+          load(s + kGuUnroll, u);  // the slot's next step goes in flight behind this one's math
+        }
+      }
+      const int tile = item % tiles;
+      if (item + kWarps < se) start(item + kWarps);  // in flight behind this item's epilogue
+        // The warp's C fragments are the item's whole sums: c = 0, 1 rows g at positions 2 t, 2 t + 1; c =
+        // 2, 3 rows g + 8.
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = 2 * t + (c & 1), i = g + 8 * (c >> 1);
+        if (r < en.rows) {
+          const float gv = acc[0][c] * (ew.gate_scale2 * kCodeScale);
+          const float uv = acc[1][c] * (ew.up_scale2 * kCodeScale);
+          const float wt = p.topk_weights[p.sorted_slots[en.pos0 + r]];
+          const float v = gv / (1.0f + expf(-gv)) * uv * wt;
+          acth[static_cast<int64_t>(en.pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] =
+              tc::f16_sat_bits(v);
+        }
+      }
+    }
+    seg = se;
+  }
+}
+
 // ---- gate_up, half variants ------------------------------------------------------------------------------
 //
 // Group q = warp / 4 of the block (bar.sync id 1 + q of its 128 threads; id 0 stays __syncthreads) takes
@@ -871,12 +986,14 @@ bool aligned(const void* ptr, size_t a) {
   return reinterpret_cast<uintptr_t>(ptr) % a == 0;
 }
 
-// The half variants' down kernel is the one of the same variant without half (base, sc8).
+// The half variants' down kernel is the one of the same variant without half (base, sc8); whole's is sc8's.
 template <int V>
 void launch_registers(const MoeExpertsParams& p, const Config& c, cudaStream_t stream) {
-  constexpr int kDownV = V & ~kMoeDecodeHalf;
+  constexpr int kDownV = V == kMoeDecodeWhole ? kMoeDecodeSc8 : V & ~kMoeDecodeHalf;
   void (*gate_up)(const MoeExpertsParams, int) = nullptr;
-  if constexpr ((V & kMoeDecodeHalf) != 0)
+  if constexpr (V == kMoeDecodeWhole)
+    gate_up = moe_decode_gate_up_whole_kernel;
+  else if constexpr ((V & kMoeDecodeHalf) != 0)
     gate_up = moe_decode_gate_up_half_kernel<V>;
   else
     gate_up = moe_decode_gate_up_kernel<V>;
@@ -914,8 +1031,10 @@ const char* moe_decode_variant_name(int variant) {
       return "half";
     case kMoeDecodeHalfSc8:
       return "halfsc8";
+    case kMoeDecodeWhole:
+      return "whole";
     default:
-      MS_THROW("moe_decode_variant_name: variant {} is not one of 0, 1, 2, 3, 4, 6", variant);
+      MS_THROW("moe_decode_variant_name: variant {} is not one of 0, 1, 2, 3, 4, 6, 8", variant);
   }
 }
 
@@ -924,13 +1043,14 @@ int moe_decode_variant_from_env(const char* value) {
   if (v.empty()) return -1;
   for (int i : kMoeDecodeVariantList)
     if (v == moe_decode_variant_name(i)) return i;
-  MS_THROW("MOESERVE_MOE_DECODE_VARIANT = '{}' is not one of base, acc2, sc8, acc2sc8, half, halfsc8", v);
+  MS_THROW("MOESERVE_MOE_DECODE_VARIANT = '{}' is not one of base, acc2, sc8, acc2sc8, half, halfsc8, whole",
+           v);
 }
 
 int moe_decode_variant(const MoeExpertsParams& p) {
   if (p.decode_variant >= 0) {
     MS_CHECK(moe_decode_variant_valid(p.decode_variant),
-             "moe_experts_decode: decode_variant = {} is not a MoeDecodeVariant (0, 1, 2, 3, 4, 6)",
+             "moe_experts_decode: decode_variant = {} is not a MoeDecodeVariant (0, 1, 2, 3, 4, 6, 8)",
              p.decode_variant);
     return p.decode_variant;
   }
@@ -952,7 +1072,7 @@ int wanted_variant(const MoeExpertsParams& p) {
 // The configuration for p's variant of the register kernels (the half variants take more hidden sizes).
 Config choose_for(const MoeExpertsParams& p) {
   return choose_variant(moe_decode_shape(p), limits_of(current_device_caps()),
-                        (moe_decode_variant(p) & kMoeDecodeHalf) != 0);
+                        moe_decode_split(moe_decode_variant(p)));
 }
 }  // namespace
 
@@ -981,8 +1101,7 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   MS_CHECK(aligned(p.act, 16), "moe_experts_decode: act workspace must be 16-byte aligned");
   const DeviceCaps caps = current_device_caps();
   const int register_variant = moe_decode_variant(p);
-  const Config c =
-      choose_variant(moe_decode_shape(p), limits_of(caps), (register_variant & kMoeDecodeHalf) != 0);
+  const Config c = choose_variant(moe_decode_shape(p), limits_of(caps), moe_decode_split(register_variant));
   MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
   const int variant = wanted_variant(p);
   if (variant == 1 && c.ring) {
@@ -1014,6 +1133,8 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
       return launch_registers<kMoeDecodeHalf>(p, c, stream);
     case kMoeDecodeHalfSc8:
       return launch_registers<kMoeDecodeHalfSc8>(p, c, stream);
+    case kMoeDecodeWhole:
+      return launch_registers<kMoeDecodeWhole>(p, c, stream);
     default:
       return launch_registers<kMoeDecodeBase>(p, c, stream);
   }

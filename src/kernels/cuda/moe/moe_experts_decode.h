@@ -17,7 +17,7 @@
 // streamed hi/lo kernels (moe_experts_stream.h) or the f32 kernels.
 //
 // Preconditions beyond moe_experts_check: format NVFP4, moe_decode_config::choose_variant(shape, device,
-// whether the variant is a half one).use, every data and scale pointer of the touched experts 16-byte
+// moe_decode_split(variant)).use, every data and scale pointer of the touched experts 16-byte
 // aligned (p.experts_aligned16), x 16-byte aligned with ldx % 4 == 0, act 16-byte aligned.
 #pragma once
 
@@ -59,25 +59,39 @@ int moe_decode_kernel_from_env(const char* value);
 //         multiple of 512 instead of 1024. f32 partial sums over 4 warps instead of 8, so the last bits
 //         differ from base (deterministic all the same).
 //   halfsc8: half with sc8's scale loads; bit-identical to half.
-// Values are bit flags (acc2 1, sc8 2, half 4); acc2 with half is not a variant.
+//   whole: gate_up only (down runs sc8's): each warp takes whole work items, all of k of its 16 gate and 16
+//   up
+//         rows, and writes their act from its own sums (no partial sums across warps, no barrier per item;
+//         block-wide barriers only where the staged x rows change); hidden a multiple of 128. f32 sums in
+//         one chain over all of k, so the last bits differ from base (deterministic all the same).
+// Values are bit flags (acc2 1, sc8 2, half 4, whole 8); acc2 with half, and whole with any other, are not
+// variants.
 enum MoeDecodeVariant : int {
   kMoeDecodeBase = 0,
   kMoeDecodeAcc2 = 1,
   kMoeDecodeSc8 = 2,
   kMoeDecodeAcc2Sc8 = 3,
   kMoeDecodeHalf = 4,
-  kMoeDecodeHalfSc8 = 6
+  kMoeDecodeHalfSc8 = 6,
+  kMoeDecodeWhole = 8
 };
 // How many variants there are; their values are not 0..kMoeDecodeVariants - 1 (kMoeDecodeVariantList).
-constexpr int kMoeDecodeVariants = 6;
+constexpr int kMoeDecodeVariants = 7;
 constexpr int kMoeDecodeVariantList[kMoeDecodeVariants] = {
-    kMoeDecodeBase, kMoeDecodeAcc2, kMoeDecodeSc8, kMoeDecodeAcc2Sc8, kMoeDecodeHalf, kMoeDecodeHalfSc8};
+    kMoeDecodeBase, kMoeDecodeAcc2,    kMoeDecodeSc8,  kMoeDecodeAcc2Sc8,
+    kMoeDecodeHalf, kMoeDecodeHalfSc8, kMoeDecodeWhole};
 constexpr bool moe_decode_variant_valid(int variant) {
   for (int v : kMoeDecodeVariantList)
     if (v == variant) return true;
   return false;
 }
-// "base", "acc2", "sc8", "acc2sc8", "half", "halfsc8"; throws ms::Error for any other value.
+// How a variant's gate_up splits an item's k (moe_decode_config::choose_variant).
+constexpr moe_decode_config::KSplit moe_decode_split(int variant) {
+  if (variant == kMoeDecodeWhole) return moe_decode_config::KSplit::kWarp;
+  return (variant & kMoeDecodeHalf) != 0 ? moe_decode_config::KSplit::kGroup
+                                         : moe_decode_config::KSplit::kBlock;
+}
+// "base", "acc2", "sc8", "acc2sc8", "half", "halfsc8", "whole"; throws ms::Error for any other value.
 const char* moe_decode_variant_name(int variant);
 
 // MOESERVE_MOE_DECODE_VARIANT's value: unset or empty -1 (base), else the variant of that name; anything else
