@@ -334,8 +334,8 @@ TEST(KernelFit, MoeDecodeHalfChoosesOnlyWhatFits) {
   EXPECT_NE(odd.why.find("multiple of 512"), std::string::npos) << odd.why;
 }
 
-// The whole variant (one warp an item, all of k): hidden any multiple of 128, the 8-warp kernels' layout, x
-// rows and grid wherever those run too.
+// The whole variant (one warp an item, all of k): hidden any multiple of 128, the 8-warp kernels' layout and
+// x rows wherever those run too, kWholeMinBlocks blocks a multiprocessor.
 TEST(KernelFit, MoeDecodeWholeTakesHiddenMultiplesOf128) {
   namespace c = moe_decode_config;
   int used = 0;
@@ -358,15 +358,13 @@ TEST(KernelFit, MoeDecodeWholeTakesHiddenMultiplesOf128) {
         ++used;
         EXPECT_FALSE(why_cannot_run(c::need_gate_up(hidden, whole.x_rows), dev).has_value()) << dev.name;
         EXPECT_EQ(whole.smem_gate_up, c::gate_up_smem(hidden, whole.x_rows));
-        if (base.use) {
-          EXPECT_EQ(whole.x_rows, base.x_rows);
-          EXPECT_EQ(whole.grid_gate_up, base.grid_gate_up);
-        }
+        EXPECT_EQ(whole.grid_gate_up, c::kWholeMinBlocks * dev.multiprocessors);
+        if (base.use) EXPECT_EQ(whole.x_rows, base.x_rows);
       }
   EXPECT_GT(used, 0);
   const c::Config h200 = c::choose_variant({true, 640, 2048, 1, 8, 256}, limits_h200(), c::KSplit::kWarp);
   EXPECT_TRUE(h200.use) << h200.why;
-  EXPECT_EQ(h200.grid_gate_up, 2 * 132);
+  EXPECT_EQ(h200.grid_gate_up, c::kWholeMinBlocks * 132);
 }
 
 // The cp.async ring variant: where it is offered, its layout (ring after the register kernels' layout, the

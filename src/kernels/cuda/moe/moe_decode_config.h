@@ -40,6 +40,8 @@ constexpr int kMaxM = 128;
 constexpr int kDownMinBlocks = 3;
 constexpr int kDownKr = 512;  // down: k of one (expert, k-range) piece; a lane streams 128 of it
 constexpr int kGuUnroll = 3;  // gate_up: 32-k steps whose weights a lane loads before using them
+// whole (moe_experts_decode.h): 128-k steps a lane keeps in flight, and blocks a multiprocessor.
+constexpr int kWholeSlots = 6, kWholeMinBlocks = 1;
 
 // The cp.async ring variant (decode_ring): each lane copies its own weight and scale bytes of a step into its
 // own slots of a per-warp ring in shared memory, `depth` steps ahead of its math and across work items, and
@@ -174,8 +176,9 @@ inline Config choose_variant(const Shape& s, const DeviceLimits& dev, KSplit ksp
   c.smem_gate_up = gate_up_smem(s.hidden, rows);
   c.smem_down = down_smem(s.m);
   const int fit = std::clamp(blocks_per_sm(c.smem_gate_up, dev), 1, 2);  // registers allow 2 of 256 threads
-  c.grid_gate_up = fit * std::max(dev.multiprocessors, 1);               // persistent
-  c.grid_down = s.hidden / kDownRows;                                    // one block per row tile
+  c.grid_gate_up = (ksplit == KSplit::kWarp ? std::min(fit, kWholeMinBlocks) : fit) *
+                   std::max(dev.multiprocessors, 1);  // persistent
+  c.grid_down = s.hidden / kDownRows;                 // one block per row tile
   if (s.hidden % (kWarps * 4 * 32) != 0) {
     c.ring_why =
         fmt::format("the cp.async ring of moe_decode_gate_up_ring needs hidden a multiple of {}, not {}",

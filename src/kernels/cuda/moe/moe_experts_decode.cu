@@ -294,12 +294,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 // seg + w, seg + w + 8, ..; the block restages xs only between segments (two __syncthreads), and each warp's
 // first item of a segment has its first steps in flight before the barrier and the staging. Lane (g, t)
 // streams k [32 t + 128 s, + 32) of rows gate g, gate g + 8, up g, up g + 8 (the quad reads 64 contiguous
-// bytes of a row), its two scale bytes a row and step by a 2-byte load, kGuUnroll steps in flight as in
-// the 8-warp kernel. A one-token GEMV of 8 GLM-5 experts' gate/up rows with this work split reached 71% of
-// the copy rate on the checkpoint's layout (bench_decode_layout, docs/PERFORMANCE.md) where the 8-warp split
-// stops near half.
-__global__ void __launch_bounds__(kThreads, 2)
+// bytes of a row), its two scale bytes a row and step by a 2-byte load, kWholeSlots steps in flight (one
+// block a multiprocessor, so the registers allow twice the 8-warp kernel's: at one token each warp has one
+// item and the bytes in flight, not the warps, set the pace). A one-token GEMV of 8 GLM-5 experts' gate/up
+// rows with this work split reached 71% of the copy rate on the checkpoint's layout (bench_decode_layout,
+// docs/PERFORMANCE.md) where the 8-warp split stops near half.
+__global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
     moe_decode_gate_up_whole_kernel(const MoeExpertsParams p, int x_rows) {
+  constexpr int kSlots = kWholeSlots;
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
   const int64_t xld = xs_ld(H);
@@ -338,8 +340,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
   // Rows gate g, gate g + 8, up g, up g + 8 (r = 0..3).
-  uint4 w[kGuUnroll][4];
-  uint32_t sc[kGuUnroll][4];
+  uint4 w[kSlots][4];
+  uint32_t sc[kSlots][4];
   auto load = [&](int s, int u) {
     if (s < steps) {
 #pragma unroll
@@ -352,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto start = [&](int i) {
     point(i);
 #pragma unroll
-    for (int u = 0; u < kGuUnroll; ++u) load(u, u);
+    for (int u = 0; u < kSlots; ++u) load(u, u);
   };
   for (int seg = it0; seg < it1;) {
     const int se = min(it1, (seg / tiles + 1) * tiles);
@@ -365,9 +367,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const MoeExpertWeights& ew = p.experts[en.e];
     for (; item < se; item += kWarps) {
       float acc[2][4] = {};
-      for (int s0 = 0; s0 < steps; s0 += kGuUnroll) {
+      for (int s0 = 0; s0 < steps; s0 += kSlots) {
 #pragma unroll
-        for (int u = 0; u < kGuUnroll; ++u) {
+        for (int u = 0; u < kSlots; ++u) {
           const int s = s0 + u;
           if (s >= steps) break;
           uint4 b[4];
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                 : make_uint4(0u, 0u, 0u, 0u);
           tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
           tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
-          load(s + kGuUnroll, u);  // the slot's next step goes in flight behind this one's math
+          load(s + kSlots, u);  // the slot's next step goes in flight behind this one's math
         }
       }
       const int tile = item % tiles;
