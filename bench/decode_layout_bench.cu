@@ -18,13 +18,13 @@
 //              mma. On sm_90 the compiler runs mma.sync on e4m3 as conversions to f16 and two f16 mmas
 //              (Hopper's e4m3 tensor-core path is warpgroup MMA only), so there its time is not the
 //              design's; its error is (it says whether two e4m3 terms of x are precise enough)
-//   f16-fragx, f16-natx, noconv-x  the f16 kernels with their first tiles' loads issued before x is staged
-//              (by 16-byte pieces); noload-x the same with the weights made from the tile index (math alone)
-//   ring2x4, ring4x3  f16 math on the fragment layout, the weights brought by bulk copies into a per-warp
-//   ring e4m3-wg, e4m3-wgS, e4m3-wgP  the codes as e4m3 by warpgroup MMA (wgmma m64n8k32, A from registers,
-//   x's
-//              two e4m3 terms as B in shared memory, one column a lane's scale group and term); S: a1 and a2
-//              swapped (a hedge on the fragment order, wrong), P: two sets of fragments and sums
+//   f16-fragx  f16-frag with its first tiles' loads issued before x is staged (by 16-byte pieces); f16-natx
+//              and noconv-x likewise; noload-x the same with the weights made from the tile index
+//   ring2x4    f16 math on the fragment layout, the weights brought by bulk copies into a per-warp ring
+//              (4 stages of 2 tiles; ring4x3: 3 of 4)
+//   e4m3-wg    the codes as e4m3 by warpgroup MMA (wgmma m64n8k32, A from registers, x's two e4m3 terms as B
+//              in shared memory, one column a lane's scale group and term); e4m3-wgS: a1 and a2 swapped (a
+//              hedge on the fragment order, wrong); e4m3-wgP: two sets of fragments and sums
 // Every kernel gives one warp a whole 16-row tile (all of k: no partial sums across warps, no barrier after
 // the x staging), 4 warps a block, kDepth tiles of loads in flight a lane (f16-frag2 and f16-frag6: 2 and 6).
 // Each kernel's output is compared with a double-precision reference of the same NVFP4 weights and x (largest
