@@ -359,7 +359,9 @@ TEST(KernelFit, MoeDecodeWholeTakesHiddenMultiplesOf128) {
         EXPECT_FALSE(why_cannot_run(c::need_gate_up(hidden, whole.x_rows), dev).has_value()) << dev.name;
         EXPECT_EQ(whole.smem_gate_up, c::gate_up_smem(hidden, whole.x_rows));
         EXPECT_EQ(whole.grid_gate_up, c::kWholeMinBlocks * dev.multiprocessors);
-        if (base.use) EXPECT_EQ(whole.x_rows, base.x_rows);
+        if (base.use) {
+          EXPECT_EQ(whole.x_rows, base.x_rows);
+        }
       }
   EXPECT_GT(used, 0);
   const c::Config h200 = c::choose_variant({true, 640, 2048, 1, 8, 256}, limits_h200(), c::KSplit::kWarp);
