@@ -23,8 +23,8 @@
 //   ring2x4    f16 math on the fragment layout, the weights brought by bulk copies into a per-warp ring
 //              (4 stages of 2 tiles; ring4x3: 3 of 4)
 //   e4m3-wg    the codes as e4m3 by warpgroup MMA (wgmma m64n8k32, A from registers, x's two e4m3 terms as B
-//              in shared memory, one column a lane's scale group and term); e4m3-wgS: a1 and a2 swapped (a
-//              hedge on the fragment order, wrong); e4m3-wgP: two sets of fragments and sums
+//              in shared memory, one column a lane's scale group and term); e4m3-wgP: two sets of fragments
+//              and sums
 // Every kernel gives one warp a whole 16-row tile (all of k: no partial sums across warps, no barrier after
 // the x staging), 4 warps a block, kDepth tiles of loads in flight a lane (f16-frag2 and f16-frag6: 2 and 6).
 // Each kernel's output is compared with a double-precision reference of the same NVFP4 weights and x (largest
@@ -305,17 +305,13 @@ __global__ void repack_wg_kernel(const uint8_t* __restrict__ codes, const uint8_
   }
 }
 
-// kSwap (a hedge on the A fragment's register order): a1 and a2 trade places.
-template <bool kSwap>
+// A fragments of wgmma step kk from word kk of rows g (wg) and g + 8 (wh): a0 / a1 the rows' lo codes (A k
+// 4 t ..), a2 / a3 their hi codes (A k 16 + 4 t ..).
 __device__ __forceinline__ void wg_fragment(uint32_t (&af)[4], uint32_t wg, uint32_t wh) {
   uint32_t lo0, hi0, lo1, hi1;
   mdd::e2m1x8_to_e4m3(wg, lo0, hi0);
   mdd::e2m1x8_to_e4m3(wh, lo1, hi1);
-  if constexpr (kSwap) {
-    af[0] = lo0, af[1] = hi0, af[2] = lo1, af[3] = hi1;
-  } else {
-    af[0] = lo0, af[1] = lo1, af[2] = hi0, af[3] = hi1;
-  }
+  af[0] = lo0, af[1] = lo1, af[2] = hi0, af[3] = hi1;
 }
 
 constexpr int kWgSmem = kKt * 1024 + 1024;  // x's B image: one 1024-byte atom a 128-k tile (+ alignment)
@@ -337,9 +333,9 @@ __device__ __forceinline__ void wg_scale_add(float (&acc)[4], const float (&d0)[
   acc[3] = fmaf(sb.y, d1[3], acc[3]);
 }
 
-// kSwap: see wg_fragment. kPipe: two sets of fragments and sums, so tile kt's products run while tile kt + 1
+// kPipe: two sets of fragments and sums, so tile kt's products run while tile kt + 1
 // is decoded (wait for all but the newest group) instead of waiting for each tile's own.
-template <bool kSwap, bool kPipe = false>
+template <bool kPipe>
 __global__ void __launch_bounds__(128)
     e4m3_wg_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ ximg, float inv_sx,
                    float* __restrict__ y) {
@@ -379,7 +375,7 @@ __global__ void __launch_bounds__(128)
     for (int u = 0; u < kDepth; ++u) {
       const int kt = kt0 + u, set = kPipe ? (u & 1) : 0;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wg_fragment<kSwap>(af[set][kk], word_of(a[u], kk), word_of(b[u], kk));
+      for (int kk = 0; kk < 4; ++kk) wg_fragment(af[set][kk], word_of(a[u], kk), word_of(b[u], kk));
       const uint64_t dk = desc0 + static_cast<uint64_t>(kt * 1024 >> 4);
       ms::cuda::wg::wgmma_fence();
       wgmma_e4m3_n8(d[set][0], af[set][0], ms::cuda::wg::desc_advance(dk, 0), 0);
@@ -664,8 +660,6 @@ int main() {
       cudaFuncSetAttribute(e4m3_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
   CUDA_CHECK(
       cudaFuncSetAttribute(e4m3_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
-  CUDA_CHECK(cudaFuncSetAttribute(e4m3_wg_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kWgSmem));
   const dim3 wg_grid(kR / 64);
   for (int pass = 0; pass < 2; ++pass) {
     report(
@@ -727,15 +721,9 @@ int main() {
         },
         true);
     report(
-        "e4m3-wgS",
-        [&](int c) {
-          e4m3_wg_kernel<true><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y);
-        },
-        true);
-    report(
         "e4m3-wgP",
         [&](int c) {
-          e4m3_wg_kernel<false, true><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y);
+          e4m3_wg_kernel<true><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y);
         },
         true);
     report(

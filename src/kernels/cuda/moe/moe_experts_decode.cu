@@ -295,10 +295,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 // first item of a segment has its first steps in flight before the barrier and the staging. Lane (g, t)
 // streams k [32 t + 128 s, + 32) of rows gate g, gate g + 8, up g, up g + 8 (the quad reads 64 contiguous
 // bytes of a row), its two scale bytes a row and step by a 2-byte load, kWholeSlots steps in flight (one
-// block a multiprocessor, so the registers allow twice the 8-warp kernel's: at one token each warp has one
-// item and the bytes in flight, not the warps, set the pace). A one-token GEMV of 8 GLM-5 experts' gate/up
-// rows with this work split reached 71% of the copy rate on the checkpoint's layout (bench_decode_layout,
-// docs/PERFORMANCE.md) where the 8-warp split stops near half.
+// block a multiprocessor, whose registers allow twice the 8-warp kernel's slots). On an H200 with GLM-5's
+// experts (docs/PERFORMANCE.md): 7-15% faster than halfsc8 at 8 and 32 tokens, 20% slower than sc8 at one.
 __global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
     moe_decode_gate_up_whole_kernel(const MoeExpertsParams p, int x_rows) {
   constexpr int kSlots = kWholeSlots;
