@@ -289,10 +289,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 // ---- gate_up, whole variant ------------------------------------------------------------------------------
 //
 // Each warp takes whole work items (all of k of its 16 gate and 16 up rows: H / 128 steps) and writes the
-// item's act from its own C fragments: no partial sums across warps, no barrier per item. The block's
-// contiguous run of items is cut into segments of one work-list entry; in a segment warp w takes items
-// seg + w, seg + w + 8, ..; the block restages xs only between segments (two __syncthreads), and each warp's
-// first item of a segment has its first steps in flight before the barrier and the staging. Lane (g, t)
+// item's act from its own C fragments: no partial sums across warps, no barrier per item. Work is handed out
+// in units of 8 consecutive tiles of one work-list entry, one a warp, a contiguous run of units a block, so
+// every warp of a block is always on the same entry: the block restages xs only where the entry changes (two
+// __syncthreads), and no warp's item waits behind another entry's items. Each warp's next item has its first
+// steps in flight before the previous item's epilogue and before any restaging. Lane (g, t)
 // streams k [32 t + 128 s, + 32) of rows gate g, gate g + 8, up g, up g + 8 (the quad reads 64 contiguous
 // bytes of a row), its two scale bytes a row and step by a 2-byte load, kWholeSlots steps in flight (one
 // block a multiprocessor, whose registers allow twice the 8-warp kernel's slots). On an H200 with GLM-5's
@@ -313,24 +314,29 @@ __global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
   __syncthreads();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int tiles = p.inter / kGuIdx;
-  const int items = s_nec * tiles;
   const int steps = H / 128;
   const int64_t row_bytes = H / 2, srow_bytes = H / 16;
   // The lane's B row (x row g) at its 64-byte group t + 4 s: the pieces' swizzle bit is t >> 1 every step.
   const __half* xs_lane = xs + g * xld + 32 * t;
   const int sw = (t >> 1) & 1;
   uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
-  const int it0 = moe_dev::run_start(items, blockIdx.x, gridDim.x);
-  const int it1 = moe_dev::run_start(items, blockIdx.x + 1, gridDim.x);
+  // Units of work: kWarps consecutive tiles of one work-list entry, one a warp (the last unit of an entry may
+  // hold fewer); block b takes a contiguous run of units.
+  const int unit_tiles = (tiles + kWarps - 1) / kWarps;  // units an entry
+  const int units = s_nec * unit_tiles;
+  const int u0 = moe_dev::run_start(units, blockIdx.x, gridDim.x);
+  const int u1 = moe_dev::run_start(units, blockIdx.x + 1, gridDim.x);
+  // This warp's tile in unit u (tiles when it has none there).
+  auto tile_of = [&](int u) { return min((u % unit_tiles) * kWarps + warp, tiles); };
 
   // Rows gate g and up g of the item being loaded, from the lane's k (rows g + 8 at a 32-bit offset: two
   // pointers fewer keep the kernel within its 128 registers).
   const int row8 = 8 * (H / 2), srow8 = 8 * (H / 16);
   const uint8_t* wp[2];
   const uint8_t* sp[2];
-  auto point = [&](int item) {
-    const MoeExpertWeights& ew = p.experts[ec[item / tiles] & 1023];
-    const int64_t row = static_cast<int64_t>(item % tiles) * kGuIdx + g;
+  auto point = [&](int eci, int tile) {
+    const MoeExpertWeights& ew = p.experts[ec[eci] & 1023];
+    const int64_t row = static_cast<int64_t>(tile) * kGuIdx + g;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       wp[r] = static_cast<const uint8_t*>(r == 0 ? ew.gate : ew.up) + row * row_bytes + 16 * t;
@@ -349,55 +355,59 @@ __global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
       }
     }
   };
-  auto start = [&](int i) {
-    point(i);
+  // The first steps of this warp's item in unit u go in flight (none where it has no tile there).
+  auto start = [&](int u) {
+    const int tile = tile_of(u);
+    if (tile >= tiles) return;
+    point(u / unit_tiles, tile);
 #pragma unroll
-    for (int u = 0; u < kSlots; ++u) load(u, u);
+    for (int v = 0; v < kSlots; ++v) load(v, v);
   };
-  for (int seg = it0; seg < it1;) {
-    const int se = min(it1, (seg / tiles + 1) * tiles);
-    int item = seg + warp;
-    if (item < se) start(item);
-    __syncthreads();  // every warp is done with the previous segment's x rows
-    const moe_dev::EcEntry en = moe_dev::ec_entry(p, ec[seg / tiles], x_rows);
-    moe_decode_dev::stage_x_rows(p, en.pos0, en.rows, xs, xld, tid, kThreads);
-    __syncthreads();
-    const MoeExpertWeights& ew = p.experts[en.e];
-    for (; item < se; item += kWarps) {
-      float acc[2][4] = {};
-      for (int s0 = 0; s0 < steps; s0 += kSlots) {
+  if (u0 < u1) start(u0);
+  int staged = -1;        // the work-list entry whose x rows xs holds
+  moe_dev::EcEntry en{};  // and its expert and positions
+  for (int un = u0; un < u1; ++un) {
+    const int eci = un / unit_tiles, tile = tile_of(un);
+    if (eci != staged) {
+      // Every warp of the block is on the same unit, so none waits here behind another entry's items.
+      en = moe_dev::ec_entry(p, ec[eci], x_rows);
+      __syncthreads();  // every warp is done with the previous entry's x rows
+      moe_decode_dev::stage_x_rows(p, en.pos0, en.rows, xs, xld, tid, kThreads);
+      __syncthreads();
+      staged = eci;
+    }
+    if (tile >= tiles) continue;
+    float acc[2][4] = {};
+    for (int s0 = 0; s0 < steps; s0 += kSlots) {
 #pragma unroll
-        for (int u = 0; u < kSlots; ++u) {
-          const int s = s0 + u;
-          if (s >= steps) break;
-          uint4 b[4];
+      for (int u = 0; u < kSlots; ++u) {
+        const int s = s0 + u;
+        if (s >= steps) break;
+        uint4 b[4];
 #pragma unroll
-          for (int j2 = 0; j2 < 4; ++j2)
-            b[j2] = g < en.rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
-                                : make_uint4(0u, 0u, 0u, 0u);
-          tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
-          tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
-          load(s + kSlots, u);  // the slot's next step goes in flight behind this one's math
-        }
-      }
-      const int tile = item % tiles;
-      if (item + kWarps < se) start(item + kWarps);  // in flight behind this item's epilogue
-        // The warp's C fragments are the item's whole sums: c = 0, 1 rows g at positions 2 t, 2 t + 1; c =
-        // 2, 3 rows g + 8.
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = 2 * t + (c & 1), i = g + 8 * (c >> 1);
-        if (r < en.rows) {
-          const float gv = acc[0][c] * (ew.gate_scale2 * kCodeScale);
-          const float uv = acc[1][c] * (ew.up_scale2 * kCodeScale);
-          const float wt = p.topk_weights[p.sorted_slots[en.pos0 + r]];
-          const float v = gv / (1.0f + expf(-gv)) * uv * wt;
-          acth[static_cast<int64_t>(en.pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] =
-              tc::f16_sat_bits(v);
-        }
+        for (int j2 = 0; j2 < 4; ++j2)
+          b[j2] = g < en.rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
+                              : make_uint4(0u, 0u, 0u, 0u);
+        tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
+        tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
+        load(s + kSlots, u);  // the slot's next step goes in flight behind this one's math
       }
     }
-    seg = se;
+    if (un + 1 < u1) start(un + 1);  // in flight behind this item's epilogue
+    // The warp's C fragments are the item's whole sums: c = 0, 1 rows g at positions 2 t, 2 t + 1; c = 2, 3
+    // rows g + 8.
+    const MoeExpertWeights& ew = p.experts[en.e];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = 2 * t + (c & 1), i = g + 8 * (c >> 1);
+      if (r < en.rows) {
+        const float gv = acc[0][c] * (ew.gate_scale2 * kCodeScale);
+        const float uv = acc[1][c] * (ew.up_scale2 * kCodeScale);
+        const float wt = p.topk_weights[p.sorted_slots[en.pos0 + r]];
+        const float v = gv / (1.0f + expf(-gv)) * uv * wt;
+        acth[static_cast<int64_t>(en.pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] = tc::f16_sat_bits(v);
+      }
+    }
   }
 }
 
