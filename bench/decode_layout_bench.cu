@@ -184,6 +184,63 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
+// The engine's item shape on the checkpoint layout (the f16-natx math and load order): each warp kTl
+// tiles of 16 rows over all of k (kTl = 2: tiles i and i + kR / 32, as the engine's gate and up rows of one
+// index), kW warps a block, kD 128-k steps in flight a lane; `pad` bytes of dynamic shared memory limit the
+// blocks a multiprocessor (the engine's whole variant: kTl 2, kW 8, kD 6, one block a multiprocessor).
+template <int kTl, int kW, int kD>
+__global__ void __launch_bounds__(32 * kW)
+    shape_kernel(const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y) {
+  static_assert(kKt % kD == 0, "the register slots cycle over whole groups of tiles");
+  __shared__ __align__(16) __half xs[kK];
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int item = blockIdx.x * kW + (threadIdx.x >> 5);
+  const uint8_t* c0[kTl];
+  const uint8_t* s0[kTl];
+#pragma unroll
+  for (int j = 0; j < kTl; ++j) {
+    const int64_t row = int64_t{item + j * (kR / 32)} * 16 + g;
+    c0[j] = w + row * kRowBytes + 16 * t;
+    s0[j] = w + kCodeBytes + row * kScaleRow + 2 * t;
+  }
+  uint4 a[kD][kTl], b[kD][kTl];
+  uint32_t sc[kD][kTl];
+  auto load = [&](int kt, int u) {
+    if (kt >= kKt) return;
+#pragma unroll
+    for (int j = 0; j < kTl; ++j) {
+      a[u][j] = ld_stream16(c0[j] + 64 * kt);
+      b[u][j] = ld_stream16(c0[j] + 8 * kRowBytes + 64 * kt);
+      sc[u][j] = ld_stream2(s0[j] + 8 * kt) | (ld_stream2(s0[j] + 8 * kScaleRow + 8 * kt) << 16);
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kD; ++u) load(u, u);
+  stage_x_f16_vec(x, xs);
+  __syncthreads();
+  float acc[kTl][4] = {};
+  for (int kt0 = 0; kt0 < kKt; kt0 += kD) {
+#pragma unroll
+    for (int u = 0; u < kD; ++u) {
+      const int kt = kt0 + u;
+      const uint4* xp = reinterpret_cast<const uint4*>(xs + (kt * 4 + t) * 32);
+      const uint4 bx[4] = {xp[0], xp[1], xp[2], xp[3]};
+#pragma unroll
+      for (int j = 0; j < kTl; ++j)
+        mdd::tile_step(acc[j], a[u][j], b[u][j], sc[u][j] & 0xffffu, sc[u][j] >> 16, bx);
+      load(kt + kD, u);
+    }
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int j = 0; j < kTl; ++j) {
+      const int64_t row = int64_t{item + j * (kR / 32)} * 16 + g;
+      y[row] = acc[j][0] * mdd::kCodeScale;
+      y[row + 8] = acc[j][2] * mdd::kCodeScale;
+    }
+  }
+}
+
 // f16 math on the fragment layout, the weights brought by bulk copies into a per-warp ring in shared memory
 // (kS stages of kT tiles, one mbarrier a stage): lane 0 of each warp issues its warp's copies, so bytes in
 // flight cost no registers and the loads never wait behind the math. A stage is refilled once the warp has
@@ -546,6 +603,7 @@ int main() {
     return 0;
   }
   const double bw = ms::bench::measure_copy_gbs();
+  const ms::cuda::DeviceCaps caps = ms::cuda::query_device(0);
   std::printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", bw);
   // Weights: random codes, scales e4m3 in [2^-6, 2^2) (random mantissas), one copy in each layout, x ~ N(0,
   // 1).
@@ -726,6 +784,24 @@ int main() {
           e4m3_wg_kernel<true><<<wg_grid, 128, kWgSmem>>>(wgl + c * kCopyBytes, d_ximg, 1.f / sx, d_y);
         },
         true);
+    // The engine's item shape (shape_kernel): tiles a warp, warps a block, steps in flight; "b1" pads
+    // shared memory so that one block fits a multiprocessor.
+    auto shape = [&](const char* name, auto kernel, int tl, int wpb, bool one_block) {
+      const size_t pad = one_block ? caps.smem_per_block_optin - kK * 2 - 1024 : 0;
+      CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pad)));
+      const dim3 sgrid(kR / 16 / tl / wpb), sblock(32 * wpb);
+      report(
+          name, [&](int c) { kernel<<<sgrid, sblock, pad>>>(nat + c * kCopyBytes, d_x, d_y); }, true);
+    };
+    shape("s1w4d4", shape_kernel<1, 4, 4>, 1, 4, false);
+    shape("s2w4d4", shape_kernel<2, 4, 4>, 2, 4, false);
+    shape("s2w4d6", shape_kernel<2, 4, 6>, 2, 4, false);
+    shape("s2w8d6", shape_kernel<2, 8, 6>, 2, 8, false);
+    shape("s2w8d6b1", shape_kernel<2, 8, 6>, 2, 8, true);
+    shape("s2w8d3b1", shape_kernel<2, 8, 3>, 2, 8, true);
+    shape("s1w8d6b1", shape_kernel<1, 8, 6>, 1, 8, true);
+    shape("s2w16d3b1", shape_kernel<2, 16, 3>, 2, 16, true);
     report(
         "e4m3-frag", [&](int c) { e4m3_kernel<<<grid, block>>>(frag + c * kCopyBytes, d_xt, 1.f / sx, d_y); },
         true);

@@ -514,7 +514,8 @@ TEST(CudaMoeDecodeRing, UntouchedExpertsAreNotRead) {
 
 constexpr int kVariantsBeyondBase[] = {ms::cuda::kMoeDecodeAcc2,    ms::cuda::kMoeDecodeSc8,
                                        ms::cuda::kMoeDecodeAcc2Sc8, ms::cuda::kMoeDecodeHalf,
-                                       ms::cuda::kMoeDecodeHalfSc8, ms::cuda::kMoeDecodeWhole};
+                                       ms::cuda::kMoeDecodeHalfSc8, ms::cuda::kMoeDecodeWhole,
+                                       ms::cuda::kMoeDecodeTile};
 constexpr int kHalfVariants[] = {ms::cuda::kMoeDecodeHalf, ms::cuda::kMoeDecodeHalfSc8};
 
 TEST(CudaMoeDecodeVariant, ScaledDownShapesMatchCpu) {
@@ -576,7 +577,8 @@ TEST(CudaMoeDecodeVariant, HalfTakesHiddenMultiplesOf512) {
                   ms::cuda::moe_decode_shape(p), ms::cuda::limits_of(ms::cuda::current_device_caps()),
                   ms::cuda::moe_decode_split(v))
                   .use,
-              (v & ms::cuda::kMoeDecodeHalf) != 0 || v == ms::cuda::kMoeDecodeWhole)
+              (v & ms::cuda::kMoeDecodeHalf) != 0 || v == ms::cuda::kMoeDecodeWhole ||
+                  v == ms::cuda::kMoeDecodeTile)
         << ms::cuda::moe_decode_variant_name(v);
   }
 }
@@ -584,18 +586,22 @@ TEST(CudaMoeDecodeVariant, HalfTakesHiddenMultiplesOf512) {
 // whole (one warp an item, all of k): hidden any multiple of 128. 640 gives five 128-k steps (the register
 // slots' loop of 3 with a partial second pass), 1536 twelve, 5632 forty-four; one-hot routing and m up to 128
 // restage x between work-list entries inside a block's run.
+// tile (one warp a 16-row tile, all of k) likewise: the tail of its 4-step register loop (5, 12 and 44
+// steps), and its gate_up grid sized for the most entries a step can have, of which one-hot routing uses
+// few (most blocks return at once) and uniform routing at m 64 and 128 nearly all.
 TEST(CudaMoeDecodeVariant, WholeTakesHiddenMultiplesOf128) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Nvfp4Experts h06(16, 640, 512, 660), h15(32, 1536, 512, 661), h55(16, 5632, 1024, 662);
-  const int v = ms::cuda::kMoeDecodeWhole;
-  for (int m : {1, 5, 8, 64, 128}) {
-    run_case(h06, m, 8, false, 671u + m, false, Path::Decode, Routing::Uniform, 0, v);
-    run_case(h15, m, 8, true, 672u + m, false, Path::Decode, Routing::Skewed, 0, v);
+  for (int v : {ms::cuda::kMoeDecodeWhole, ms::cuda::kMoeDecodeTile}) {
+    for (int m : {1, 5, 8, 64, 128}) {
+      run_case(h06, m, 8, false, 671u + m, false, Path::Decode, Routing::Uniform, 0, v);
+      run_case(h15, m, 8, true, 672u + m, false, Path::Decode, Routing::Skewed, 0, v);
+    }
+    run_case(h06, 32, 4, false, 673, false, Path::Decode, Routing::OneHot, 0, v);
+    run_case(h15, 8, 8, false, 674, false, Path::Decode, Routing::EmptySlots, 0, v);
+    run_case(h55, 1, 8, false, 675, false, Path::Decode, Routing::Uniform, 0, v);
+    run_case(h55, 24, 6, true, 676, false, Path::Decode, Routing::Skewed, 0, v);
   }
-  run_case(h06, 32, 4, false, 673, false, Path::Decode, Routing::OneHot, 0, v);
-  run_case(h15, 8, 8, false, 674, false, Path::Decode, Routing::EmptySlots, 0, v);
-  run_case(h55, 1, 8, false, 675, false, Path::Decode, Routing::Uniform, 0, v);
-  run_case(h55, 24, 6, true, 676, false, Path::Decode, Routing::Skewed, 0, v);
 }
 
 TEST(CudaMoeDecodeVariant, UntouchedExpertsAreNotRead) {
@@ -625,7 +631,11 @@ TEST(CudaMoeDecodeVariant, VariantFromEnvironment) {
   p.decode_variant = ms::cuda::kMoeDecodeWhole;
   EXPECT_EQ(ms::cuda::moe_decode_variant(p), ms::cuda::kMoeDecodeWhole);
   EXPECT_EQ(ms::cuda::moe_decode_variant_from_env("whole"), ms::cuda::kMoeDecodeWhole);
-  for (int bad : {5, 7, 9, 10, 12, 16}) {  // acc2 with half, whole with another flag, and past the flags
+  p.decode_variant = ms::cuda::kMoeDecodeTile;
+  EXPECT_EQ(ms::cuda::moe_decode_variant(p), ms::cuda::kMoeDecodeTile);
+  EXPECT_EQ(ms::cuda::moe_decode_variant_from_env("tile"), ms::cuda::kMoeDecodeTile);
+  // acc2 with half, whole or tile with another flag, and past the flags
+  for (int bad : {5, 7, 9, 10, 12, 17, 18, 20, 24, 32}) {
     p.decode_variant = bad;
     EXPECT_THROW(ms::cuda::moe_decode_variant(p), ms::Error) << bad;
     EXPECT_THROW(ms::cuda::moe_decode_variant_name(bad), ms::Error) << bad;

@@ -369,6 +369,58 @@ TEST(KernelFit, MoeDecodeWholeTakesHiddenMultiplesOf128) {
   EXPECT_EQ(h200.grid_gate_up, c::kWholeMinBlocks * 132);
 }
 
+// The tile variant: hidden any multiple of 128; its own layouts fit every preset where it runs, with the most
+// x rows (up to min(m, 8)) that leave kTileMinBlocks blocks a multiprocessor; a gate_up grid of one block per
+// (possible work-list entry, 32 intermediate indices), the entries bounded by m * top_k, by the experts
+// times their most chunks, and by the work list's size.
+TEST(KernelFit, MoeDecodeTileShapes) {
+  namespace c = moe_decode_config;
+  int used = 0;
+  for (const DeviceLimits& dev : target_device_presets())
+    for (int m : {1, 2, 3, 8, 32, 64, 128})
+      for (int hidden : {128, 640, 6144, 7168, 6144 + 64}) {
+        const moe_decode_common::Shape s{true, hidden, 2048, m, 8, 256};
+        const c::Config tile = c::choose_variant(s, dev, c::KSplit::kTile);
+        if (hidden % 128 != 0) {
+          EXPECT_FALSE(tile.use);
+          EXPECT_NE(tile.why.find("multiple of 128"), std::string::npos) << tile.why;
+          continue;
+        }
+        if (!tile.use) {
+          EXPECT_FALSE(tile.why.empty());
+          continue;
+        }
+        ++used;
+        EXPECT_FALSE(why_cannot_run(c::need_gate_up_tile(hidden, tile.x_rows), dev).has_value()) << dev.name;
+        EXPECT_FALSE(why_cannot_run(c::need_down_tile(m), dev).has_value()) << dev.name;
+        EXPECT_EQ(tile.smem_gate_up, c::gate_up_tile_smem(hidden, tile.x_rows));
+        EXPECT_EQ(tile.smem_down, c::down_tile_smem(m));
+        EXPECT_GE(tile.x_rows, 1);
+        EXPECT_LE(tile.x_rows, std::min(m, moe_decode_common::kChunk));
+        if (tile.x_rows > 1) {
+          EXPECT_GE(moe_decode_common::blocks_per_sm(tile.smem_gate_up, dev), c::kTileMinBlocks);
+        }
+        if (tile.x_rows < std::min(m, moe_decode_common::kChunk)) {
+          EXPECT_LT(moe_decode_common::blocks_per_sm(c::gate_up_tile_smem(hidden, tile.x_rows + 1), dev),
+                    c::kTileMinBlocks);
+        }
+        EXPECT_EQ(tile.grid_gate_up, c::tile_max_entries(s, tile.x_rows) * (2048 / 32));
+        EXPECT_EQ(tile.grid_down, hidden / 16);
+        EXPECT_FALSE(tile.ring);
+      }
+  EXPECT_GT(used, 0);
+  // One token of GLM-5 on an H200: 8 entries of one position, 64 blocks each.
+  const c::Config one = c::choose_variant({true, 6144, 2048, 1, 8, 256}, limits_h200(), c::KSplit::kTile);
+  ASSERT_TRUE(one.use) << one.why;
+  EXPECT_EQ(one.x_rows, 1);
+  EXPECT_EQ(one.grid_gate_up, 8 * 64);
+  // 128 tokens of top-9 in chunks of 2: the 1152 positions bound the entries (576 chunks + 256 experts
+  // would allow 832); 4 experts in chunks of 8: 1024 / 8 + 4.
+  EXPECT_EQ(c::tile_max_entries({true, 6144, 2048, 128, 9, 256}, 1), 1152);
+  EXPECT_EQ(c::tile_max_entries({true, 6144, 2048, 128, 9, 256}, 2), 832);
+  EXPECT_EQ(c::tile_max_entries({true, 6144, 2048, 128, 8, 4}, 8), 132);
+}
+
 // The cp.async ring variant: where it is offered, its layout (ring after the register kernels' layout, the
 // same x_rows) fits the device with a depth in range; where it is not, the register kernels still run and
 // ring_why names the ring.

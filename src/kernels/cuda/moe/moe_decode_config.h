@@ -42,6 +42,11 @@ constexpr int kDownKr = 512;  // down: k of one (expert, k-range) piece; a lane 
 constexpr int kGuUnroll = 3;  // gate_up: 32-k steps whose weights a lane loads before using them
 // whole (moe_experts_decode.h): 128-k steps a lane keeps in flight, and blocks a multiprocessor.
 constexpr int kWholeSlots = 6, kWholeMinBlocks = 1;
+// tile (moe_experts_decode.h): gate_up blocks of 4 warps (one 16-row gate or up tile each, all of k), 128-k
+// steps in flight a lane, and the blocks a multiprocessor its registers allow (<= 85 a thread) and its x
+// rows are chosen for; down blocks of 8 warps on 16 output rows (<= 85 registers: 3 blocks).
+constexpr int kTileWarps = 4, kTileThreads = 32 * kTileWarps, kTileDepth = 4, kTileMinBlocks = 6;
+constexpr int kDownTileWarps = 8, kDownTileThreads = 32 * kDownTileWarps, kDownTileMinBlocks = 3;
 
 // The cp.async ring variant (decode_ring): each lane copies its own weight and scale bytes of a step into its
 // own slots of a per-warp ring in shared memory, `depth` steps ahead of its math and across work items, and
@@ -74,6 +79,17 @@ constexpr int kHalfWarps = kWarps / kHalfGroups;  // half: warps of a group, spl
 // Layouts: xs [x_rows][xs_ld] f16 | red | ec (moe_decode_common.h), down's likewise.
 constexpr size_t gate_up_smem(int hidden, int x_rows) {
   return moe_decode_common::gate_up_smem_ld(xs_ld(hidden), x_rows);
+}
+
+// tile: xs [x_rows][xld] f16 | red [4 warps][8 positions][16 rows] f32 (the block's entry is found by a scan,
+// no work list is kept); down: out_w [8 warps][m][16] f32 | scratch [8 warps][8 positions][16] f32 | ec.
+constexpr size_t gate_up_tile_smem(int hidden, int x_rows) {
+  return static_cast<size_t>(x_rows) * xs_ld(hidden) * 2 +
+         static_cast<size_t>(kTileWarps) * kChunk * 16 * sizeof(float);
+}
+constexpr size_t down_tile_smem(int m) {
+  return static_cast<size_t>(kDownTileWarps) * (m + kChunk) * moe_decode_common::kDownRows * sizeof(float) +
+         moe_decode_common::ec_bytes();
 }
 
 // Ring layouts: the register kernels' layout, then the ring [warps][depth][rows][32 lanes] 16-byte weight
@@ -109,6 +125,13 @@ inline KernelNeed need_down(int m) {
   return {"moe_decode_down", down_smem(m) + kStaticSmem, 80, false};
 }
 
+inline KernelNeed need_gate_up_tile(int hidden, int x_rows) {
+  return {"moe_decode_gate_up_tile", gate_up_tile_smem(hidden, x_rows) + kStaticSmem, 80, false};
+}
+inline KernelNeed need_down_tile(int m) {
+  return {"moe_decode_down_tile", down_tile_smem(m) + kStaticSmem, 80, false};
+}
+
 inline KernelNeed need_gate_up_ring(int hidden, int x_rows, int depth) {
   return {"moe_decode_gate_up_ring", gate_up_ring_smem(hidden, x_rows, depth) + kStaticSmem, 80, false};
 }
@@ -137,10 +160,20 @@ inline RingFit ring_fit(size_t base, size_t step, const DeviceLimits& dev, int m
 }
 
 // How a register variant's gate_up splits a work item's k: over the block's 8 warps (base, acc2, sc8,
-// acc2sc8), over the 4 warps of a group (half, halfsc8), or not at all (whole: one warp an item).
-enum class KSplit { kBlock, kGroup, kWarp };
+// acc2sc8), over the 4 warps of a group (half, halfsc8), or not at all (whole: one warp an item of 16 gate
+// and 16 up rows; tile: one warp a 16-row tile, blocks of its own shape, moe_experts_decode.h).
+enum class KSplit { kBlock, kGroup, kWarp, kTile };
 constexpr int k_split_warps(KSplit k) {
   return k == KSplit::kBlock ? kWarps : k == KSplit::kGroup ? kHalfWarps : 1;
+}
+
+// tile: an upper bound on the work-list entries of a step, which sizes its fixed gate_up grid. Each entry
+// holds at least one of the m * top_k positions, and the touched experts' chunks of x_rows number at most
+// positions / x_rows + the touched experts (sum of ceil(count / x_rows) <= sum of count / x_rows + 1).
+constexpr int tile_max_entries(const Shape& s, int x_rows) {
+  const int64_t slots = static_cast<int64_t>(s.m) * s.top_k;
+  const int64_t by_chunks = (slots + x_rows - 1) / x_rows + std::min<int64_t>(s.n_experts, slots);
+  return static_cast<int>(std::min<int64_t>({slots, by_chunks, moe_decode_common::kMaxEc}));
 }
 
 // The configuration for the register kernels' variants (moe_experts_decode.h): hidden a multiple of the
@@ -162,9 +195,30 @@ inline Config choose_variant(const Shape& s, const DeviceLimits& dev, KSplit ksp
                           split / 128, split == 128 ? "" : "s"));
   if (s.inter <= 0 || s.inter % kDownKr != 0 || s.inter % kGuIdx != 0)
     return no(fmt::format("inter = {} is not a multiple of {}", s.inter, kDownKr));
+  const int want = std::min(s.m, kChunk);
+  if (ksplit == KSplit::kTile) {
+    // The most x rows per pass (up to min(m, 8)) that leave kTileMinBlocks blocks a multiprocessor (their
+    // warps are what keeps the bytes in flight); else one.
+    int rows = 1;
+    for (int r = want; r > 1; --r)
+      if (blocks_per_sm(gate_up_tile_smem(s.hidden, r), dev) >= kTileMinBlocks) {
+        rows = r;
+        break;
+      }
+    for (const KernelNeed& n : {need_gate_up_tile(s.hidden, rows), need_down_tile(s.m)})
+      if (auto why = why_cannot_run(n, dev)) return no(*why);
+    c.use = true;
+    c.x_rows = rows;
+    c.smem_gate_up = gate_up_tile_smem(s.hidden, rows);
+    c.smem_down = down_tile_smem(s.m);
+    // One block per (entry, 32 intermediate indices); blocks past the step's entries return at once.
+    c.grid_gate_up = tile_max_entries(s, rows) * (s.inter / (2 * kGuIdx));
+    c.grid_down = s.hidden / kDownRows;
+    c.ring_why = "the cp.async ring runs the 8-warp kernels' split, not tile's";
+    return c;
+  }
   // gate_up: the most x rows per pass (up to min(m, 8)) that still let two blocks share a multiprocessor;
   // else the fewest rows in one block.
-  const int want = std::min(s.m, kChunk);
   int rows = 0;
   for (int r = want; r >= 1 && rows == 0; --r)
     if (blocks_per_sm(gate_up_smem(s.hidden, r), dev) >= 2) rows = r;

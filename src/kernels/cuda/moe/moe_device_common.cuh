@@ -110,6 +110,47 @@ __device__ __forceinline__ void build_ec(const MoeExpertsParams& p, int chunk, i
   if (lane == 31) *n = min(incl, kMaxEc);
 }
 
+// The B row (grouped position of a chunk of `rows`) lane (g, t) reads: its own, g, where the chunk has it,
+// else row 0's. The mma columns of positions past the chunk then repeat position 0's sums, which no epilogue
+// reads, and every lane loads: a zero fill for the lanes past the chunk compiles to a divergent branch around
+// each B load (at one position a chunk, 28 of 32 lanes on the other side of it).
+__device__ __forceinline__ int b_row(int g, int rows) {
+  return g < rows ? g : 0;
+}
+
+// Work-list entry `want` of build_ec's list (same order), without keeping the list: its code into *code
+// (unwritten when the list is shorter) and the list's length into *n. One warp (threads 0..31) calls it.
+__device__ __forceinline__ void find_ec(const MoeExpertsParams& p, int chunk, int want, int* code, int* n) {
+  constexpr int kPer = moe_decode_common::kMaxExperts / 32;
+  const int lane = threadIdx.x;
+  const int per = (p.n_experts + 31) / 32;
+  const int e0 = lane * per;
+  int ch[kPer];
+  int run = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = e0 + i;
+    const int cnt = i < per && e < p.n_experts ? p.expert_counts[e] : 0;
+    ch[i] = cnt > 0 ? (cnt + chunk - 1) / chunk : 0;
+    run += ch[i];
+  }
+  int incl = run;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (want >= incl - run && want < incl) {
+    int start = incl - run;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (want >= start && want < start + ch[i]) *code = (e0 + i) | ((want - start) << 10);
+      start += ch[i];
+    }
+  }
+  if (lane == 31) *n = min(incl, moe_decode_common::kMaxEc);
+}
+
 // ---- the register-streamed decode kernels (moe_experts_decode.cu: NVFP4, moe_experts_decode_fp8.cu: FP8) --
 // Their work split and shared-memory layouts (moe_decode_common.h); they differ in how a weight step is
 // loaded and decoded, not in how items, pieces and positions are found.
@@ -178,14 +219,15 @@ __device__ __forceinline__ void flush_down_chunk(const MoeExpertsParams& p, cons
 }
 
 // down, after the block's barrier: out rows row0 .. + 15 of every token += the sum of the warps' tiles
-// out_w [4 warps][m][16], in warp order. Thread tid of kDownThreads.
+// out_w [kW warps][m][16], in warp order. Thread tid of the block's 32 kW.
+template <int kW = moe_decode_common::kDownWarps>
 __device__ __forceinline__ void add_down_tiles(const MoeExpertsParams& p, const float* out_w, int m, int row0,
                                                int tid) {
   using namespace moe_decode_common;
-  for (int i = tid; i < m * kDownRows; i += kDownThreads) {
+  for (int i = tid; i < m * kDownRows; i += 32 * kW) {
     float sum = 0.f;
 #pragma unroll
-    for (int w2 = 0; w2 < kDownWarps; ++w2) sum += out_w[w2 * m * kDownRows + i];
+    for (int w2 = 0; w2 < kW; ++w2) sum += out_w[w2 * m * kDownRows + i];
     float* o = p.out + static_cast<int64_t>(i / kDownRows) * p.ldo + row0 + (i % kDownRows);
     *o += sum;
   }

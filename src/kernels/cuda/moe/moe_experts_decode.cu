@@ -233,6 +233,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       staged = eci;
     }
     __syncthreads();
+    const __half* xb = xs_lane - (g - moe_dev::b_row(g, rows)) * xld;  // b_row: no branch per load
     float acc[kSets][2][4] = {};
     // sc8 unrolls 12 steps (the register slots' 3 times the scale blocks' 4): slot and place in the block
     // are then known at compile time.
@@ -244,9 +245,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (s >= steps) break;
         uint4 b[4];
 #pragma unroll
-        for (int j2 = 0; j2 < 4; ++j2)
-          b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
-                           : make_uint4(0u, 0u, 0u, 0u);
+        for (int j2 = 0; j2 < 4; ++j2) b[j2] = *reinterpret_cast<const uint4*>(xb + s * 128 + 8 * (j2 ^ sw));
         uint32_t scs[4];
         if constexpr (kSc8) {
           sc8_step_scales(quad, raw, scs, v, t, [&] { load_scales(item, (s >> 2) + 1); });
@@ -258,8 +257,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           // One B piece at a time for both tiles (its 4 registers instead of all 16 of the step live).
 #pragma unroll
           for (int j2 = 0; j2 < 4; ++j2) {
-            const uint4 bj = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
-                                      : make_uint4(0u, 0u, 0u, 0u);
+            const uint4 bj = *reinterpret_cast<const uint4*>(xb + s * 128 + 8 * (j2 ^ sw));
             moe_decode_dev::word_step_split(acc[0][0], acc[1][0], w[u][0], w[u][1], scs[0], scs[1], j2, bj);
             moe_decode_dev::word_step_split(acc[0][1], acc[1][1], w[u][2], w[u][3], scs[2], scs[3], j2, bj);
           }
@@ -377,6 +375,7 @@ __global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
       staged = eci;
     }
     if (tile >= tiles) continue;
+    const __half* xb = xs_lane - (g - moe_dev::b_row(g, en.rows)) * xld;  // b_row: no branch per load
     float acc[2][4] = {};
     for (int s0 = 0; s0 < steps; s0 += kSlots) {
 #pragma unroll
@@ -385,9 +384,7 @@ __global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
         if (s >= steps) break;
         uint4 b[4];
 #pragma unroll
-        for (int j2 = 0; j2 < 4; ++j2)
-          b[j2] = g < en.rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
-                              : make_uint4(0u, 0u, 0u, 0u);
+        for (int j2 = 0; j2 < 4; ++j2) b[j2] = *reinterpret_cast<const uint4*>(xb + s * 128 + 8 * (j2 ^ sw));
         tile_step(acc[0], w[u][0], w[u][1], sc[u][0], sc[u][1], b);
         tile_step(acc[1], w[u][2], w[u][3], sc[u][2], sc[u][3], b);
         load(s + kSlots, u);  // the slot's next step goes in flight behind this one's math
@@ -408,6 +405,90 @@ __global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
         acth[static_cast<int64_t>(en.pos0 + r) * p.inter + tile * kGuIdx + b_order(i)] = tc::f16_sat_bits(v);
       }
     }
+  }
+}
+
+// ---- gate_up, tile variant -------------------------------------------------------------------------------
+//
+// Block b (4 warps) takes work-list entry b / pairs and its intermediate indices 32 (b % pairs) .. + 31:
+// warp w the 16-row tile 2 (b % pairs) + w / 2 of gate (w even) or up (w odd), all of k. The entry is found
+// by a scan of the expert counts (find_ec: no list is kept), blocks past the step's entries return, the
+// first kTileDepth steps go in flight before the entry's x rows are staged, and after the k loop the four
+// warps' C fragments meet in red behind one barrier for the act of both index tiles. Lane (g, t) streams k
+// [32 t + 128 s, + 32) of rows g and g + 8 of its tile (the quad reads 64 contiguous bytes of a row) and the
+// rows' 2 scale bytes a step.
+__global__ void __launch_bounds__(kTileThreads, kTileMinBlocks)
+    moe_decode_gate_up_tile_kernel(const MoeExpertsParams p, int x_rows) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int H = p.hidden;
+  const int64_t xld = xs_ld(H);
+  __half* xs = reinterpret_cast<__half*>(smem);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(x_rows) * xld * 2);
+  __shared__ int s_code, s_n;
+  const int pairs = p.inter / (2 * kGuIdx);
+  const int want = static_cast<int>(blockIdx.x) / pairs, pair = static_cast<int>(blockIdx.x) - want * pairs;
+  if (threadIdx.x < 32) moe_dev::find_ec(p, x_rows, want, &s_code, &s_n);
+  __syncthreads();
+  if (want >= s_n) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const moe_dev::EcEntry en = moe_dev::ec_entry(p, s_code, x_rows);
+  const MoeExpertWeights& ew = p.experts[en.e];
+  const bool up = (warp & 1) != 0;
+  const int64_t row = static_cast<int64_t>(2 * pair + (warp >> 1)) * kGuIdx + g;
+  const int64_t row_bytes = H / 2, srow_bytes = H / 16;
+  const uint8_t* wp = static_cast<const uint8_t*>(up ? ew.up : ew.gate) + row * row_bytes + 16 * t;
+  const uint8_t* sp =
+      static_cast<const uint8_t*>(up ? ew.up_scale : ew.gate_scale) + row * srow_bytes + 2 * t;
+  const int64_t row8 = 8 * row_bytes, srow8 = 8 * srow_bytes;
+  const int steps = H / 128;
+  uint4 w[kTileDepth][2];
+  uint32_t sc[kTileDepth][2];
+  auto load = [&](int s, int u) {
+    if (s < steps) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        w[u][r] = ld_stream16(wp + r * row8 + s * 64);
+        sc[u][r] = ld_stream2(sp + r * srow8 + s * 8);
+      }
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kTileDepth; ++u) load(u, u);
+  moe_decode_dev::stage_x_rows(p, en.pos0, en.rows, xs, xld, tid, kTileThreads);
+  __syncthreads();
+  // The lane's B row (x row g) at its 64-byte group t + 4 s: the pieces' swizzle bit is t >> 1 every step.
+  const __half* xs_lane = xs + g * xld + 32 * t;
+  const int sw = (t >> 1) & 1;
+  const __half* xb = xs_lane - (g - moe_dev::b_row(g, en.rows)) * xld;  // b_row: no branch per load
+  float acc[4] = {};
+  for (int s0 = 0; s0 < steps; s0 += kTileDepth) {
+#pragma unroll
+    for (int u = 0; u < kTileDepth; ++u) {
+      const int s = s0 + u;
+      if (s >= steps) break;
+      // tile_step's mmas in its order, one B piece at a time (4 registers of it live instead of 16).
+      const uint32_t s0 = moe_decode_dev::scales_f16x2(sc[u][0]), s1 = moe_decode_dev::scales_f16x2(sc[u][1]);
+#pragma unroll
+      for (int j2 = 0; j2 < 4; ++j2) {
+        const uint4 bj = *reinterpret_cast<const uint4*>(xb + s * 128 + 8 * (j2 ^ sw));
+        moe_decode_dev::word_mmas(acc, acc, w[u][0], w[u][1], s0, s1, j2, bj);
+      }
+      load(s + kTileDepth, u);  // the slot's next step goes in flight behind this one's math
+    }
+  }
+  // red [warp][position][16 rows]: warps 0 / 1 gate / up of index tile 0, warps 2 / 3 of index tile 1.
+  moe_dev::store_c_tile(red + warp * kChunk * 16, acc, g, t);
+  __syncthreads();
+  uint16_t* acth = reinterpret_cast<uint16_t*>(p.act);
+  const float gs2 = ew.gate_scale2 * kCodeScale, us2 = ew.up_scale2 * kCodeScale;
+  for (int i = tid; i < 2 * en.rows * 16; i += kTileThreads) {
+    const int j = i / (en.rows * 16), r = (i >> 4) - j * en.rows, idx = i & 15;
+    const float gv = red[(2 * j * kChunk + r) * 16 + idx] * gs2;
+    const float uv = red[((2 * j + 1) * kChunk + r) * 16 + idx] * us2;
+    const float wt = p.topk_weights[p.sorted_slots[en.pos0 + r]];
+    const float v = gv / (1.0f + expf(-gv)) * uv * wt;
+    acth[static_cast<int64_t>(en.pos0 + r) * p.inter + (2 * pair + j) * kGuIdx + b_order(idx)] =
+        tc::f16_sat_bits(v);
   }
 }
 
@@ -554,7 +635,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       seg_i[1] = e;
     }
     __syncthreads();
-    const bool have_row = g < rows, have_pos = r_e < rows;
+    const bool have_pos = r_e < rows;
+    const __half* xb = xs_lane - (g - moe_dev::b_row(g, rows)) * xld;  // b_row: no branch per load
     for (; item < se;) {
       const int soff = kSc8 ? scale_off(item % tiles) : 0;
       float acc[2][4] = {};
@@ -571,8 +653,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             // same mmas into each tile in the same order as tile_step (bit-identical to half).
 #pragma unroll
             for (int j2 = 0; j2 < 4; ++j2) {
-              const uint4 bj = have_row ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
-                                        : make_uint4(0u, 0u, 0u, 0u);
+              const uint4 bj = *reinterpret_cast<const uint4*>(xb + s * 128 + 8 * (j2 ^ sw));
               moe_decode_dev::word_step_split(acc[0], acc[0], w[u][0], w[u][1], scs[0], scs[1], j2, bj);
               moe_decode_dev::word_step_split(acc[1], acc[1], w[u][2], w[u][3], scs[2], scs[3], j2, bj);
             }
@@ -580,8 +661,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             uint4 b[4];
 #pragma unroll
             for (int j2 = 0; j2 < 4; ++j2)
-              b[j2] = have_row ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
-                               : make_uint4(0u, 0u, 0u, 0u);
+              b[j2] = *reinterpret_cast<const uint4*>(xb + s * 128 + 8 * (j2 ^ sw));
 #pragma unroll
             for (int r = 0; r < 4; ++r) scs[r] = sc[u][r];
             tile_step(acc[0], w[u][0], w[u][1], scs[0], scs[1], b);
@@ -712,7 +792,8 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[k][i] = 0.f;
     }
-    const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
+    const __half* arow =
+        acth + static_cast<int64_t>(pos0 + moe_dev::b_row(g, rows)) * p.inter + ks * kDownKr + 32 * t;
     uint2 quad[2];
     if constexpr (kSc8) {
 #pragma unroll
@@ -722,9 +803,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
     for (int st = 0; st < kSteps; ++st) {
       uint4 b[4];
 #pragma unroll
-      for (int j2 = 0; j2 < 4; ++j2)
-        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
-                         : make_uint4(0u, 0u, 0u, 0u);
+      for (int j2 = 0; j2 < 4; ++j2) b[j2] = __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2));
       const uint32_t sc0 = kSc8 ? moe_decode_dev::quad_scale_of(quad[0], st) : sc[st][0];
       const uint32_t sc1 = kSc8 ? moe_decode_dev::quad_scale_of(quad[1], st) : sc[st][1];
       if constexpr (kAcc2)
@@ -746,6 +825,99 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
   if (cur >= 0) flush();
   __syncthreads();
   moe_dev::add_down_tiles(p, out_w, m, row0, tid);
+}
+
+// ---- down, tile variant ---------------------------------------------------------------------------------
+//
+// The work split of the down kernel above (block = 16 output rows, pieces (expert chunk, 512 k) in ascending
+// order, a contiguous run of them a warp, its sum kept while the chunk stays the same) with 8 warps a block
+// and a leaner pipeline: one register buffer of a piece (4 steps, rows g and g + 8, 2-byte scale loads),
+// step st of the next piece loaded right after step st's math, so a warp always has one piece in flight and
+// the kernel stays within 85 registers (3 blocks, 24 warps a multiprocessor).
+__global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
+    moe_decode_down_tile_kernel(const MoeExpertsParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int m = p.m;
+  float* out_w = reinterpret_cast<float*>(smem);  // [kDownTileWarps][m][16]
+  float* scr = out_w + kDownTileWarps * m * kDownRows;
+  int32_t* ec = reinterpret_cast<int32_t*>(scr + kDownTileWarps * kChunk * kDownRows);
+  __shared__ int s_nec;
+
+  moe_dev::build_ec<kMaxEc>(p, kChunk, ec, &s_nec);
+  for (int i = threadIdx.x; i < kDownTileWarps * m * kDownRows; i += kDownTileThreads) out_w[i] = 0.f;
+  __syncthreads();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kDownRows;
+  const int ks_per = p.inter / kDownKr;
+  const int pieces = s_nec * ks_per;
+  const int p_begin = moe_dev::run_start(pieces, warp, kDownTileWarps);
+  const int p_end = moe_dev::run_start(pieces, warp + 1, kDownTileWarps);
+  const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
+  const __half* acth = reinterpret_cast<const __half*>(p.act);
+  float* scr_w = scr + warp * kChunk * kDownRows;
+  float* out_ww = out_w + warp * m * kDownRows;
+  constexpr int kSteps = kDownKr / 128;
+
+  // Piece pc's bytes of the lane: k [ks 512 + 128 st + 32 t, + 32) of rows row0 + g and + 8 (offsets from
+  // the expert's matrices: an expert's down matrix is far below 2^31 bytes).
+  const uint32_t woff = static_cast<uint32_t>((row0 + g) * row_bytes + 16 * t);
+  const uint32_t soff = static_cast<uint32_t>((row0 + g) * srow_bytes + 2 * t);
+  const uint8_t* wb = nullptr;
+  const uint8_t* sb = nullptr;
+  auto point = [&](int pc) {
+    const int ei = pc / ks_per, ks = pc - ei * ks_per;
+    const MoeExpertWeights& ew = p.experts[ec[ei] & 1023];
+    wb = static_cast<const uint8_t*>(ew.down) + (woff + static_cast<uint32_t>(ks) * (kDownKr / 2));
+    sb = static_cast<const uint8_t*>(ew.down_scale) + (soff + static_cast<uint32_t>(ks) * (kDownKr / 16));
+  };
+  uint4 w[kSteps][2];
+  uint32_t sc[kSteps][2];
+  auto load = [&](int st) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w[st][r] = ld_stream16(wb + r * 8 * row_bytes + 64 * st);
+      sc[st][r] = ld_stream2(sb + r * 8 * srow_bytes + 8 * st);
+    }
+  };
+  if (p_begin < p_end) {
+    point(p_begin);
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) load(st);
+  }
+  int cur = -1, rows = 0, pos0 = 0;
+  float s2 = 0.f;
+  float acc[4] = {};
+  for (int pc = p_begin; pc < p_end; ++pc) {
+    const int ei = pc / ks_per, ks = pc - ei * ks_per;
+    if (ei != cur) {
+      if (cur >= 0) moe_dev::flush_down_chunk<true>(p, acc, scr_w, out_ww, rows, pos0, s2, lane, g, t);
+      cur = ei;
+      const moe_dev::EcEntry en = moe_dev::ec_entry(p, ec[ei], kChunk);
+      rows = en.rows;
+      pos0 = en.pos0;
+      s2 = p.experts[en.e].down_scale2 * kCodeScale;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+    }
+    const bool more = pc + 1 < p_end;
+    if (more) point(pc + 1);
+    const __half* arow =
+        acth + static_cast<int64_t>(pos0 + moe_dev::b_row(g, rows)) * p.inter + ks * kDownKr + 32 * t;
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      const uint32_t s0 = moe_decode_dev::scales_f16x2(sc[st][0]);
+      const uint32_t s1 = moe_decode_dev::scales_f16x2(sc[st][1]);
+#pragma unroll
+      for (int j2 = 0; j2 < 4; ++j2) {
+        const uint4 bj = __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2));
+        moe_decode_dev::word_mmas(acc, acc, w[st][0], w[st][1], s0, s1, j2, bj);
+      }
+      if (more) load(st);  // the next piece's step st goes in flight behind this one's math
+    }
+  }
+  if (cur >= 0) moe_dev::flush_down_chunk<true>(p, acc, scr_w, out_ww, rows, pos0, s2, lane, g, t);
+  __syncthreads();
+  moe_dev::add_down_tiles<kDownTileWarps>(p, out_w, m, row0, tid);
 }
 
 // ---- the cp.async ring variant ---------------------------------------------------------------------------
@@ -863,6 +1035,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       staged = eci;
     }
     __syncthreads();
+    const __half* xb = xs_lane - (g - moe_dev::b_row(g, rows)) * xld;  // b_row: no branch per load
     float acc[2][4] = {};
     for (int s = 0; s < steps; ++s) {
       issue_next();
@@ -878,9 +1051,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       c_slot = c_slot + 1 == depth ? 0 : c_slot + 1;
       uint4 b[4];
 #pragma unroll
-      for (int j2 = 0; j2 < 4; ++j2)
-        b[j2] = g < rows ? *reinterpret_cast<const uint4*>(xs_lane + s * 128 + 8 * (j2 ^ sw))
-                         : make_uint4(0u, 0u, 0u, 0u);
+      for (int j2 = 0; j2 < 4; ++j2) b[j2] = *reinterpret_cast<const uint4*>(xb + s * 128 + 8 * (j2 ^ sw));
       tile_step(acc[0], w[0], w[1], sc[0], sc[1], b);
       tile_step(acc[1], w[2], w[3], sc[2], sc[3], b);
     }
@@ -969,7 +1140,8 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] = 0.f;
     }
-    const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + ks * kDownKr + 32 * t;
+    const __half* arow =
+        acth + static_cast<int64_t>(pos0 + moe_dev::b_row(g, rows)) * p.inter + ks * kDownKr + 32 * t;
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       issue_next();
@@ -980,9 +1152,7 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
       c_slot = c_slot + 1 == depth ? 0 : c_slot + 1;
       uint4 b[4];
 #pragma unroll
-      for (int j2 = 0; j2 < 4; ++j2)
-        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2))
-                         : make_uint4(0u, 0u, 0u, 0u);
+      for (int j2 = 0; j2 < 4; ++j2) b[j2] = __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2));
       tile_step(acc, w0, w1, sc0, sc1, b);
     }
   }
@@ -1017,6 +1187,17 @@ void launch_registers(const MoeExpertsParams& p, const Config& c, cudaStream_t s
   CUDA_CHECK(cudaGetLastError());
 }
 
+void launch_tile(const MoeExpertsParams& p, const Config& c, cudaStream_t stream) {
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_gate_up)));
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(c.smem_down)));
+  moe_decode_gate_up_tile_kernel<<<c.grid_gate_up, kTileThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
+  CUDA_CHECK(cudaGetLastError());
+  moe_decode_down_tile_kernel<<<c.grid_down, kDownTileThreads, c.smem_down, stream>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 int moe_decode_kernel_from_env(const char* value) {
@@ -1043,8 +1224,10 @@ const char* moe_decode_variant_name(int variant) {
       return "halfsc8";
     case kMoeDecodeWhole:
       return "whole";
+    case kMoeDecodeTile:
+      return "tile";
     default:
-      MS_THROW("moe_decode_variant_name: variant {} is not one of 0, 1, 2, 3, 4, 6, 8", variant);
+      MS_THROW("moe_decode_variant_name: variant {} is not one of 0, 1, 2, 3, 4, 6, 8, 16", variant);
   }
 }
 
@@ -1053,14 +1236,15 @@ int moe_decode_variant_from_env(const char* value) {
   if (v.empty()) return -1;
   for (int i : kMoeDecodeVariantList)
     if (v == moe_decode_variant_name(i)) return i;
-  MS_THROW("MOESERVE_MOE_DECODE_VARIANT = '{}' is not one of base, acc2, sc8, acc2sc8, half, halfsc8, whole",
-           v);
+  MS_THROW(
+      "MOESERVE_MOE_DECODE_VARIANT = '{}' is not one of base, acc2, sc8, acc2sc8, half, halfsc8, whole, tile",
+      v);
 }
 
 int moe_decode_variant(const MoeExpertsParams& p) {
   if (p.decode_variant >= 0) {
     MS_CHECK(moe_decode_variant_valid(p.decode_variant),
-             "moe_experts_decode: decode_variant = {} is not a MoeDecodeVariant (0, 1, 2, 3, 4, 6, 8)",
+             "moe_experts_decode: decode_variant = {} is not a MoeDecodeVariant (0, 1, 2, 3, 4, 6, 8, 16)",
              p.decode_variant);
     return p.decode_variant;
   }
@@ -1134,8 +1318,9 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
     CUDA_CHECK(cudaGetLastError());
     return;
   }
-  check_smem(caps, "moe_decode_gate_up", c.smem_gate_up);
-  check_smem(caps, "moe_decode_down", c.smem_down);
+  const bool tile = register_variant == kMoeDecodeTile;
+  check_smem(caps, tile ? "moe_decode_gate_up_tile" : "moe_decode_gate_up", c.smem_gate_up);
+  check_smem(caps, tile ? "moe_decode_down_tile" : "moe_decode_down", c.smem_down);
   switch (register_variant) {
     case kMoeDecodeAcc2:
       return launch_registers<kMoeDecodeAcc2>(p, c, stream);
@@ -1149,6 +1334,8 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
       return launch_registers<kMoeDecodeHalfSc8>(p, c, stream);
     case kMoeDecodeWhole:
       return launch_registers<kMoeDecodeWhole>(p, c, stream);
+    case kMoeDecodeTile:
+      return launch_tile(p, c, stream);
     default:
       return launch_registers<kMoeDecodeBase>(p, c, stream);
   }

@@ -64,8 +64,15 @@ int moe_decode_kernel_from_env(const char* value);
 //         rows, and writes their act from its own sums (no partial sums across warps, no barrier per item;
 //         block-wide barriers only where the staged x rows change); hidden a multiple of 128. f32 sums in
 //         one chain over all of k, so the last bits differ from base (deterministic all the same).
-// Values are bit flags (acc2 1, sc8 2, half 4, whole 8); acc2 with half, and whole with any other, are not
-// variants.
+//   tile: both kernels of their own shape, so that many warps a multiprocessor each stream one 16-row
+//         tile over all of k (as the one-token GEMV that reaches 72% of the copy rate does): gate_up blocks
+//         of 4 warps on (work-list entry, 32 intermediate indices), warps 0 / 2 a gate tile and 1 / 3 its
+//         up tile, 4 steps in flight a lane, act from the block's four tiles after one barrier, a fixed grid
+//         of the step's most entries (blocks past the entries return); down blocks of 8 warps on 16 output
+//         rows, each warp streaming its pieces with one piece in flight. hidden a multiple of 128. f32 sums
+//         in one chain over k, so the last bits differ from base (deterministic all the same).
+// Values are bit flags (acc2 1, sc8 2, half 4, whole 8, tile 16); acc2 with half, and whole or tile with any
+// other, are not variants.
 enum MoeDecodeVariant : int {
   kMoeDecodeBase = 0,
   kMoeDecodeAcc2 = 1,
@@ -73,13 +80,14 @@ enum MoeDecodeVariant : int {
   kMoeDecodeAcc2Sc8 = 3,
   kMoeDecodeHalf = 4,
   kMoeDecodeHalfSc8 = 6,
-  kMoeDecodeWhole = 8
+  kMoeDecodeWhole = 8,
+  kMoeDecodeTile = 16
 };
 // How many variants there are; their values are not 0..kMoeDecodeVariants - 1 (kMoeDecodeVariantList).
-constexpr int kMoeDecodeVariants = 7;
+constexpr int kMoeDecodeVariants = 8;
 constexpr int kMoeDecodeVariantList[kMoeDecodeVariants] = {
-    kMoeDecodeBase, kMoeDecodeAcc2,    kMoeDecodeSc8,  kMoeDecodeAcc2Sc8,
-    kMoeDecodeHalf, kMoeDecodeHalfSc8, kMoeDecodeWhole};
+    kMoeDecodeBase, kMoeDecodeAcc2,    kMoeDecodeSc8,   kMoeDecodeAcc2Sc8,
+    kMoeDecodeHalf, kMoeDecodeHalfSc8, kMoeDecodeWhole, kMoeDecodeTile};
 constexpr bool moe_decode_variant_valid(int variant) {
   for (int v : kMoeDecodeVariantList)
     if (v == variant) return true;
@@ -88,10 +96,11 @@ constexpr bool moe_decode_variant_valid(int variant) {
 // How a variant's gate_up splits an item's k (moe_decode_config::choose_variant).
 constexpr moe_decode_config::KSplit moe_decode_split(int variant) {
   if (variant == kMoeDecodeWhole) return moe_decode_config::KSplit::kWarp;
+  if (variant == kMoeDecodeTile) return moe_decode_config::KSplit::kTile;
   return (variant & kMoeDecodeHalf) != 0 ? moe_decode_config::KSplit::kGroup
                                          : moe_decode_config::KSplit::kBlock;
 }
-// "base", "acc2", "sc8", "acc2sc8", "half", "halfsc8", "whole"; throws ms::Error for any other value.
+// "base", "acc2", "sc8", "acc2sc8", "half", "halfsc8", "whole", "tile"; throws ms::Error for any other value.
 const char* moe_decode_variant_name(int variant);
 
 // MOESERVE_MOE_DECODE_VARIANT's value: unset or empty -1 (base), else the variant of that name; anything else

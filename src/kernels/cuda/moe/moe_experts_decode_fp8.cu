@@ -156,6 +156,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       staged = eci;
     }
     __syncthreads();
+    const __half* xb = xs_lane - (g - moe_dev::b_row(g, rows)) * xld;  // b_row: no branch per load
     float acc[2][4] = {};
     for (int s0 = 0; s0 < steps; s0 += kGuAhead) {
 #pragma unroll
@@ -165,9 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         uint4 b[4];
 #pragma unroll
         for (int j2 = 0; j2 < 4; ++j2)  // j2 = 2 h + p: elements 64 h + 8 p of the lane's k
-          b[j2] = g < rows
-                      ? *reinterpret_cast<const uint4*>(xs_lane + s * kBlock + 64 * (j2 >> 1) + 8 * (j2 & 1))
-                      : make_uint4(0u, 0u, 0u, 0u);
+          b[j2] = *reinterpret_cast<const uint4*>(xb + s * kBlock + 64 * (j2 >> 1) + 8 * (j2 & 1));
         fp8_tile_step(acc[0], w[u][0], w[u][1], sc[u][0], b);
         fp8_tile_step(acc[1], w[u][2], w[u][3], sc[u][1], b);
         load(s + kGuAhead, u);  // the slot's next step goes in flight behind this one's math
@@ -263,12 +262,12 @@ __global__ void __launch_bounds__(kDownThreads, kDownMinBlocks)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] = 0.f;
       }
-      const __half* arow = acth + static_cast<int64_t>(pos0 + g) * p.inter + kb * kBlock + 16 * t;
+      const __half* arow =
+          acth + static_cast<int64_t>(pos0 + moe_dev::b_row(g, rows)) * p.inter + kb * kBlock + 16 * t;
       uint4 b[4];
 #pragma unroll
       for (int j2 = 0; j2 < 4; ++j2)  // j2 = 2 h + p: elements 64 h + 8 p of the lane's k
-        b[j2] = g < rows ? __ldg(reinterpret_cast<const uint4*>(arow + 64 * (j2 >> 1) + 8 * (j2 & 1)))
-                         : make_uint4(0u, 0u, 0u, 0u);
+        b[j2] = __ldg(reinterpret_cast<const uint4*>(arow + 64 * (j2 >> 1) + 8 * (j2 & 1)));
       fp8_tile_step(acc, w[u][0], w[u][1], sc[u], b);
       load(pc + kDownAhead, u);
     }
