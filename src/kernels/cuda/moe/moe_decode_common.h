@@ -48,6 +48,15 @@ inline int blocks_per_sm(size_t smem, const DeviceLimits& dev) {
   return static_cast<int>((dev.smem_per_block_optin + 1024) / (smem + 1024));
 }
 
+// The most x rows a pass, up to `want`, whose gate_up layout (smem_of(rows) bytes) still lets `min_blocks`
+// blocks share a multiprocessor; one where none does.
+template <typename SmemOf>
+int most_x_rows(int want, int min_blocks, const DeviceLimits& dev, SmemOf&& smem_of) {
+  for (int r = want; r > 1; --r)
+    if (blocks_per_sm(smem_of(r), dev) >= min_blocks) return r;
+  return 1;
+}
+
 // ---- the register-streamed paths (NVFP4: moe_decode_config.h, FP8-block: moe_decode_fp8_config.h) ------
 // Both split the work alike: gate_up blocks of 8 warps on items of (expert chunk, 16 intermediate indices),
 // down blocks of 4 warps on 16 output rows, and carve their shared memory alike; only the stride of the

@@ -199,12 +199,8 @@ inline Config choose_variant(const Shape& s, const DeviceLimits& dev, KSplit ksp
   if (ksplit == KSplit::kTile) {
     // The most x rows per pass (up to min(m, 8)) that leave kTileMinBlocks blocks a multiprocessor (their
     // warps are what keeps the bytes in flight); else one.
-    int rows = 1;
-    for (int r = want; r > 1; --r)
-      if (blocks_per_sm(gate_up_tile_smem(s.hidden, r), dev) >= kTileMinBlocks) {
-        rows = r;
-        break;
-      }
+    const int rows = moe_decode_common::most_x_rows(want, kTileMinBlocks, dev,
+                                                    [&](int r) { return gate_up_tile_smem(s.hidden, r); });
     for (const KernelNeed& n : {need_gate_up_tile(s.hidden, rows), need_down_tile(s.m)})
       if (auto why = why_cannot_run(n, dev)) return no(*why);
     c.use = true;
@@ -219,10 +215,8 @@ inline Config choose_variant(const Shape& s, const DeviceLimits& dev, KSplit ksp
   }
   // gate_up: the most x rows per pass (up to min(m, 8)) that still let two blocks share a multiprocessor;
   // else the fewest rows in one block.
-  int rows = 0;
-  for (int r = want; r >= 1 && rows == 0; --r)
-    if (blocks_per_sm(gate_up_smem(s.hidden, r), dev) >= 2) rows = r;
-  if (rows == 0) rows = 1;
+  const int rows =
+      moe_decode_common::most_x_rows(want, 2, dev, [&](int r) { return gate_up_smem(s.hidden, r); });
   for (const KernelNeed& n : {need_gate_up(s.hidden, rows), need_down(s.m)})
     if (auto why = why_cannot_run(n, dev)) return no(*why);
   c.use = true;

@@ -106,10 +106,8 @@ inline Config choose(const Shape& s, const DeviceLimits& dev) {
   // gate_up: the most x rows per pass (up to min(m, 8)) that still let two blocks share a multiprocessor;
   // else the fewest rows in one block.
   const int want = std::min(s.m, kChunk);
-  int rows = 0;
-  for (int r = want; r >= 1 && rows == 0; --r)
-    if (blocks_per_sm(gate_up_smem(s.hidden, r) + kStaticSmem, dev) >= 2) rows = r;
-  if (rows == 0) rows = 1;
+  const int rows = moe_decode_common::most_x_rows(
+      want, 2, dev, [&](int r) { return gate_up_smem(s.hidden, r) + kStaticSmem; });
   for (const KernelNeed& n : {need_gate_up(s.hidden, rows), need_down(s.m)})
     if (auto why = why_cannot_run(n, dev)) return no(*why);
   c.use = true;
