@@ -6,9 +6,10 @@
 // + out (f32), FLOPs = 2 * tokens * heads * keys * (576 + 512), roofline = max(bytes / copy bandwidth,
 // FLOPs / matrix rate), and the time of the kernel decode used before (the older fp8 kernel for fp8 dense
 // pages of 64, else the general kernel); dense fp8 shapes on sm_90 also time the warpgroup-MMA kernel (both
-// consumer schedules; `--wgmma`: only the shapes it is built for). Pages are spread at random over a pool of
-// at least 256 MB and several block tables rotate through it, so a short context is not served from L2 by the
-// previous call.
+// consumer schedules; `--wgmma`: only the shapes it is built for); `--narrow`: 8-32 heads over fp8 pages,
+// dense and DSA, where the sm90 kernel's narrow configuration runs, timed beside its other block count and
+// the whole-tile widening kernel. Pages are spread at random over a pool of at least 256 MB and several block
+// tables rotate through it, so a short context is not served from L2 by the previous call.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -129,9 +130,54 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
       20);
   // Tuning data: 16-row configurations run two blocks per multiprocessor with a two-tile ring; time also one
   // block with the deepest ring that fits (more bytes in flight, no second block to overlap with).
-  float t_alt = 0;
+  float t_alt = 0, t_wide = 0;
   int alt_stages = 0;
-  if (cfg.blocks_per_sm == 2) {
+  if (cfg.narrow_nt > 0) {
+    // The narrow kernel with the other block count (one block, the deepest ring; or two of two stages), and
+    // the kernel that widens whole tiles in shared memory, on the same inputs.
+    gpu::mla_sm90::Config alt = cfg;
+    alt.blocks_per_sm = cfg.blocks_per_sm == 2 ? 1 : 2;
+    alt.stages = 0;
+    for (int st = gpu::mla_sm90::kMaxStages; st >= 2 && alt.stages == 0; --st)
+      if (gpu::mla_sm90::narrow_smem_bytes(cfg.narrow_nt, st) + (alt.blocks_per_sm == 2 ? 1024 : 0) <=
+          caps.smem_per_block_optin / alt.blocks_per_sm)
+        alt.stages = st;
+    if (alt.stages && (alt.blocks_per_sm == 1 || cfg.narrow_nt < 4)) {
+      alt_stages = alt.stages;
+      alt.smem = gpu::mla_sm90::narrow_smem_bytes(cfg.narrow_nt, alt.stages);
+      alt.max_splits = std::clamp(caps.multiprocessors * alt.blocks_per_sm / (alt.units * alt.head_groups), 1,
+                                  gpu::mla_sm90::kMaxSplits);
+      alt.workspace = alt.max_splits > 1 ? gpu::mla_sm90::workspace_bytes(alt.units, alt.max_splits,
+                                                                          alt.q_per_unit * s.heads)
+                                         : 0;
+      void* aws = nullptr;
+      if (alt.workspace) CUDA_CHECK(cudaMalloc(&aws, alt.workspace));
+      gpu::MlaDecodeSm90Params pa = p;
+      pa.workspace = aws;
+      t_alt = time_graph_ms(
+          [&](cudaStream_t st) {
+            pa.block_table = tables[which];
+            gpu::mla_decode_sm90(alt, pa, st);
+            which = (which + 1) % reps;
+          },
+          20);
+      cudaFree(aws);
+    }
+    gpu::MlaDecodeSm90Params pw = p;
+    pw.no_narrow = true;
+    const auto wide = gpu::mla_decode_sm90_choose(pw, gpu::limits_of(caps));
+    void* wws = nullptr;
+    if (wide.workspace) CUDA_CHECK(cudaMalloc(&wws, wide.workspace));
+    pw.workspace = wws;
+    t_wide = time_graph_ms(
+        [&](cudaStream_t st) {
+          pw.block_table = tables[which];
+          gpu::mla_decode_sm90(wide, pw, st);
+          which = (which + 1) % reps;
+        },
+        20);
+    cudaFree(wws);
+  } else if (cfg.blocks_per_sm == 2) {
     gpu::mla_sm90::Config alt = cfg;
     for (int st = gpu::mla_sm90::kMaxStages; st > cfg.stages && alt_stages == 0; --st)
       if (gpu::mla_sm90::smem_bytes(16 * cfg.row_groups, s.fp8, st) <= caps.smem_per_block_optin)
@@ -270,9 +316,18 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
         "%d heads/block\n",
         "", t_wg * 1e3, 100.0 * roof_us / (t_wg * 1e3), t / t_wg, t_old / t_wg, wcfg.max_splits,
         wcfg.heads_per_block);
-  if (t_alt > 0)
+  if (t_alt > 0 && cfg.narrow_nt > 0)
+    std::printf(
+        "%-26s   narrow (%d rows, %d block(s)/SM, %d-step ring); %d block(s)/SM, %d-step ring: %.2f us "
+        "(%.0f%% of roofline)\n",
+        "", 8 * cfg.narrow_nt, cfg.blocks_per_sm, cfg.stages, cfg.blocks_per_sm == 2 ? 1 : 2, alt_stages,
+        t_alt * 1e3, 100.0 * roof_us / (t_alt * 1e3));
+  else if (t_alt > 0)
     std::printf("%-26s   one block per SM, %d-tile ring: %.2f us (%.0f%% of roofline)\n", "", alt_stages,
                 t_alt * 1e3, 100.0 * roof_us / (t_alt * 1e3));
+  if (t_wide > 0)
+    std::printf("%-26s   whole-tile widening kernel: %.2f us (%.0f%% of roofline); narrow %.2fx it\n", "",
+                t_wide * 1e3, 100.0 * roof_us / (t_wide * 1e3), t_wide / t);
   std::fflush(stdout);
   for (auto* tb : tables) cudaFree(tb);
   cudaFree(pool);
@@ -299,6 +354,8 @@ int main(int argc, char** argv) {
   const bool wgmma_shapes = argc > 1 && std::string(argv[1]) == "--wgmma";
   // Short contexts and few sequences (a decode step's attention at the start of generation): 64 heads, fp8.
   const bool short_shapes = argc > 1 && std::string(argv[1]) == "--short";
+  // The narrow kernel's shapes: 8-32 heads over fp8 pages, dense and DSA.
+  const bool narrow_shapes = argc > 1 && std::string(argv[1]) == "--narrow";
   const auto caps = gpu::query_device(0);
   ms::cuda::BlasLtHandle lt;
   const double bw = measure_copy_gbs(), tflops = ms::bench::measure_bf16_tflops(lt);
@@ -323,6 +380,12 @@ int main(int argc, char** argv) {
   } else if (short_shapes) {
     shapes = {{64, 1, 512, true, 0},  {64, 1, 4096, true, 0},  {64, 8, 512, true, 0},  {64, 8, 4096, true, 0},
               {64, 64, 512, true, 0}, {64, 1, 32768, true, 0}, {64, 32, 4096, true, 0}};
+  } else if (narrow_shapes) {
+    for (int heads : {8, 16, 32})
+      for (int batch : {1, 32, 64})
+        for (int ctx : {4096, 32768}) shapes.push_back({heads, batch, ctx, true, 0});
+    for (int heads : {8, 16})
+      for (int batch : {1, 32, 64}) shapes.push_back({heads, batch, 32768, true, 2048});
   } else if (quick) {
     shapes = {{64, 32, 4096, true, 0},
               {64, 1, 32768, true, 0},

@@ -59,6 +59,7 @@ struct Case {
   bool wgmma = false;     // run mla_decode_wgmma (sm_90a warpgroup MMA, dense fp8) instead of mla_decode_sm90
   int forced_splits = 0;  // > 0: also run with max_splits = this
   int min_tiles = 0;      // > 0: the wgmma kernel's min_tiles_per_split (splits of 1-2 tiles)
+  bool wide = false;      // fp8 with at most 32 rows: the whole-tile widening kernel, not the narrow one
 };
 
 std::string describe(const Case& c) {
@@ -76,6 +77,7 @@ std::string describe(const Case& c) {
   s += c.out_bf16 ? " out bf16" : " out f32";
   if (c.compact) s += " compact";
   if (c.wgmma) s += " wgmma";
+  if (c.wide) s += " wide";
   s += " lens";
   for (int l : c.lens) {
     s += ' ';
@@ -233,6 +235,7 @@ void run_case(const Case& c, uint32_t seed) {
   p.q_per_seq = Q;
   p.heads = H;
   p.softmax_scale = softmax_scale;
+  p.no_narrow = c.wide;
 
   const auto caps = gpu::query_device(0);
   // Runs the chosen kernel with max_splits = splits, NaN-poisoned workspace.
@@ -259,7 +262,11 @@ void run_case(const Case& c, uint32_t seed) {
   } else {
     scfg = gpu::mla_decode_sm90_choose(p, gpu::limits_of(caps));
     ASSERT_GT(scfg.heads_per_block, 0);
+    // fp8 pages with at most 32 rows a block on sm_89+ take the narrow kernel unless told not to.
+    const bool narrow = c.fp8 && !c.wide && caps.arch() >= 89 && scfg.heads_per_block * scfg.q_per_unit <= 32;
+    EXPECT_EQ(scfg.narrow_nt > 0, narrow) << "heads per block " << scfg.heads_per_block;
     split_counts = {scfg.max_splits, scfg.max_splits > 1 ? 1 : 3};
+    if (c.forced_splits > 0) split_counts.push_back(c.forced_splits);
     launch = [&](int splits) {
       gpu::mla_sm90::Config cfg = scfg;
       cfg.max_splits = splits;
@@ -322,6 +329,36 @@ TEST(MlaDecodeSm90, DenseEveryHeadCountFp8Page64) {
   if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
   uint32_t seed = 1;
   for (int heads : {8, 16, 32, 64, 128}) run_case({heads, kRagged, 1, 64, true, 0}, seed++);
+}
+
+// fp8 pages with 8-32 heads run the narrow kernel through the chooser above; the whole-tile widening kernel
+// they ran before is still there (asked for) and still right.
+TEST(MlaDecodeSm90, Fp8FewHeadsOnTheWholeTileKernel) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  uint32_t seed = 10;
+  for (int heads : {8, 16, 32}) {
+    Case c{heads, kRagged, 1, 64, true, 0};
+    c.wide = true;
+    run_case(c, seed++);
+  }
+}
+
+// The narrow kernel's 64-key steps against split ends that fall inside a step (splits of 32-key tiles), pages
+// of 32, empty sequences, 8-32 rows (8 heads with 1 and 4 query tokens, 16 and 32 heads), forced 3-way
+// splits.
+TEST(MlaDecodeSm90, NarrowStepEdges) {
+  if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
+  uint32_t seed = 140;
+  for (int heads : {8, 16, 32})
+    for (int page : {64, 32}) {
+      Case c{heads, {1, 63, 64, 65, 127, 129, 192, 0}, 1, page, true, 0};
+      c.forced_splits = 3;
+      run_case(c, seed++);
+    }
+  Case q4{8, {4, 63, 64, 65, 130, 0}, 4, 32, true, 0};
+  q4.forced_splits = 3;
+  run_case(q4, seed++);
+  run_case({8, {9000}, 1, 64, true, 0, true, true}, seed++);  // batch 1: many splits, bf16 q and out
 }
 
 TEST(MlaDecodeSm90, DenseEveryHeadCountBf16Page32) {

@@ -688,6 +688,39 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
           EXPECT_LE(2 * (k.smem + 1024), limits_h200().smem_per_block_optin);
         }
       }
+  // The narrow configuration: fp8 pages, at most 32 rows a block, sm_89+; two blocks a multiprocessor up to
+  // 16 rows, one with the deepest ring that fits at 32; splits fill the blocks the multiprocessors hold.
+  const DeviceLimits h = limits_h200();
+  const mla_sm90::Config n8 = mla_sm90::choose(64, 1, 8, true, h);
+  EXPECT_EQ(n8.narrow_nt, 1);
+  EXPECT_EQ(n8.blocks_per_sm, 2);
+  EXPECT_EQ(n8.stages, 2);
+  EXPECT_EQ(n8.smem, mla_sm90::narrow_smem_bytes(1, 2));
+  EXPECT_LE(2 * (n8.smem + 1024), h.smem_per_block_optin);
+  EXPECT_EQ(n8.max_splits, 264 / 64);
+  EXPECT_EQ(n8.min_tiles_per_split, 2);
+  const mla_sm90::Config n16 = mla_sm90::choose(64, 1, 16, true, h);
+  EXPECT_EQ(n16.narrow_nt, 2);
+  EXPECT_EQ(n16.blocks_per_sm, 2);
+  const mla_sm90::Config n32 = mla_sm90::choose(1, 1, 32, true, h);
+  EXPECT_EQ(n32.narrow_nt, 4);
+  EXPECT_EQ(n32.blocks_per_sm, 1);
+  EXPECT_EQ(n32.stages, 4);
+  EXPECT_LE(n32.smem, h.smem_per_block_optin);
+  EXPECT_GT(mla_sm90::narrow_smem_bytes(4, 5), h.smem_per_block_optin);
+  EXPECT_EQ(n32.max_splits, mla_sm90::kMaxSplits);
+  EXPECT_EQ(n32.min_tiles_per_split, 4);
+  EXPECT_EQ(mla_sm90::choose(8, 4, 8, true, h).narrow_nt, 4);   // 8 heads x 4 query tokens
+  EXPECT_EQ(mla_sm90::choose(8, 3, 16, true, h).narrow_nt, 0);  // 48 rows
+  EXPECT_EQ(mla_sm90::choose(8, 1, 64, true, h).narrow_nt, 0);
+  EXPECT_EQ(mla_sm90::choose(8, 1, 8, false, h).narrow_nt, 0);  // bf16 pages
+  EXPECT_EQ(mla_sm90::choose(8, 1, 8, true, h, 64, false).narrow_nt, 0);
+  EXPECT_EQ(mla_sm90::choose(8, 1, 8, true, DeviceLimits{"sm_80 part", 80, 166912, 108}).narrow_nt, 0);
+  // DSA launches of a handful of tokens take 16 heads a block: narrow blocks of 16 rows, 4 head groups.
+  const mla_sm90::Config dsa1 =
+      mla_sm90::choose(1, 1, 64, true, h, mla_sm90::auto_heads_cap(true, 1, 64, 132));
+  EXPECT_EQ(dsa1.narrow_nt, 2);
+  EXPECT_EQ(dsa1.head_groups, 4);
 }
 
 }  // namespace

@@ -168,10 +168,12 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const De
   if (s.prefer == MlaAttentionPrefer::Auto)
     s.prefer = mla_decode_kernel_from_env(std::getenv("MOESERVE_MLA_DECODE_KERNEL"));
   MlaAttentionConfig c;
-  // Dense decode over fp8 pages on sm_90: the warpgroup-MMA kernel, built for 64 rows a block (64 and 128
-  // heads by default, measured 1.13-1.48x faster than the split-KV kernel on an H200; any head count when
-  // asked for).
-  const bool wgmma_heads = s.heads == 64 || s.heads == 128 || s.prefer == MlaAttentionPrefer::WgmmaDecode;
+  // Dense decode over fp8 pages on sm_90: the warpgroup-MMA kernel, built for 64 rows a block (32, 64 and 128
+  // heads by default, measured 1.13-1.48x faster than the split-KV kernel on an H200 at 64 and 128, and at 32
+  // 1.07-1.12x the sm90 kernel's narrow configuration; any head count when asked for). With 8 and 16 heads
+  // the narrow configuration is 1.2-1.5x faster than it at batch 32-64 (docs/PERFORMANCE.md, 2026-12-02).
+  const bool wgmma_heads =
+      s.heads == 32 || s.heads == 64 || s.heads == 128 || s.prefer == MlaAttentionPrefer::WgmmaDecode;
   if ((s.prefer == MlaAttentionPrefer::Auto || s.prefer == MlaAttentionPrefer::WgmmaDecode) && wgmma_heads &&
       s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim && s.format == KvFormat::FP8E4M3 &&
       !s.has_topk && s.decode_only && s.n_seqs == s.m && s.m > 0 && caps.arch() == 90 &&
@@ -205,8 +207,11 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const De
     s.prefer = fp8_applies ? MlaAttentionPrefer::Fp8Decode : MlaAttentionPrefer::General;
   if (s.prefer == MlaAttentionPrefer::Sm90Decode && !(sm90_shape && sm90_batch && caps.arch() >= 80))
     s.prefer = MlaAttentionPrefer::Auto;
+  // (With 32 heads on sm_89+ the sm90 kernel's narrow configuration is 1.17-1.55x faster than the older one:
+  // H200, 2026-12-02.)
   const bool older_fp8_faster = s.prefer == MlaAttentionPrefer::Auto && fast_shape && !s.has_topk &&
-                                s.heads >= 32 && kFp8DecodeSmem <= caps.smem_per_block_optin;
+                                (s.heads > 32 || (s.heads == 32 && caps.arch() < 89)) &&
+                                kFp8DecodeSmem <= caps.smem_per_block_optin;
   if ((s.prefer == MlaAttentionPrefer::Auto || s.prefer == MlaAttentionPrefer::Sm90Decode) && sm90_shape &&
       sm90_batch && !older_fp8_faster && caps.arch() >= 80 && caps.multiprocessors > 0) {
     const int units = s.has_topk ? s.m : s.n_seqs;
@@ -230,9 +235,10 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const De
     c.smem_bytes = kFp8DecodeSmem;
     c.split_target = caps.multiprocessors;
     c.workspace_bytes = q_bf16_bytes(s.m, s.heads) + mla_decode_workspace_bytes(s.m, s.heads, c.split_target);
-    c.why = older_fp8_faster ? "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection, 32+ "
-                               "heads (faster there than the sm90 kernel)"
-                             : "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection";
+    c.why = older_fp8_faster
+                ? "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection, more "
+                  "than 32 heads (faster there than the sm90 kernel)"
+                : "decode-only batch over fp8 pages of 64 x (512 + 64) without a selection";
     return c;
   }
   if (s.prefer == MlaAttentionPrefer::General)

@@ -26,6 +26,7 @@
 //   B = V from [key][dim], .trans: lane -> key (l & 7) + 8((l >> 3) & 1), dim 8 (l >> 4)
 //                               => r0,r1 = b0,b1 of dims 0-7, r2,r3 = b0,b1 of dims 8-15
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -426,6 +427,339 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
     }
 }
 
+// The narrow kernel (mla_decode_sm90_config.h: fp8 pages, rows <= 32), one block = (split, head group, unit),
+// 8 warps, per step of 64 keys (a ring of `stages` raw steps, rows 592 bytes apart, copied as the kernel
+// above copies them: rows a token may not see are zero-filled):
+//   S^T[64 keys, N rows] = K Q^T   warp w: keys 16 (w % 4)..+15 over the k-half w / 4 (9 of the 18 32-wide
+//                                  column chunks); K straight from the raw tile by ldmatrix (a b16 element is
+//                                  two fp8 codes) and widened in registers, so the k order inside a chunk is
+//                                  permuted (lane t holds columns 4t..4t+3 and 16 + 4t..); q is stored in
+//                                  that order, one 16-byte load a lane a chunk and n-tile;
+//   softmax:                       warp w owns rows w + 8 j; lane: keys 2 lane, 2 lane + 1 (the two halves'
+//                                  partial scores added), online in f32 with exp2; P -> shared [rows][72]
+//                                  f16;
+//   O^T[512, N] += V^T P^T        warp w owns dims 64 w..64 w + 63; V^T fragments by ldmatrix.trans of the
+//                                  raw tile, one byte permute and two conversions a register, so within a
+//                                  16-dim m-tile row g is dim 2 g and row g + 8 dim 2 g + 1; P^T by ldmatrix.
+// mma.sync.m16n8k16 on f16 (e4m3 is exact in f16), f32 accumulation, N = 8 * NT rows.
+template <int NT>
+__global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
+    mla_sm90_narrow(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits, int min_tiles,
+                    float* __restrict__ part, float* __restrict__ lse) {
+  dev::grid_dep_enter();
+  constexpr int N = 8 * NT;
+  constexpr int kChunks = kDim / 32;  // 18 column chunks of 32 codes
+  constexpr int CPR = kDim / 16;      // 16-byte pieces of a raw row
+  constexpr int kStep = kNarrowKeys;
+  constexpr size_t kStageBytes = size_t{kStep} * kNarrowRowBytes;
+  const int split = blockIdx.x, hg = blockIdx.y, u = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const bool dsa = p.topk != nullptr;
+
+  extern __shared__ uint4 smem_raw[];
+  unsigned char* sp = reinterpret_cast<unsigned char*>(smem_raw);
+  unsigned char* q_s = sp;  // [N][kNarrowQStride bytes], f16 in the permuted chunk order
+  sp += size_t{N} * kNarrowQStride;
+  unsigned char* ring = sp;  // [stages][64][592]
+  sp += stages * kStageBytes;
+  float* s_part = reinterpret_cast<float*>(sp);  // [2][N][kNarrowPartStride]
+  sp += size_t{4} * 2 * N * kNarrowPartStride;
+  __half* p_s = reinterpret_cast<__half*>(sp);  // [N][kNarrowPStride]
+  sp += size_t{2} * N * kNarrowPStride;
+  float* corr_s = reinterpret_cast<float*>(sp);  // [32]
+  float* l_s = corr_s + kNarrowMaxRows;
+  float* m_s = l_s + kNarrowMaxRows;
+  int* rowpos_s = reinterpret_cast<int*>(m_s + kNarrowMaxRows);
+  sp += size_t{4} * 4 * kNarrowMaxRows;
+  int2* meta_s = reinterpret_cast<int2*>(sp);  // [stages + 1][64] (row slot, key position)
+  sp += size_t{8} * (stages + 1) * kStep;
+  int* red = reinterpret_cast<int*>(sp);  // [16]
+
+  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
+  const int keys = unit_keys(p, u);
+  const int nsplit = unit_splits(keys, tps);
+  if (split >= nsplit) return;
+  const int key_begin = split * tps * kTileKeys;
+  const int key_end = min(keys, key_begin + tps * kTileKeys);
+  const int nsteps = max(0, (key_end - key_begin + kStep - 1) / kStep);
+  const int seq = dsa ? (p.token_seq ? p.token_seq[u] : u / p.q_per_seq) : u;
+  const int unit_pos = dsa ? p.positions[u] : 0;
+  const int max_pos = p.block_table_stride * p.page_size;
+  const int32_t* table = p.block_table + static_cast<int64_t>(seq) * p.block_table_stride;
+
+  auto row_token = [&](int r, int& token, int& head) {
+    const int j = r / hb;
+    head = hg * hb + r % hb;
+    token = dsa ? u : u * p.q_per_seq + j;
+    return r < hb * qu && head < p.heads;
+  };
+  if (tid < N) {
+    int token, head;
+    rowpos_s[tid] = row_token(tid, token, head) ? p.positions[token] : -1;
+  }
+  // q: row r, chunk c, lane piece tt: f16 of columns 32 c + 4 tt..+3 and 32 c + 16 + 4 tt..+3.
+  for (int i = tid; i < N * kChunks * 4; i += kThreads) {
+    const int r = i / (kChunks * 4), c = (i / 4) % kChunks, tt = i % 4;
+    int token, head;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row_token(r, token, head)) {
+      const int64_t off = token * p.q_token_stride + static_cast<int64_t>(head) * kDim + 32 * c + 4 * tt;
+      if (p.q_bf16) {
+        const bf16* qb = static_cast<const bf16*>(p.q) + off;
+        const uint2 a = __ldg(reinterpret_cast<const uint2*>(qb)),
+                    b = __ldg(reinterpret_cast<const uint2*>(qb + 16));
+        auto cv = [](uint32_t x) {
+          return pack2<true>(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+        };
+        v = make_uint4(cv(a.x), cv(a.y), cv(b.x), cv(b.y));
+      } else {
+        const float* qf = static_cast<const float*>(p.q) + off;
+        const float4 a = __ldg(reinterpret_cast<const float4*>(qf)),
+                     b = __ldg(reinterpret_cast<const float4*>(qf + 16));
+        v = make_uint4(pack2<true>(a.x, a.y), pack2<true>(a.z, a.w), pack2<true>(b.x, b.y),
+                       pack2<true>(b.z, b.w));
+      }
+    }
+    *reinterpret_cast<uint4*>(q_s + r * kNarrowQStride + c * 64 + tt * 16) = v;
+  }
+
+  // Key metadata, warps 0 and 1, key 32 warp + lane of the step, loaded one step before it is stored (the DSA
+  // entry one step before that), as in the kernel above.
+  auto topk_entry = [&](int T) -> int {
+    const int k = key_begin + T * kStep + 32 * warp + lane;
+    return k < key_end ? __ldg(p.topk + static_cast<int64_t>(u) * p.topk_width + k) : -1;
+  };
+  struct KeyMeta {
+    int page, pos;
+  };
+  auto load_meta = [&](int T, int e) -> KeyMeta {
+    int pos;
+    bool ok;
+    if (dsa) {
+      pos = e;
+      ok = e >= 0 && e <= unit_pos && e < max_pos;
+    } else {
+      pos = key_begin + T * kStep + 32 * warp + lane;
+      ok = pos < key_end;
+    }
+    if (!ok) return {0, kNoKey};
+    return {__ldg(table + pos / p.page_size), pos};
+  };
+  auto store_meta = [&](int T, const KeyMeta& k) {
+    int2 v = make_int2(0, kNoKey);
+    if (k.pos != kNoKey) {
+      const int page = min(max(k.page, 0), p.num_pages - 1);  // a bad id reads a wrong page, never outside
+      v = make_int2(page * p.page_size + k.pos % p.page_size, k.pos);
+    }
+    meta_s[(T % (stages + 1)) * kStep + 32 * warp + lane] = v;
+  };
+  KeyMeta next{0, kNoKey};
+  int pre_e = -1;
+  if (warp < 2) {
+    int e = dsa ? topk_entry(0) : 0;
+    for (int T = 0; T < stages; ++T) {
+      const int en = dsa ? topk_entry(T + 1) : 0;
+      store_meta(T, load_meta(T, e));
+      e = en;
+    }
+    next = load_meta(stages, e);
+    pre_e = dsa ? topk_entry(stages + 1) : 0;
+  }
+  __syncthreads();
+
+  const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
+  auto issue = [&](int T) {
+    if (T < nsteps) {
+      const int2* m = meta_s + (T % (stages + 1)) * kStep;
+      unsigned char* dst = ring + (T % stages) * kStageBytes;
+      for (int c = tid; c < kStep * CPR; c += kThreads) {
+        const int key = c / CPR, col = c % CPR;
+        const int2 mk = m[key];
+        cp_async16_zfill(dst + key * kNarrowRowBytes + col * 16,
+                         kv + static_cast<int64_t>(mk.x) * kDim + col * 16, mk.y != kNoKey ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int T = 0; T < stages - 1; ++T) issue(T);
+
+  const float score_scale = p.softmax_scale * p.kv_scale * kLog2e;
+  float o[4][NT][4];
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[a][n][0] = o[a][n][1] = o[a][n][2] = o[a][n][3] = 0.f;
+  float m_run[NT], l_part[NT];  // rows warp + 8 j: the running maximum, this lane's share of the row sum
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    m_run[j] = -INFINITY;
+    l_part[j] = 0.f;
+  }
+  // ldmatrix row addresses: lane -> key (lane & 7) + 8 ((lane >> 3) & 1), 16-byte column (lane >> 4).
+  const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 16 * (lane >> 4);
+  const int kt = warp & 3, kh = warp >> 2;
+
+  for (int i = 0; i < nsteps; ++i) {
+    cp_async_wait_pending(stages - 2);
+    __syncthreads();  // step i landed; every warp is done with step i - 1 (its stage, scores, P, meta)
+    issue(i + stages - 1);
+    const unsigned char* st = ring + (i % stages) * kStageBytes;
+    if (warp < 2) {
+      store_meta(i + stages, next);
+      next = load_meta(i + stages + 1, pre_e);
+      if (dsa) pre_e = topk_entry(i + stages + 2);
+    }
+
+    // Partial S^T: keys 16 kt.. x all rows over chunks 9 kh..9 kh + 8.
+    {
+      float acc[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+      const unsigned char* kb = st + (16 * kt + lrow) * kNarrowRowBytes + lcol;
+      const unsigned char* qb = q_s + g * kNarrowQStride + t * 16;
+#pragma unroll 3
+      for (int c = 9 * kh; c < 9 * kh + 9; ++c) {
+        uint32_t r[4];
+        ldsm_x4(r, kb + 32 * c);
+        const uint32_t a1[4] = {fp8x2_to_f16x2(r[0]), fp8x2_to_f16x2(r[1]), tc::fp8x2_hi_to_f16x2(r[0]),
+                                tc::fp8x2_hi_to_f16x2(r[1])};
+        const uint32_t a2[4] = {fp8x2_to_f16x2(r[2]), fp8x2_to_f16x2(r[3]), tc::fp8x2_hi_to_f16x2(r[2]),
+                                tc::fp8x2_hi_to_f16x2(r[3])};
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint4 qv = *reinterpret_cast<const uint4*>(qb + 8 * n * kNarrowQStride + 64 * c);
+          tc::mma_f16(acc[n], a1, qv.x, qv.y);
+          tc::mma_f16(acc[n], a2, qv.z, qv.w);
+        }
+      }
+      float* dst = s_part + kh * N * kNarrowPartStride + 16 * kt + g;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        dst[(8 * n + 2 * t) * kNarrowPartStride] = acc[n][0];
+        dst[(8 * n + 2 * t + 1) * kNarrowPartStride] = acc[n][1];
+        dst[(8 * n + 2 * t) * kNarrowPartStride + 8] = acc[n][2];
+        dst[(8 * n + 2 * t + 1) * kNarrowPartStride + 8] = acc[n][3];
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: rows warp + 8 j, keys 2 lane, 2 lane + 1.
+    {
+      const int2* mk = meta_s + (i % (stages + 1)) * kStep;
+      const int kp0 = mk[2 * lane].y, kp1 = mk[2 * lane + 1].y;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int r = warp + 8 * j;
+        const float2 a = *reinterpret_cast<const float2*>(s_part + r * kNarrowPartStride + 2 * lane);
+        const float2 b = *reinterpret_cast<const float2*>(s_part + (N + r) * kNarrowPartStride + 2 * lane);
+        const int rp = rowpos_s[r];
+        const float s0 = kp0 <= rp ? (a.x + b.x) * score_scale : -INFINITY;
+        const float s1 = kp1 <= rp ? (a.y + b.y) * score_scale : -INFINITY;
+        float mx = fmaxf(s0, s1);
+#pragma unroll
+        for (int x = 16; x >= 1; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+        const float m_new = fmaxf(m_run[j], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+        const float corr = exp2f(m_run[j] - m_use);
+        const float e0 = exp2f(s0 - m_use), e1 = exp2f(s1 - m_use);
+        l_part[j] = l_part[j] * corr + e0 + e1;
+        m_run[j] = m_new;
+        *reinterpret_cast<uint32_t*>(p_s + r * kNarrowPStride + 2 * lane) = pack2<true>(e0, e1);
+        if (lane == 0) corr_s[r] = corr;
+      }
+    }
+    __syncthreads();
+
+    // O^T[dims 64 warp.., rows] = corr * O^T + V^T P^T.
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float c0 = corr_s[8 * n + 2 * t], c1 = corr_s[8 * n + 2 * t + 1];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        o[mt][n][0] *= c0;
+        o[mt][n][2] *= c0;
+        o[mt][n][1] *= c1;
+        o[mt][n][3] *= c1;
+      }
+    }
+    const unsigned char* vb = st + lrow * kNarrowRowBytes + 64 * warp + lcol;
+#pragma unroll
+    for (int q2 = 0; q2 < kStep / 32; ++q2) {
+      uint32_t pb[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+        ldsm_x4(pb[n], p_s + (8 * n + (lane & 7)) * kNarrowPStride + 32 * q2 + 8 * (lane >> 3));
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+        const int kk = 2 * q2 + k2;
+#pragma unroll
+        for (int mp = 0; mp < 2; ++mp) {
+          uint32_t r[4];
+          ldsm_x4_trans(r, vb + 16 * kk * kNarrowRowBytes + 32 * mp);
+          // r: codes (key 2t, dim 2g), (2t, 2g + 1), (2t + 1, 2g), (2t + 1, 2g + 1) -> per dim, keys 2t, 2t
+          // + 1.
+#pragma unroll
+          for (int x = 0; x < 4; ++x) r[x] = __byte_perm(r[x], 0, 0x3120);
+          const uint32_t aa[4] = {fp8x2_to_f16x2(r[0]), tc::fp8x2_hi_to_f16x2(r[0]), fp8x2_to_f16x2(r[1]),
+                                  tc::fp8x2_hi_to_f16x2(r[1])};
+          const uint32_t ab[4] = {fp8x2_to_f16x2(r[2]), tc::fp8x2_hi_to_f16x2(r[2]), fp8x2_to_f16x2(r[3]),
+                                  tc::fp8x2_hi_to_f16x2(r[3])};
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            tc::mma_f16(o[2 * mp][n], aa, pb[n][2 * k2], pb[n][2 * k2 + 1]);
+            tc::mma_f16(o[2 * mp + 1][n], ab, pb[n][2 * k2], pb[n][2 * k2 + 1]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait_pending(0);  // no copy may still target shared memory when the block exits
+
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    float l = l_part[j];
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) l += __shfl_xor_sync(0xffffffffu, l, x);
+    if (lane == 0) {
+      l_s[warp + 8 * j] = l;
+      m_s[warp + 8 * j] = m_run[j];
+    }
+  }
+  __syncthreads();
+  const int rows_per_unit = qu * p.heads;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = 8 * n + 2 * t + hf;
+      int token, head;
+      if (!row_token(r, token, head)) continue;
+      const float l = l_s[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      if (nsplit == 1) {
+        const int64_t base =
+            token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + 64 * warp + 2 * g;
+        const float f = inv * p.kv_scale;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          const float x = o[mt][n][hf] * f, y = o[mt][n][hf + 2] * f;
+          if (p.out_bf16)
+            *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.out) + base + 16 * mt) = pack_bf16(x, y);
+          else
+            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + 16 * mt) = make_float2(x, y);
+        }
+      } else {
+        const int row_id = (r / hb) * p.heads + head;
+        const size_t slot = (static_cast<size_t>(u) * max_splits + split) * rows_per_unit + row_id;
+        float* dst = part + slot * kLatent + 64 * warp + 2 * g;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+          *reinterpret_cast<float2*>(dst + 16 * mt) = make_float2(o[mt][n][hf] * inv, o[mt][n][hf + 2] * inv);
+        if (warp == 0 && g == 0) lse[slot] = l > 0.f ? m_s[r] + log2f(l) : -INFINITY;
+      }
+    }
+}
+
 // One block per (unit, row of the unit): weights 2^(lse_s - max) over the unit's splits, in split order.
 __global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, int min_tiles,
                                  const float* __restrict__ lse, const float* __restrict__ part) {
@@ -479,6 +813,16 @@ void check_params(const mla_sm90::Config& c, const MlaDecodeSm90Params& p) {
            "mla_decode_sm90: workspace of {} bytes must be set and 256-byte aligned", c.workspace);
 }
 
+template <int NT>
+void launch_narrow(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part, float* lse,
+                   cudaStream_t stream) {
+  auto* k = mla_sm90_narrow<NT>;
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem)));
+  const dim3 grid(c.max_splits, c.head_groups, c.units);
+  launch_kernel("mla_decode_sm90_narrow", k, grid, kThreads, c.smem, stream, p, c.heads_per_block,
+                c.q_per_unit, c.stages, c.max_splits, c.min_tiles_per_split, part, lse);
+}
+
 template <int RG, bool FP8>
 void launch(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part, float* lse,
             cudaStream_t stream) {
@@ -497,7 +841,7 @@ mla_sm90::Config mla_decode_sm90_choose(const MlaDecodeSm90Params& p, const Devi
   const int cap = p.max_heads_per_block > 0
                       ? p.max_heads_per_block
                       : mla_sm90::auto_heads_cap(dsa, units, p.heads, dev.multiprocessors);
-  return mla_sm90::choose(units, dsa ? 1 : p.q_per_seq, p.heads, p.kv_fp8, dev, cap);
+  return mla_sm90::choose(units, dsa ? 1 : p.q_per_seq, p.heads, p.kv_fp8, dev, cap, !p.no_narrow);
 }
 
 void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cudaStream_t stream) {
@@ -507,27 +851,42 @@ void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cu
   const size_t n = static_cast<size_t>(c.units) * c.max_splits * c.q_per_unit * p.heads;
   float* part = static_cast<float*>(p.workspace);
   float* lse = part ? part + (n * kLatent * 4 + 255) / 256 * 64 : nullptr;
-  switch (c.row_groups * 2 + (p.kv_fp8 ? 1 : 0)) {
-    case 2:
-      launch<1, false>(c, p, part, lse, stream);
-      break;
-    case 3:
-      launch<1, true>(c, p, part, lse, stream);
-      break;
-    case 4:
-      launch<2, false>(c, p, part, lse, stream);
-      break;
-    case 5:
-      launch<2, true>(c, p, part, lse, stream);
-      break;
-    case 8:
-      launch<4, false>(c, p, part, lse, stream);
-      break;
-    case 9:
-      launch<4, true>(c, p, part, lse, stream);
-      break;
-    default:
-      MS_THROW("mla_decode_sm90: row_groups {} must be 1, 2 or 4", c.row_groups);
+  if (c.narrow_nt > 0) {
+    MS_CHECK(p.kv_fp8, "mla_decode_sm90: the narrow configuration reads fp8 pages only");
+    MS_CHECK(c.heads_per_block * c.q_per_unit <= 8 * c.narrow_nt,
+             "mla_decode_sm90: {} rows a block exceed the narrow configuration's {}",
+             c.heads_per_block * c.q_per_unit, 8 * c.narrow_nt);
+    if (c.narrow_nt == 1)
+      launch_narrow<1>(c, p, part, lse, stream);
+    else if (c.narrow_nt == 2)
+      launch_narrow<2>(c, p, part, lse, stream);
+    else if (c.narrow_nt == 4)
+      launch_narrow<4>(c, p, part, lse, stream);
+    else
+      MS_THROW("mla_decode_sm90: narrow_nt {} must be 1, 2 or 4", c.narrow_nt);
+  } else {
+    switch (c.row_groups * 2 + (p.kv_fp8 ? 1 : 0)) {
+      case 2:
+        launch<1, false>(c, p, part, lse, stream);
+        break;
+      case 3:
+        launch<1, true>(c, p, part, lse, stream);
+        break;
+      case 4:
+        launch<2, false>(c, p, part, lse, stream);
+        break;
+      case 5:
+        launch<2, true>(c, p, part, lse, stream);
+        break;
+      case 8:
+        launch<4, false>(c, p, part, lse, stream);
+        break;
+      case 9:
+        launch<4, true>(c, p, part, lse, stream);
+        break;
+      default:
+        MS_THROW("mla_decode_sm90: row_groups {} must be 1, 2 or 4", c.row_groups);
+    }
   }
   if (c.max_splits > 1) {
     launch_kernel("mla_sm90_combine", mla_sm90_combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0,

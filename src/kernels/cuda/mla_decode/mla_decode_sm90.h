@@ -45,6 +45,9 @@ struct MlaDecodeSm90Params {
   // Caps the heads of one block (16, 32 or 64; 0: the chooser decides: DSA launches of a handful of tokens
   // take 16 heads per block, so that head groups rather than long key ranges fill the multiprocessors).
   int max_heads_per_block = 0;
+  // Keeps fp8 launches of at most 32 rows off the narrow configuration, on the kernel that widens whole tiles
+  // in shared memory (for comparison and timing; mla_decode_sm90_choose reads it).
+  bool no_narrow = false;
   const int32_t* __restrict__ token_seq =
       nullptr;                       // DSA: [tokens] sequence of each token (null: i / q_per_seq)
   void* __restrict__ out = nullptr;  // [tokens, heads, 512] f32 or bf16 (out_bf16), 16-byte aligned

@@ -39,10 +39,32 @@ constexpr size_t smem_bytes(int rows, bool fp8, int stages) {
   return q + conv + stages * stage + scores + p + rowstate + meta + 64;
 }
 
+// The narrow kernel (fp8 pages, at most 32 rows: 8-32 heads, or fewer heads with several query tokens):
+// the keys are the M of its products and the rows their N, so rows pad to 8 rather than 16, and the raw fp8
+// rows are widened in registers on their way into the MMAs instead of into a widened copy of the tile.
+constexpr int kNarrowKeys = 64;  // keys per step
+constexpr int kNarrowRowBytes =
+    kDim + 16;  // 592: a raw row in shared memory; ldmatrix of 8 rows hits 8 banks
+constexpr int kNarrowMaxRows = 32;
+constexpr int kNarrowQStride =
+    2 * kDim + 64;  // bytes per row of q (1216; 16-byte loads of 8 lanes, no conflict)
+constexpr int kNarrowPartStride = kNarrowKeys + 4;  // floats per row of a partial score tile
+constexpr int kNarrowPStride = kNarrowKeys + 8;     // f16 per row of P (144 bytes: ldmatrix conflict-free)
+
+// Shared memory of one narrow block with 8 * nt rows: q [rows][1216 B], the ring of raw tiles [64][592 B],
+// the two k-halves' partial scores [2][rows][68] f32, P [rows][72] f16, per-row state and the key metadata.
+constexpr size_t narrow_smem_bytes(int nt, int stages) {
+  const size_t rows = size_t{8} * nt;
+  return rows * kNarrowQStride + size_t(stages) * kNarrowKeys * kNarrowRowBytes +
+         size_t{2} * rows * kNarrowPartStride * 4 + rows * kNarrowPStride * 2 +
+         size_t{4} * 4 * kNarrowMaxRows + size_t{8} * (stages + 1) * kNarrowKeys + 64;
+}
+
 struct Config {
   int q_per_unit = 1;       // query tokens per unit (1 for DSA)
   int heads_per_block = 0;  // heads of one block; rows = heads_per_block * q_per_unit
   int row_groups = 0;       // 1, 2 or 4: rows padded to 16 * row_groups
+  int narrow_nt = 0;        // > 0: the narrow kernel, rows padded to 8 * narrow_nt (1, 2 or 4)
   int head_groups = 0;      // blocks along the heads
   int stages = 0;
   int blocks_per_sm = 0;  // what the shared memory and registers allow
@@ -73,8 +95,10 @@ inline int auto_heads_cap(bool dsa, int units, int heads, int multiprocessors) {
 }
 
 // max_heads_per_block (16, 32 or 64) caps the heads of one block below the 64 it would otherwise take.
+// allow_narrow = false keeps fp8 launches of at most 32 rows on the kernel that widens whole tiles in shared
+// memory (for comparison and timing).
 inline Config choose(int units, int q_per_unit, int heads, bool fp8, const DeviceLimits& dev,
-                     int max_heads_per_block = 64) {
+                     int max_heads_per_block = 64, bool allow_narrow = true) {
   Config c;
   c.q_per_unit = q_per_unit;
   c.units = units;
@@ -86,6 +110,31 @@ inline Config choose(int units, int q_per_unit, int heads, bool fp8, const Devic
   c.row_groups = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
   c.head_groups = (heads + hb - 1) / hb;
   const int padded = 16 * c.row_groups;
+  const int sms = std::max(1, dev.multiprocessors);
+  // fp8 pages, at most 32 rows, hardware e4m3 conversions (sm_89+): the narrow kernel, two blocks a
+  // multiprocessor when two rings of two stages fit (up to 16 rows), else one with the deepest ring that
+  // fits.
+  if (fp8 && allow_narrow && dev.arch >= 89 && rows <= kNarrowMaxRows) {
+    const int nt = rows <= 8 ? 1 : rows <= 16 ? 2 : 4;
+    for (int blocks : {2, 1}) {
+      if (blocks == 2 && nt == 4) continue;  // 32 rows: built for one block (its O^T takes 64 registers)
+      for (int s = kMaxStages; s >= 2 && c.stages == 0; --s)
+        if (narrow_smem_bytes(nt, s) + (blocks == 2 ? 1024 : 0) <= dev.smem_per_block_optin / blocks) {
+          c.stages = s;
+          c.blocks_per_sm = blocks;
+        }
+      if (c.stages) break;
+    }
+    if (c.stages) {
+      c.narrow_nt = nt;
+      c.smem = narrow_smem_bytes(nt, c.stages);
+      c.max_splits = std::clamp(sms * c.blocks_per_sm / (units * c.head_groups), 1, kMaxSplits);
+      // A split writes rows x 512 f32 of partial output: at least 64 keys, and 4 x 32 keys from 32 rows on.
+      c.min_tiles_per_split = std::max(2, nt);
+      c.workspace = c.max_splits > 1 ? workspace_bytes(units, c.max_splits, q_per_unit * heads) : 0;
+      return c;
+    }
+  }
   // Two blocks per multiprocessor for 16 rows (the kernel is built for two within the register file there)
   // when two rings of two stages fit; else one block with the deepest ring that fits.
   c.stages = 0;
