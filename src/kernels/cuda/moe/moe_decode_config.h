@@ -43,9 +43,9 @@ constexpr int kGuUnroll = 3;  // gate_up: 32-k steps whose weights a lane loads 
 // whole (moe_experts_decode.h): 128-k steps a lane keeps in flight, and blocks a multiprocessor.
 constexpr int kWholeSlots = 6, kWholeMinBlocks = 1;
 // tile (moe_experts_decode.h): gate_up blocks of 4 warps (one 16-row gate or up tile each, all of k), 128-k
-// steps in flight a lane, and the blocks a multiprocessor its registers allow (<= 85 a thread) and its x
+// steps in flight a lane, and the blocks a multiprocessor its registers allow (<= 102 a thread) and its x
 // rows are chosen for; down blocks of 8 warps on 16 output rows (<= 85 registers: 3 blocks).
-constexpr int kTileWarps = 4, kTileThreads = 32 * kTileWarps, kTileDepth = 4, kTileMinBlocks = 6;
+constexpr int kTileWarps = 4, kTileThreads = 32 * kTileWarps, kTileDepth = 4, kTileMinBlocks = 5;
 constexpr int kDownTileWarps = 8, kDownTileThreads = 32 * kDownTileWarps, kDownTileMinBlocks = 3;
 
 // The cp.async ring variant (decode_ring): each lane copies its own weight and scale bytes of a step into its

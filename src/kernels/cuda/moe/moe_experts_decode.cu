@@ -443,6 +443,17 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks)
   const int steps = H / 128;
   uint4 w[kTileDepth][2];
   uint32_t sc[kTileDepth][2];
+  // Step s of rows g / g + 8 from the cursors wq (weights) and sq (scales), which advance by a group of
+  // kTileDepth steps at a time: inside a group the offsets are compile-time constants.
+  const uint8_t* wq = wp;
+  const uint8_t* sq = sp;
+  auto load_at = [&](int u, int ahead) {  // step (group + ahead) x kTileDepth + u into slot u
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w[u][r] = ld_stream16(wq + r * row8 + (ahead * kTileDepth + u) * 64);
+      sc[u][r] = ld_stream2(sq + r * srow8 + (ahead * kTileDepth + u) * 8);
+    }
+  };
   auto load = [&](int s, int u) {
     if (s < steps) {
 #pragma unroll
@@ -461,19 +472,35 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks)
   const int sw = (t >> 1) & 1;
   const __half* xb = xs_lane - (g - moe_dev::b_row(g, en.rows)) * xld;  // b_row: no branch per load
   float acc[4] = {};
-  for (int s0 = 0; s0 < steps; s0 += kTileDepth) {
+  // Step u of the slots with B from xq: tile_step's mmas in its order, one B piece at a time (4 registers of
+  // it live instead of 16).
+  auto step = [&](int u, const __half* xq) {
+    const uint32_t s0 = moe_decode_dev::scales_f16x2(sc[u][0]), s1 = moe_decode_dev::scales_f16x2(sc[u][1]);
+#pragma unroll
+    for (int j2 = 0; j2 < 4; ++j2) {
+      const uint4 bj = *reinterpret_cast<const uint4*>(xq + 8 * (j2 ^ sw));
+      moe_decode_dev::word_mmas(acc, acc, w[u][0], w[u][1], s0, s1, j2, bj);
+    }
+  };
+  // Whole groups whose next group exists: no guards, cursors advanced once a group.
+  int s0 = 0;
+  for (; s0 + 2 * kTileDepth <= steps; s0 += kTileDepth) {
+#pragma unroll
+    for (int u = 0; u < kTileDepth; ++u) {
+      step(u, xb + (s0 + u) * 128);
+      load_at(u, 1);  // the slot's next step goes in flight behind this one's math
+    }
+    wq += kTileDepth * 64;
+    sq += kTileDepth * 8;
+  }
+  // The last one or two groups (steps past the end neither loaded nor multiplied).
+  for (; s0 < steps; s0 += kTileDepth) {
 #pragma unroll
     for (int u = 0; u < kTileDepth; ++u) {
       const int s = s0 + u;
       if (s >= steps) break;
-      // tile_step's mmas in its order, one B piece at a time (4 registers of it live instead of 16).
-      const uint32_t s0 = moe_decode_dev::scales_f16x2(sc[u][0]), s1 = moe_decode_dev::scales_f16x2(sc[u][1]);
-#pragma unroll
-      for (int j2 = 0; j2 < 4; ++j2) {
-        const uint4 bj = *reinterpret_cast<const uint4*>(xb + s * 128 + 8 * (j2 ^ sw));
-        moe_decode_dev::word_mmas(acc, acc, w[u][0], w[u][1], s0, s1, j2, bj);
-      }
-      load(s + kTileDepth, u);  // the slot's next step goes in flight behind this one's math
+      step(u, xb + s * 128);
+      load(s + kTileDepth, u);
     }
   }
   // red [warp][position][16 rows]: warps 0 / 1 gate / up of index tile 0, warps 2 / 3 of index tile 1.
@@ -864,8 +891,7 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
   const uint32_t soff = static_cast<uint32_t>((row0 + g) * srow_bytes + 2 * t);
   const uint8_t* wb = nullptr;
   const uint8_t* sb = nullptr;
-  auto point = [&](int pc) {
-    const int ei = pc / ks_per, ks = pc - ei * ks_per;
+  auto point = [&](int ei, int ks) {
     const MoeExpertWeights& ew = p.experts[ec[ei] & 1023];
     wb = static_cast<const uint8_t*>(ew.down) + (woff + static_cast<uint32_t>(ks) * (kDownKr / 2));
     sb = static_cast<const uint8_t*>(ew.down_scale) + (soff + static_cast<uint32_t>(ks) * (kDownKr / 16));
@@ -879,8 +905,10 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
       sc[st][r] = ld_stream2(sb + r * 8 * srow_bytes + 8 * st);
     }
   };
+  // The piece being multiplied, (entry ei, k-range ks), and the one after it, stepped without divisions.
+  int ei = p_begin / ks_per, ks = p_begin - ei * ks_per;
   if (p_begin < p_end) {
-    point(p_begin);
+    point(ei, ks);
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) load(st);
   }
@@ -888,7 +916,7 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
   float s2 = 0.f;
   float acc[4] = {};
   for (int pc = p_begin; pc < p_end; ++pc) {
-    const int ei = pc / ks_per, ks = pc - ei * ks_per;
+    const int nks = ks + 1 == ks_per ? 0 : ks + 1, nei = nks == 0 ? ei + 1 : ei;
     if (ei != cur) {
       if (cur >= 0) moe_dev::flush_down_chunk<true>(p, acc, scr_w, out_ww, rows, pos0, s2, lane, g, t);
       cur = ei;
@@ -900,7 +928,7 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
       for (int i = 0; i < 4; ++i) acc[i] = 0.f;
     }
     const bool more = pc + 1 < p_end;
-    if (more) point(pc + 1);
+    if (more) point(nei, nks);
     const __half* arow =
         acth + static_cast<int64_t>(pos0 + moe_dev::b_row(g, rows)) * p.inter + ks * kDownKr + 32 * t;
 #pragma unroll
@@ -914,6 +942,8 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
       }
       if (more) load(st);  // the next piece's step st goes in flight behind this one's math
     }
+    ei = nei;
+    ks = nks;
   }
   if (cur >= 0) moe_dev::flush_down_chunk<true>(p, acc, scr_w, out_ww, rows, pos0, s2, lane, g, t);
   __syncthreads();
