@@ -881,8 +881,11 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
   const int p_end = moe_dev::run_start(pieces, warp + 1, kDownTileWarps);
   const int64_t row_bytes = p.inter / 2, srow_bytes = p.inter / 16;
   const __half* acth = reinterpret_cast<const __half*>(p.act);
-  float* scr_w = scr + warp * kChunk * kDownRows;
-  float* out_ww = out_w + warp * m * kDownRows;
+  // The warp's scratch and output tiles, found again at each flush (two pointers fewer held in the k loop).
+  auto flush = [&](const float(&a)[4], int rows, int pos0, float s2) {
+    moe_dev::flush_down_chunk<true>(p, a, scr + warp * kChunk * kDownRows, out_w + warp * m * kDownRows, rows,
+                                    pos0, s2, lane, g, t);
+  };
   constexpr int kSteps = kDownKr / 128;
 
   // Piece pc's bytes of the lane: k [ks 512 + 128 st + 32 t, + 32) of rows row0 + g and + 8 (offsets from
@@ -897,13 +900,11 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
     sb = static_cast<const uint8_t*>(ew.down_scale) + (soff + static_cast<uint32_t>(ks) * (kDownKr / 16));
   };
   uint4 w[kSteps][2];
-  uint32_t sc[kSteps][2];
+  uint32_t sc[kSteps];  // rows g (bits 0..15) and g + 8 (16..31): their two scale bytes of the step
   auto load = [&](int st) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      w[st][r] = ld_stream16(wb + r * 8 * row_bytes + 64 * st);
-      sc[st][r] = ld_stream2(sb + r * 8 * srow_bytes + 8 * st);
-    }
+    for (int r = 0; r < 2; ++r) w[st][r] = ld_stream16(wb + r * 8 * row_bytes + 64 * st);
+    sc[st] = ld_stream2(sb + 8 * st) | (ld_stream2(sb + 8 * srow_bytes + 8 * st) << 16);
   };
   // The piece being multiplied, (entry ei, k-range ks), and the one after it, stepped without divisions.
   int ei = p_begin / ks_per, ks = p_begin - ei * ks_per;
@@ -918,7 +919,7 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
   for (int pc = p_begin; pc < p_end; ++pc) {
     const int nks = ks + 1 == ks_per ? 0 : ks + 1, nei = nks == 0 ? ei + 1 : ei;
     if (ei != cur) {
-      if (cur >= 0) moe_dev::flush_down_chunk<true>(p, acc, scr_w, out_ww, rows, pos0, s2, lane, g, t);
+      if (cur >= 0) flush(acc, rows, pos0, s2);
       cur = ei;
       const moe_dev::EcEntry en = moe_dev::ec_entry(p, ec[ei], kChunk);
       rows = en.rows;
@@ -933,8 +934,8 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
         acth + static_cast<int64_t>(pos0 + moe_dev::b_row(g, rows)) * p.inter + ks * kDownKr + 32 * t;
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
-      const uint32_t s0 = moe_decode_dev::scales_f16x2(sc[st][0]);
-      const uint32_t s1 = moe_decode_dev::scales_f16x2(sc[st][1]);
+      const uint32_t s0 = moe_decode_dev::scales_f16x2(sc[st] & 0xffffu);
+      const uint32_t s1 = moe_decode_dev::scales_f16x2(sc[st] >> 16);
 #pragma unroll
       for (int j2 = 0; j2 < 4; ++j2) {
         const uint4 bj = __ldg(reinterpret_cast<const uint4*>(arow + 128 * st + 8 * j2));
@@ -945,7 +946,7 @@ __global__ void __launch_bounds__(kDownTileThreads, kDownTileMinBlocks)
     ei = nei;
     ks = nks;
   }
-  if (cur >= 0) moe_dev::flush_down_chunk<true>(p, acc, scr_w, out_ww, rows, pos0, s2, lane, g, t);
+  if (cur >= 0) flush(acc, rows, pos0, s2);
   __syncthreads();
   moe_dev::add_down_tiles<kDownTileWarps>(p, out_w, m, row0, tid);
 }
