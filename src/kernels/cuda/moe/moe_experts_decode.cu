@@ -1280,13 +1280,14 @@ int moe_decode_variant(const MoeExpertsParams& p) {
     return p.decode_variant;
   }
   static const int from_env = moe_decode_variant_from_env(std::getenv("MOESERVE_MOE_DECODE_VARIANT"));
-  // Default: whole at 8 to 32 tokens (7-15% faster than halfsc8 there on an H200, GLM-5 experts; 20% slower
-  // than sc8 at one token, not measured between), halfsc8 at other counts from 2 tokens (6.5-9% faster than
-  // sc8 at 8 and 64 tokens; sc8 itself 7% faster than base, bit-identical to it), sc8 at one token (halfsc8
-  // 2-5% slower there).
+  // Default on an H200, GLM-5 experts (docs/PERFORMANCE.md, 2026-12-02): tile up to 8 tokens (one token
+  // 69.4 us against sc8's 80.4; 8 tokens 468.7 us against whole's 526.2 with uniform routing and 247.4
+  // against 255.4 skewed; not measured between), whole from 9 to 32 tokens (at 32 tile is 4% faster with
+  // uniform routing but 29% slower skewed: its x rows a pass re-read a busy expert's weights; whole was 7-15%
+  // faster than halfsc8 at 8-32), halfsc8 past 32 (6.5-9% faster than sc8 at 64 tokens).
   if (from_env >= 0) return from_env;
-  if (p.m >= 8 && p.m <= 32) return kMoeDecodeWhole;
-  return p.m >= 2 ? kMoeDecodeHalfSc8 : kMoeDecodeSc8;
+  if (p.m <= 8) return kMoeDecodeTile;
+  return p.m <= 32 ? kMoeDecodeWhole : kMoeDecodeHalfSc8;
 }
 
 namespace {
