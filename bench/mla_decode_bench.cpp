@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_bench.h"
@@ -132,36 +134,49 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
   // block with the deepest ring that fits (more bytes in flight, no second block to overlap with).
   float t_alt = 0, t_wide = 0;
   int alt_stages = 0;
+  // The narrow configuration's three schedules (two blocks a multiprocessor with a 2-step ring, one block
+  // with the deepest ring, the warp-specialised one), whichever fit.
+  float t_narrow[3] = {0, 0, 0};
+  int narrow_stages[3] = {0, 0, 0};
   if (cfg.narrow_nt > 0) {
-    // The narrow kernel with the other block count (one block, the deepest ring; or two of two stages), and
-    // the kernel that widens whole tiles in shared memory, on the same inputs.
-    gpu::mla_sm90::Config alt = cfg;
-    alt.blocks_per_sm = cfg.blocks_per_sm == 2 ? 1 : 2;
-    alt.stages = 0;
-    for (int st = gpu::mla_sm90::kMaxStages; st >= 2 && alt.stages == 0; --st)
-      if (gpu::mla_sm90::narrow_smem_bytes(cfg.narrow_nt, st) + (alt.blocks_per_sm == 2 ? 1024 : 0) <=
-          caps.smem_per_block_optin / alt.blocks_per_sm)
-        alt.stages = st;
-    if (alt.stages && (alt.blocks_per_sm == 1 || cfg.narrow_nt < 4)) {
-      alt_stages = alt.stages;
+    auto time_cfg = [&](const gpu::mla_sm90::Config& c) {
+      void* w = nullptr;
+      if (c.workspace) CUDA_CHECK(cudaMalloc(&w, c.workspace));
+      gpu::MlaDecodeSm90Params pc = p;
+      pc.workspace = w;
+      const float ms = time_graph_ms(
+          [&](cudaStream_t st) {
+            pc.block_table = tables[which];
+            gpu::mla_decode_sm90(c, pc, st);
+            which = (which + 1) % reps;
+          },
+          20);
+      cudaFree(w);
+      return ms;
+    };
+    for (int blocks : {2, 1}) {
+      gpu::mla_sm90::Config alt = cfg;
+      alt.narrow_ws = false;
+      alt.blocks_per_sm = blocks;
+      alt.stages = 0;
+      for (int st = gpu::mla_sm90::kMaxStages; st >= 2 && alt.stages == 0; --st)
+        if (gpu::mla_sm90::narrow_smem_bytes(cfg.narrow_nt, st) + (blocks == 2 ? 1024 : 0) <=
+            caps.smem_per_block_optin / blocks)
+          alt.stages = st;
+      if (alt.stages == 0 || (blocks == 2 && cfg.narrow_nt == 4)) continue;
       alt.smem = gpu::mla_sm90::narrow_smem_bytes(cfg.narrow_nt, alt.stages);
-      alt.max_splits = std::clamp(caps.multiprocessors * alt.blocks_per_sm / (alt.units * alt.head_groups), 1,
+      alt.max_splits = std::clamp(caps.multiprocessors * blocks / (alt.units * alt.head_groups), 1,
                                   gpu::mla_sm90::kMaxSplits);
       alt.workspace = alt.max_splits > 1 ? gpu::mla_sm90::workspace_bytes(alt.units, alt.max_splits,
                                                                           alt.q_per_unit * s.heads)
                                          : 0;
-      void* aws = nullptr;
-      if (alt.workspace) CUDA_CHECK(cudaMalloc(&aws, alt.workspace));
-      gpu::MlaDecodeSm90Params pa = p;
-      pa.workspace = aws;
-      t_alt = time_graph_ms(
-          [&](cudaStream_t st) {
-            pa.block_table = tables[which];
-            gpu::mla_decode_sm90(alt, pa, st);
-            which = (which + 1) % reps;
-          },
-          20);
-      cudaFree(aws);
+      narrow_stages[blocks == 2 ? 0 : 1] = alt.stages;
+      t_narrow[blocks == 2 ? 0 : 1] = time_cfg(alt);
+    }
+    const gpu::mla_sm90::Config ws = gpu::mla_sm90::narrow_ws_of(cfg, s.heads, gpu::limits_of(caps));
+    if (ws.narrow_nt > 0) {
+      narrow_stages[2] = ws.stages;
+      t_narrow[2] = time_cfg(ws);
     }
     gpu::MlaDecodeSm90Params pw = p;
     pw.no_narrow = true;
@@ -316,13 +331,17 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
         "%d heads/block\n",
         "", t_wg * 1e3, 100.0 * roof_us / (t_wg * 1e3), t / t_wg, t_old / t_wg, wcfg.max_splits,
         wcfg.heads_per_block);
-  if (t_alt > 0 && cfg.narrow_nt > 0)
-    std::printf(
-        "%-26s   narrow (%d rows, %d block(s)/SM, %d-step ring); %d block(s)/SM, %d-step ring: %.2f us "
-        "(%.0f%% of roofline)\n",
-        "", 8 * cfg.narrow_nt, cfg.blocks_per_sm, cfg.stages, cfg.blocks_per_sm == 2 ? 1 : 2, alt_stages,
-        t_alt * 1e3, 100.0 * roof_us / (t_alt * 1e3));
-  else if (t_alt > 0)
+  if (cfg.narrow_nt > 0) {
+    const char* names[3] = {"two blocks/SM", "one block/SM", "warp-specialised"};
+    std::printf("%-26s   narrow, %d rows (default %s):", "", 8 * cfg.narrow_nt,
+                cfg.narrow_ws ? names[2] : names[cfg.blocks_per_sm == 2 ? 0 : 1]);
+    for (int k = 0; k < 3; ++k)
+      if (t_narrow[k] > 0)
+        std::printf("  %s, %d-step ring %.2f us (%.0f%%)", names[k], narrow_stages[k], t_narrow[k] * 1e3,
+                    100.0 * roof_us / (t_narrow[k] * 1e3));
+    std::printf("\n");
+  }
+  if (t_alt > 0)
     std::printf("%-26s   one block per SM, %d-tile ring: %.2f us (%.0f%% of roofline)\n", "", alt_stages,
                 t_alt * 1e3, 100.0 * roof_us / (t_alt * 1e3));
   if (t_wide > 0)
@@ -399,6 +418,24 @@ int main(int argc, char** argv) {
     for (bool fp8 : {true, false})
       for (int heads : {8, 16, 64, 128})
         for (int batch : {1, 8, 32, 64}) shapes.push_back({heads, batch, 32768, fp8, 2048});
+  }
+  // MLA_BENCH_SHAPES="HxBxC[xK],...": only these shapes (H heads, batch B, context C, DSA top-K; fp8 pages),
+  // e.g. under a kernel profiler.
+  if (const char* only = std::getenv("MLA_BENCH_SHAPES"); only && *only) {
+    shapes.clear();
+    std::string list = only;
+    for (size_t at = 0; at < list.size();) {
+      const size_t end = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, end - at);
+      int h = 0, b = 0, c = 0, k = 0;
+      const int got = std::sscanf(item.c_str(), "%dx%dx%dx%d", &h, &b, &c, &k);
+      if (got < 3 || h <= 0 || b <= 0 || c <= 0 || k < 0) {
+        std::fprintf(stderr, "MLA_BENCH_SHAPES: '%s' is not HEADSxBATCHxCONTEXT[xTOPK]\n", item.c_str());
+        return 2;
+      }
+      shapes.push_back({h, b, c, true, k});
+      at = end + 1;
+    }
   }
   for (const auto& s : shapes) run(s, caps, bw, tflops);
   return 0;

@@ -60,6 +60,7 @@ struct Case {
   int forced_splits = 0;  // > 0: also run with max_splits = this
   int min_tiles = 0;      // > 0: the wgmma kernel's min_tiles_per_split (splits of 1-2 tiles)
   bool wide = false;      // fp8 with at most 32 rows: the whole-tile widening kernel, not the narrow one
+  bool ws = false;        // the narrow kernel's warp-specialised schedule
 };
 
 std::string describe(const Case& c) {
@@ -78,6 +79,7 @@ std::string describe(const Case& c) {
   if (c.compact) s += " compact";
   if (c.wgmma) s += " wgmma";
   if (c.wide) s += " wide";
+  if (c.ws) s += " warp-specialised";
   s += " lens";
   for (int l : c.lens) {
     s += ' ';
@@ -265,6 +267,11 @@ void run_case(const Case& c, uint32_t seed) {
     // fp8 pages with at most 32 rows a block on sm_89+ take the narrow kernel unless told not to.
     const bool narrow = c.fp8 && !c.wide && caps.arch() >= 89 && scfg.heads_per_block * scfg.q_per_unit <= 32;
     EXPECT_EQ(scfg.narrow_nt > 0, narrow) << "heads per block " << scfg.heads_per_block;
+    if (c.ws) {
+      scfg = gpu::mla_sm90::narrow_ws_of(scfg, H, gpu::limits_of(caps));
+      ASSERT_GT(scfg.narrow_nt, 0);
+      ASSERT_TRUE(scfg.narrow_ws);
+    }
     split_counts = {scfg.max_splits, scfg.max_splits > 1 ? 1 : 3};
     if (c.forced_splits > 0) split_counts.push_back(c.forced_splits);
     launch = [&](int splits) {
@@ -349,16 +356,29 @@ TEST(MlaDecodeSm90, Fp8FewHeadsOnTheWholeTileKernel) {
 TEST(MlaDecodeSm90, NarrowStepEdges) {
   if (skip()) GTEST_SKIP() << "no sm_80+ CUDA device";
   uint32_t seed = 140;
-  for (int heads : {8, 16, 32})
-    for (int page : {64, 32}) {
-      Case c{heads, {1, 63, 64, 65, 127, 129, 192, 0}, 1, page, true, 0};
-      c.forced_splits = 3;
-      run_case(c, seed++);
-    }
-  Case q4{8, {4, 63, 64, 65, 130, 0}, 4, 32, true, 0};
-  q4.forced_splits = 3;
-  run_case(q4, seed++);
-  run_case({8, {9000}, 1, 64, true, 0, true, true}, seed++);  // batch 1: many splits, bf16 q and out
+  for (bool ws : {false, true}) {
+    for (int heads : {8, 16, 32})
+      for (int page : {64, 32}) {
+        Case c{heads, {1, 63, 64, 65, 127, 129, 192, 0}, 1, page, true, 0};
+        c.forced_splits = 3;
+        c.ws = ws;
+        run_case(c, seed++);
+      }
+    Case q4{8, {4, 63, 64, 65, 130, 0}, 4, 32, true, 0};
+    q4.forced_splits = 3;
+    q4.ws = ws;
+    run_case(q4, seed++);
+    Case one{8, {9000}, 1, 64, true, 0, true, true};  // batch 1: many splits, bf16 q and out
+    one.ws = ws;
+    run_case(one, seed++);
+    Case dsa{16, {1, 40, 300, 2100}, 1, 64, true, 100};
+    dsa.ws = ws;
+    run_case(dsa, seed++);
+    Case dsa8{8, {3000, 50}, 1, 32, true, 2048};
+    dsa8.compact = true;
+    dsa8.ws = ws;
+    run_case(dsa8, seed++);
+  }
 }
 
 TEST(MlaDecodeSm90, DenseEveryHeadCountBf16Page32) {

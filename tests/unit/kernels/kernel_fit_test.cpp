@@ -702,11 +702,14 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
   const mla_sm90::Config n16 = mla_sm90::choose(64, 1, 16, true, h);
   EXPECT_EQ(n16.narrow_nt, 2);
   EXPECT_EQ(n16.blocks_per_sm, 2);
-  const mla_sm90::Config n32 = mla_sm90::choose(1, 1, 32, true, h);
+  const mla_sm90::Config n32 = mla_sm90::choose(1, 1, 32, true, h);  // one block: warp-specialised
   EXPECT_EQ(n32.narrow_nt, 4);
+  EXPECT_TRUE(n32.narrow_ws);
   EXPECT_EQ(n32.blocks_per_sm, 1);
-  EXPECT_EQ(n32.stages, 4);
+  EXPECT_EQ(n32.stages, 3);
+  EXPECT_EQ(n32.smem, mla_sm90::narrow_smem_bytes(4, 3, true));
   EXPECT_LE(n32.smem, h.smem_per_block_optin);
+  EXPECT_GT(mla_sm90::narrow_smem_bytes(4, 4, true), h.smem_per_block_optin);
   EXPECT_GT(mla_sm90::narrow_smem_bytes(4, 5), h.smem_per_block_optin);
   EXPECT_EQ(n32.max_splits, mla_sm90::kMaxSplits);
   EXPECT_EQ(n32.min_tiles_per_split, 4);
@@ -716,6 +719,17 @@ TEST(KernelFit, MlaAttentionChooserFitsEveryPreset) {
   EXPECT_EQ(mla_sm90::choose(8, 1, 8, false, h).narrow_nt, 0);  // bf16 pages
   EXPECT_EQ(mla_sm90::choose(8, 1, 8, true, h, 64, false).narrow_nt, 0);
   EXPECT_EQ(mla_sm90::choose(8, 1, 8, true, DeviceLimits{"sm_80 part", 80, 166912, 108}).narrow_nt, 0);
+  // Its warp-specialised schedule: one block a multiprocessor, the deepest ring of 3+ steps that fits.
+  const mla_sm90::Config w8 = mla_sm90::narrow_ws_of(n8, 8, h);
+  EXPECT_TRUE(w8.narrow_ws);
+  EXPECT_FALSE(n8.narrow_ws);
+  EXPECT_EQ(w8.blocks_per_sm, 1);
+  EXPECT_EQ(w8.stages, 5);
+  EXPECT_EQ(w8.smem, mla_sm90::narrow_smem_bytes(1, 5, true));
+  EXPECT_LE(w8.smem, h.smem_per_block_optin);
+  EXPECT_EQ(w8.max_splits, 132 / 64);
+  EXPECT_EQ(mla_sm90::narrow_ws_of(n16, 16, h).stages, 4);
+  EXPECT_EQ(mla_sm90::narrow_ws_of(mla_sm90::choose(8, 1, 64, true, h), 64, h).narrow_nt, 0);  // not narrow
   // DSA launches of a handful of tokens take 16 heads a block: narrow blocks of 16 rows, 4 head groups.
   const mla_sm90::Config dsa1 =
       mla_sm90::choose(1, 1, 64, true, h, mla_sm90::auto_heads_cap(true, 1, 64, 132));

@@ -168,12 +168,11 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const De
   if (s.prefer == MlaAttentionPrefer::Auto)
     s.prefer = mla_decode_kernel_from_env(std::getenv("MOESERVE_MLA_DECODE_KERNEL"));
   MlaAttentionConfig c;
-  // Dense decode over fp8 pages on sm_90: the warpgroup-MMA kernel, built for 64 rows a block (32, 64 and 128
-  // heads by default, measured 1.13-1.48x faster than the split-KV kernel on an H200 at 64 and 128, and at 32
-  // 1.07-1.12x the sm90 kernel's narrow configuration; any head count when asked for). With 8 and 16 heads
-  // the narrow configuration is 1.2-1.5x faster than it at batch 32-64 (docs/PERFORMANCE.md, 2026-12-02).
-  const bool wgmma_heads =
-      s.heads == 32 || s.heads == 64 || s.heads == 128 || s.prefer == MlaAttentionPrefer::WgmmaDecode;
+  // Dense decode over fp8 pages on sm_90: the warpgroup-MMA kernel, built for 64 rows a block (64 and 128
+  // heads by default, measured 1.13-1.48x faster than the split-KV kernel on an H200; any head count when
+  // asked for). With 8-32 heads the sm90 kernel's narrow configuration is faster than it at batch 32-64
+  // (docs/PERFORMANCE.md, 2026-12-02).
+  const bool wgmma_heads = s.heads == 64 || s.heads == 128 || s.prefer == MlaAttentionPrefer::WgmmaDecode;
   if ((s.prefer == MlaAttentionPrefer::Auto || s.prefer == MlaAttentionPrefer::WgmmaDecode) && wgmma_heads &&
       s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim && s.format == KvFormat::FP8E4M3 &&
       !s.has_topk && s.decode_only && s.n_seqs == s.m && s.m > 0 && caps.arch() == 90 &&

@@ -39,6 +39,7 @@
 #include "kernels/cuda/common/pdl.h"
 #include "kernels/cuda/mla_decode/mla_decode_sm90.h"
 #include "kernels/cuda/mla_decode/mla_split.cuh"
+#include "kernels/cuda/mla_decode/mla_wgmma.cuh"
 
 namespace ms::cuda {
 namespace {
@@ -429,21 +430,27 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 2 : 1)
 
 // The narrow kernel (mla_decode_sm90_config.h: fp8 pages, rows <= 32), one block = (split, head group, unit),
 // 8 warps, per step of 64 keys (a ring of `stages` raw steps, rows 592 bytes apart, copied as the kernel
-// above copies them: rows a token may not see are zero-filled):
-//   S^T[64 keys, N rows] = K Q^T   warp w: keys 16 (w % 4)..+15 over the k-half w / 4 (9 of the 18 32-wide
-//                                  column chunks); K straight from the raw tile by ldmatrix (a b16 element is
-//                                  two fp8 codes) and widened in registers, so the k order inside a chunk is
-//                                  permuted (lane t holds columns 4t..4t+3 and 16 + 4t..); q is stored in
-//                                  that order, one 16-byte load a lane a chunk and n-tile;
-//   softmax:                       warp w owns rows w + 8 j; lane: keys 2 lane, 2 lane + 1 (the two halves'
-//                                  partial scores added), online in f32 with exp2; P -> shared [rows][72]
-//                                  f16;
-//   O^T[512, N] += V^T P^T        warp w owns dims 64 w..64 w + 63; V^T fragments by ldmatrix.trans of the
-//                                  raw tile, one byte permute and two conversions a register, so within a
-//                                  16-dim m-tile row g is dim 2 g and row g + 8 dim 2 g + 1; P^T by ldmatrix.
-// mma.sync.m16n8k16 on f16 (e4m3 is exact in f16), f32 accumulation, N = 8 * NT rows.
-template <int NT>
-__global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
+// above copies them: rows a token may not see are zero-filled). Its products, N = 8 * NT rows, mma.sync
+// m16n8k16 on f16 (e4m3 is exact in f16), f32 accumulation:
+//   S^T[64 keys, N rows] = K Q^T   16 keys a warp; K straight from the raw tile by ldmatrix (a b16 element is
+//                                  two fp8 codes) and widened in registers, so the k order inside a 32-column
+//                                  chunk is permuted (lane t holds columns 4t..4t+3 and 16 + 4t..); q is
+//                                  stored in that order, one 16-byte load a lane a chunk and n-tile;
+//   online softmax in f32 with exp2; P -> shared [rows][72] f16;
+//   O^T[512, N] += V^T P^T        V^T fragments by ldmatrix.trans of the raw tile, one byte permute and two
+//                                  conversions a register, so within a 16-dim m-tile row g is dim 2 g and row
+//                                  g + 8 dim 2 g + 1; P^T by ldmatrix.
+// Two schedules:
+//   WS = false: every warp takes each phase of a step in turn (three block barriers a step): S^T with warp w
+//     on keys 16 (w % 4).. over the k-half w / 4 (the halves' partial scores meet in shared memory), the
+//     softmax with warp w on rows w + 8 j, P V with warp w on dims 64 w..; two blocks a multiprocessor.
+//   WS = true: 16 warps; warps 0-7 (A) take the partial scores and the softmax of step i as above while
+//     warps 8-15 (B) take P V of step i - 1 (warp 8 + b: dims 64 b..) and the copies: B refills the ring slot
+//     of the step it has just finished and tells A, by named barriers, when a step has landed; A tells B
+//     when P is ready (partial scores, P and the correction double-buffered by step parity). One block a
+//     multiprocessor with a ring of 3+ steps.
+template <int NT, bool WS>
+__global__ void __launch_bounds__(WS ? 2 * kThreads : kThreads, NT == 4 || WS ? 1 : 2)
     mla_sm90_narrow(MlaDecodeSm90Params p, int hb, int qu, int stages, int max_splits, int min_tiles,
                     float* __restrict__ part, float* __restrict__ lse) {
   dev::grid_dep_enter();
@@ -452,9 +459,15 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   constexpr int CPR = kDim / 16;      // 16-byte pieces of a raw row
   constexpr int kStep = kNarrowKeys;
   constexpr size_t kStageBytes = size_t{kStep} * kNarrowRowBytes;
+  constexpr int kBlock = WS ? 2 * kThreads : kThreads;  // WS: warps 0-7 (A) and 8-15 (B)
+  // Named barriers of the WS schedule (0 is __syncthreads): A's own, B's own, step landed [parity], P ready
+  // [parity].
+  constexpr int kBarA = 1, kBarB = 2, kBarFull = 3, kBarP = 5;
   const int split = blockIdx.x, hg = blockIdx.y, u = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const bool dsa = p.topk != nullptr;
+  const int meta_w0 = WS ? 8 : 0;            // the two warps that keep the key metadata
+  const int pv_warp = WS ? warp - 8 : warp;  // P V: dims 64 pv_warp..
 
   extern __shared__ uint4 smem_raw[];
   unsigned char* sp = reinterpret_cast<unsigned char*>(smem_raw);
@@ -462,15 +475,19 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   sp += size_t{N} * kNarrowQStride;
   unsigned char* ring = sp;  // [stages][64][592]
   sp += stages * kStageBytes;
-  float* s_part = reinterpret_cast<float*>(sp);  // [2][N][kNarrowPartStride]
-  sp += size_t{4} * 2 * N * kNarrowPartStride;
-  __half* p_s = reinterpret_cast<__half*>(sp);  // [N][kNarrowPStride]
-  sp += size_t{2} * N * kNarrowPStride;
-  float* corr_s = reinterpret_cast<float*>(sp);  // [32]
-  float* l_s = corr_s + kNarrowMaxRows;
+  // Partial scores [B][2 halves][N][kNarrowPartStride] f32, P [B][N][kNarrowPStride] f16 and the correction
+  // [B][32], B = 2 buffers by step parity with WS, else 1.
+  constexpr int kBufs = WS ? 2 : 1;
+  float* s_part = reinterpret_cast<float*>(sp);
+  sp += size_t{4} * kBufs * 2 * N * kNarrowPartStride;
+  __half* p_s = reinterpret_cast<__half*>(sp);
+  sp += size_t{2} * kBufs * N * kNarrowPStride;
+  float* corr_s = reinterpret_cast<float*>(sp);
+  sp += size_t{4} * kBufs * kNarrowMaxRows;
+  float* l_s = reinterpret_cast<float*>(sp);  // [32]
   float* m_s = l_s + kNarrowMaxRows;
   int* rowpos_s = reinterpret_cast<int*>(m_s + kNarrowMaxRows);
-  sp += size_t{4} * 4 * kNarrowMaxRows;
+  sp += size_t{4} * 3 * kNarrowMaxRows;
   int2* meta_s = reinterpret_cast<int2*>(sp);  // [stages + 1][64] (row slot, key position)
   sp += size_t{8} * (stages + 1) * kStep;
   int* red = reinterpret_cast<int*>(sp);  // [16]
@@ -486,6 +503,8 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   const int unit_pos = dsa ? p.positions[u] : 0;
   const int max_pos = p.block_table_stride * p.page_size;
   const int32_t* table = p.block_table + static_cast<int64_t>(seq) * p.block_table_stride;
+  // Pages of a power-of-two size (the usual 32 and 64) take a shift and a mask instead of a division.
+  const int page_shift = (p.page_size & (p.page_size - 1)) == 0 ? __ffs(p.page_size) - 1 : -1;
 
   auto row_token = [&](int r, int& token, int& head) {
     const int j = r / hb;
@@ -498,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
     rowpos_s[tid] = row_token(tid, token, head) ? p.positions[token] : -1;
   }
   // q: row r, chunk c, lane piece tt: f16 of columns 32 c + 4 tt..+3 and 32 c + 16 + 4 tt..+3.
-  for (int i = tid; i < N * kChunks * 4; i += kThreads) {
+  for (int i = tid; i < N * kChunks * 4; i += kBlock) {
     const int r = i / (kChunks * 4), c = (i / 4) % kChunks, tt = i % 4;
     int token, head;
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -523,10 +542,11 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
     *reinterpret_cast<uint4*>(q_s + r * kNarrowQStride + c * 64 + tt * 16) = v;
   }
 
-  // Key metadata, warps 0 and 1, key 32 warp + lane of the step, loaded one step before it is stored (the DSA
-  // entry one step before that), as in the kernel above.
+  // Key metadata, warps meta_w0 and meta_w0 + 1, key 32 (warp - meta_w0) + lane of the step, loaded one step
+  // before it is stored (the DSA entry one step before that), as in the kernel above.
+  const int mkey = 32 * (warp - meta_w0) + lane;
   auto topk_entry = [&](int T) -> int {
-    const int k = key_begin + T * kStep + 32 * warp + lane;
+    const int k = key_begin + T * kStep + mkey;
     return k < key_end ? __ldg(p.topk + static_cast<int64_t>(u) * p.topk_width + k) : -1;
   };
   struct KeyMeta {
@@ -539,23 +559,26 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
       pos = e;
       ok = e >= 0 && e <= unit_pos && e < max_pos;
     } else {
-      pos = key_begin + T * kStep + 32 * warp + lane;
+      pos = key_begin + T * kStep + mkey;
       ok = pos < key_end;
     }
     if (!ok) return {0, kNoKey};
-    return {__ldg(table + pos / p.page_size), pos};
+    return {__ldg(table + (page_shift >= 0 ? pos >> page_shift : pos / p.page_size)), pos};
   };
-  auto store_meta = [&](int T, const KeyMeta& k) {
+  // Ring slots are kept as counters (the ring depths are runtime values; a modulo would be a division).
+  auto store_meta = [&](int slot, const KeyMeta& k) {
     int2 v = make_int2(0, kNoKey);
     if (k.pos != kNoKey) {
       const int page = min(max(k.page, 0), p.num_pages - 1);  // a bad id reads a wrong page, never outside
-      v = make_int2(page * p.page_size + k.pos % p.page_size, k.pos);
+      const int in_page = page_shift >= 0 ? k.pos & (p.page_size - 1) : k.pos % p.page_size;
+      v = make_int2(page * p.page_size + in_page, k.pos);
     }
-    meta_s[(T % (stages + 1)) * kStep + 32 * warp + lane] = v;
+    meta_s[slot * kStep + mkey] = v;
   };
+  const bool meta_warp = warp == meta_w0 || warp == meta_w0 + 1;
   KeyMeta next{0, kNoKey};
   int pre_e = -1;
-  if (warp < 2) {
+  if (meta_warp) {
     int e = dsa ? topk_entry(0) : 0;
     for (int T = 0; T < stages; ++T) {
       const int en = dsa ? topk_entry(T + 1) : 0;
@@ -567,12 +590,14 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   }
   __syncthreads();
 
+  // The copies of step T into ring slot stage_slot, from metadata slot meta_slot, by `threads` threads from
+  // `first`; one commit group a call, also past the last step.
   const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
-  auto issue = [&](int T) {
+  auto issue = [&](int T, int stage_slot, int meta_slot, int first, int threads) {
     if (T < nsteps) {
-      const int2* m = meta_s + (T % (stages + 1)) * kStep;
-      unsigned char* dst = ring + (T % stages) * kStageBytes;
-      for (int c = tid; c < kStep * CPR; c += kThreads) {
+      const int2* m = meta_s + meta_slot * kStep;
+      unsigned char* dst = ring + stage_slot * kStageBytes;
+      for (int c = tid - first; c < kStep * CPR; c += threads) {
         const int key = c / CPR, col = c % CPR;
         const int2 mk = m[key];
         cp_async16_zfill(dst + key * kNarrowRowBytes + col * 16,
@@ -581,7 +606,6 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
     }
     cp_async_commit();
   };
-  for (int T = 0; T < stages - 1; ++T) issue(T);
 
   const float score_scale = p.softmax_scale * p.kv_scale * kLog2e;
   float o[4][NT][4];
@@ -589,7 +613,8 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   for (int a = 0; a < 4; ++a)
 #pragma unroll
     for (int n = 0; n < NT; ++n) o[a][n][0] = o[a][n][1] = o[a][n][2] = o[a][n][3] = 0.f;
-  float m_run[NT], l_part[NT];  // rows warp + 8 j: the running maximum, this lane's share of the row sum
+  // The softmax state of rows warp + 8 j (warps 0-7): the running maximum, this lane's share of the row sum.
+  float m_run[NT], l_part[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     m_run[j] = -INFINITY;
@@ -597,83 +622,79 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
   }
   // ldmatrix row addresses: lane -> key (lane & 7) + 8 ((lane >> 3) & 1), 16-byte column (lane >> 4).
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 16 * (lane >> 4);
-  const int kt = warp & 3, kh = warp >> 2;
 
-  for (int i = 0; i < nsteps; ++i) {
-    cp_async_wait_pending(stages - 2);
-    __syncthreads();  // step i landed; every warp is done with step i - 1 (its stage, scores, P, meta)
-    issue(i + stages - 1);
-    const unsigned char* st = ring + (i % stages) * kStageBytes;
-    if (warp < 2) {
-      store_meta(i + stages, next);
-      next = load_meta(i + stages + 1, pre_e);
-      if (dsa) pre_e = topk_entry(i + stages + 2);
-    }
-
-    // Partial S^T: keys 16 kt.. x all rows over chunks 9 kh..9 kh + 8.
-    {
-      float acc[NT][4];
+  // Partial S^T of the step in `st` (warps 0-7): keys 16 (warp % 4).. over the k-half warp / 4 (9 of the 18
+  // chunks), into sp_buf [2 halves][N][kNarrowPartStride].
+  auto partial_scores = [&](const unsigned char* st, float* sp_buf) {
+    const int kt = warp & 3, kh = (warp >> 2) & 1;
+    // Two chains (even and odd chunks) summed at the end; one at 32 rows, where registers are short.
+    constexpr int kChains = NT == 4 ? 1 : 2;
+    float acc[kChains][NT][4];
 #pragma unroll
-      for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-      const unsigned char* kb = st + (16 * kt + lrow) * kNarrowRowBytes + lcol;
-      const unsigned char* qb = q_s + g * kNarrowQStride + t * 16;
-#pragma unroll 3
-      for (int c = 9 * kh; c < 9 * kh + 9; ++c) {
-        uint32_t r[4];
-        ldsm_x4(r, kb + 32 * c);
-        const uint32_t a1[4] = {fp8x2_to_f16x2(r[0]), fp8x2_to_f16x2(r[1]), tc::fp8x2_hi_to_f16x2(r[0]),
-                                tc::fp8x2_hi_to_f16x2(r[1])};
-        const uint32_t a2[4] = {fp8x2_to_f16x2(r[2]), fp8x2_to_f16x2(r[3]), tc::fp8x2_hi_to_f16x2(r[2]),
-                                tc::fp8x2_hi_to_f16x2(r[3])};
+    for (int h = 0; h < kChains; ++h)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const uint4 qv = *reinterpret_cast<const uint4*>(qb + 8 * n * kNarrowQStride + 64 * c);
-          tc::mma_f16(acc[n], a1, qv.x, qv.y);
-          tc::mma_f16(acc[n], a2, qv.z, qv.w);
-        }
-      }
-      float* dst = s_part + kh * N * kNarrowPartStride + 16 * kt + g;
+      for (int n = 0; n < NT; ++n) acc[h][n][0] = acc[h][n][1] = acc[h][n][2] = acc[h][n][3] = 0.f;
+    const unsigned char* kb = st + (16 * kt + lrow) * kNarrowRowBytes + lcol;
+    const unsigned char* qb = q_s + g * kNarrowQStride + t * 16;
+#pragma unroll
+    for (int cc = 0; cc < 9; ++cc) {
+      const int c = 9 * kh + cc, h = cc % kChains;
+      uint32_t r[4];
+      ldsm_x4(r, kb + 32 * c);
+      const uint32_t a1[4] = {fp8x2_to_f16x2(r[0]), fp8x2_to_f16x2(r[1]), tc::fp8x2_hi_to_f16x2(r[0]),
+                              tc::fp8x2_hi_to_f16x2(r[1])};
+      const uint32_t a2[4] = {fp8x2_to_f16x2(r[2]), fp8x2_to_f16x2(r[3]), tc::fp8x2_hi_to_f16x2(r[2]),
+                              tc::fp8x2_hi_to_f16x2(r[3])};
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        dst[(8 * n + 2 * t) * kNarrowPartStride] = acc[n][0];
-        dst[(8 * n + 2 * t + 1) * kNarrowPartStride] = acc[n][1];
-        dst[(8 * n + 2 * t) * kNarrowPartStride + 8] = acc[n][2];
-        dst[(8 * n + 2 * t + 1) * kNarrowPartStride + 8] = acc[n][3];
+        const uint4 qv = *reinterpret_cast<const uint4*>(qb + 8 * n * kNarrowQStride + 64 * c);
+        tc::mma_f16(acc[h][n], a1, qv.x, qv.y);
+        tc::mma_f16(acc[h][n], a2, qv.z, qv.w);
       }
     }
-    __syncthreads();
-
-    // Online softmax: rows warp + 8 j, keys 2 lane, 2 lane + 1.
-    {
-      const int2* mk = meta_s + (i % (stages + 1)) * kStep;
-      const int kp0 = mk[2 * lane].y, kp1 = mk[2 * lane + 1].y;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int r = warp + 8 * j;
-        const float2 a = *reinterpret_cast<const float2*>(s_part + r * kNarrowPartStride + 2 * lane);
-        const float2 b = *reinterpret_cast<const float2*>(s_part + (N + r) * kNarrowPartStride + 2 * lane);
-        const int rp = rowpos_s[r];
-        const float s0 = kp0 <= rp ? (a.x + b.x) * score_scale : -INFINITY;
-        const float s1 = kp1 <= rp ? (a.y + b.y) * score_scale : -INFINITY;
-        float mx = fmaxf(s0, s1);
-#pragma unroll
-        for (int x = 16; x >= 1; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-        const float m_new = fmaxf(m_run[j], mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-        const float corr = exp2f(m_run[j] - m_use);
-        const float e0 = exp2f(s0 - m_use), e1 = exp2f(s1 - m_use);
-        l_part[j] = l_part[j] * corr + e0 + e1;
-        m_run[j] = m_new;
-        *reinterpret_cast<uint32_t*>(p_s + r * kNarrowPStride + 2 * lane) = pack2<true>(e0, e1);
-        if (lane == 0) corr_s[r] = corr;
-      }
-    }
-    __syncthreads();
-
-    // O^T[dims 64 warp.., rows] = corr * O^T + V^T P^T.
+    float* dst = sp_buf + kh * N * kNarrowPartStride + 16 * kt + g;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      const float c0 = corr_s[8 * n + 2 * t], c1 = corr_s[8 * n + 2 * t + 1];
+      float v[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) v[x] = kChains == 2 ? acc[0][n][x] + acc[kChains - 1][n][x] : acc[0][n][x];
+      dst[(8 * n + 2 * t) * kNarrowPartStride] = v[0];
+      dst[(8 * n + 2 * t + 1) * kNarrowPartStride] = v[1];
+      dst[(8 * n + 2 * t) * kNarrowPartStride + 8] = v[2];
+      dst[(8 * n + 2 * t + 1) * kNarrowPartStride + 8] = v[3];
+    }
+  };
+  // Online softmax of a step (warps 0-7): rows warp + 8 j, keys 2 lane, 2 lane + 1 (metadata `mk`), the two
+  // halves' partial scores added; P to p_buf [N][kNarrowPStride], the rows' correction to corr.
+  auto softmax = [&](const int2* mk, const float* sp_buf, __half* p_buf, float* corr) {
+    const int4 kpair = reinterpret_cast<const int4*>(mk)[lane];  // keys 2 lane, 2 lane + 1
+    const int kp0 = kpair.y, kp1 = kpair.w;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int r = warp + 8 * j;
+      const float2 a = *reinterpret_cast<const float2*>(sp_buf + r * kNarrowPartStride + 2 * lane);
+      const float2 b = *reinterpret_cast<const float2*>(sp_buf + (N + r) * kNarrowPartStride + 2 * lane);
+      const int rp = rowpos_s[r];
+      const float s0 = kp0 <= rp ? (a.x + b.x) * score_scale : -INFINITY;
+      const float s1 = kp1 <= rp ? (a.y + b.y) * score_scale : -INFINITY;
+      float mx = fmaxf(s0, s1);
+#pragma unroll
+      for (int x = 16; x >= 1; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+      const float m_new = fmaxf(m_run[j], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+      const float c = exp2f(m_run[j] - m_use);
+      const float e0 = exp2f(s0 - m_use), e1 = exp2f(s1 - m_use);
+      l_part[j] = l_part[j] * c + e0 + e1;
+      m_run[j] = m_new;
+      *reinterpret_cast<uint32_t*>(p_buf + r * kNarrowPStride + 2 * lane) = pack2<true>(e0, e1);
+      if (lane == 0) corr[r] = c;
+    }
+  };
+  // O^T[dims 64 pv_warp.., rows] = corr * O^T + V^T P^T over the step in `st`, P from p_buf.
+  auto pv = [&](const unsigned char* st, const __half* p_buf, const float* corr) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float c0 = corr[8 * n + 2 * t], c1 = corr[8 * n + 2 * t + 1];
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt) {
         o[mt][n][0] *= c0;
@@ -682,13 +703,13 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
         o[mt][n][3] *= c1;
       }
     }
-    const unsigned char* vb = st + lrow * kNarrowRowBytes + 64 * warp + lcol;
+    const unsigned char* vb = st + lrow * kNarrowRowBytes + 64 * pv_warp + lcol;
 #pragma unroll
     for (int q2 = 0; q2 < kStep / 32; ++q2) {
       uint32_t pb[NT][4];
 #pragma unroll
       for (int n = 0; n < NT; ++n)
-        ldsm_x4(pb[n], p_s + (8 * n + (lane & 7)) * kNarrowPStride + 32 * q2 + 8 * (lane >> 3));
+        ldsm_x4(pb[n], p_buf + (8 * n + (lane & 7)) * kNarrowPStride + 32 * q2 + 8 * (lane >> 3));
 #pragma unroll
       for (int k2 = 0; k2 < 2; ++k2) {
         const int kk = 2 * q2 + k2;
@@ -712,20 +733,91 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
         }
       }
     }
-  }
-  cp_async_wait_pending(0);  // no copy may still target shared memory when the block exits
+  };
 
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    float l = l_part[j];
-#pragma unroll
-    for (int x = 16; x >= 1; x >>= 1) l += __shfl_xor_sync(0xffffffffu, l, x);
-    if (lane == 0) {
-      l_s[warp + 8 * j] = l;
-      m_s[warp + 8 * j] = m_run[j];
+  if constexpr (!WS) {
+    for (int T = 0; T < stages - 1; ++T) issue(T, T, T, 0, kBlock);
+    // Step i's ring slot (i % stages) and metadata slot (i % (stages + 1)).
+    int cur = 0, mcur = 0;
+    for (int i = 0; i < nsteps; ++i) {
+      cp_async_wait_pending(stages - 2);
+      __syncthreads();  // step i landed; every warp is done with step i - 1 (its stage, scores, P, meta)
+      // Step i + stages - 1 goes to step i - 1's ring slot; its metadata is in slot (i - 2) % (stages + 1).
+      issue(i + stages - 1, cur > 0 ? cur - 1 : stages - 1, mcur >= 2 ? mcur - 2 : mcur + stages - 1, 0,
+            kBlock);
+      const unsigned char* st = ring + cur * kStageBytes;
+      if (meta_warp) {
+        store_meta(mcur > 0 ? mcur - 1 : stages, next);  // step i + stages
+        next = load_meta(i + stages + 1, pre_e);
+        if (dsa) pre_e = topk_entry(i + stages + 2);
+      }
+      partial_scores(st, s_part);
+      __syncthreads();
+      softmax(meta_s + mcur * kStep, s_part, p_s, corr_s);
+      __syncthreads();
+      pv(st, p_s, corr_s);
+      cur = cur + 1 == stages ? 0 : cur + 1;
+      mcur = mcur + 1 == stages + 1 ? 0 : mcur + 1;
+    }
+  } else if (warp < 8) {
+    // A: the partial scores and the softmax of each step, as soon as B says it has landed.
+    int cur = 0, mcur = 0;
+    for (int i = 0; i < nsteps; ++i) {
+      const int b = i & 1;
+      float* sp_buf = s_part + b * 2 * N * kNarrowPartStride;
+      mla_wgmma_ptx::named_barrier(kBarFull + b, kBlock);  // step i has landed
+      partial_scores(ring + cur * kStageBytes, sp_buf);
+      mla_wgmma_ptx::named_barrier(kBarA, kBlock / 2);
+      softmax(meta_s + mcur * kStep, sp_buf, p_s + b * N * kNarrowPStride, corr_s + b * kNarrowMaxRows);
+      mla_wgmma_ptx::named_barrier_arrive(kBarP + b, kBlock);  // P and the correction of step i
+      cur = cur + 1 == stages ? 0 : cur + 1;
+      mcur = mcur + 1 == stages + 1 ? 0 : mcur + 1;
+    }
+  } else {
+    // B: P V of each step, then the refill of its ring slot, and the landing of the step after next.
+    for (int T = 0; T < stages; ++T) issue(T, T, T, kBlock / 2, kBlock / 2);
+    if (nsteps > 0) {
+      cp_async_wait_pending(stages - 1);
+      mla_wgmma_ptx::named_barrier_arrive(kBarFull, kBlock);
+    }
+    if (nsteps > 1) {
+      cp_async_wait_pending(stages - 2);
+      mla_wgmma_ptx::named_barrier_arrive(kBarFull + 1, kBlock);
+    }
+    int cur = 0, mstore = stages;  // step j's ring slot; the metadata slot of step j + stages
+    for (int j = 0; j < nsteps; ++j) {
+      const int b = j & 1;
+      mla_wgmma_ptx::named_barrier(kBarP + b, kBlock);
+      pv(ring + cur * kStageBytes, p_s + b * N * kNarrowPStride, corr_s + b * kNarrowMaxRows);
+      if (meta_warp) {
+        store_meta(mstore, next);  // step j + stages
+        next = load_meta(j + stages + 1, pre_e);
+        if (dsa) pre_e = topk_entry(j + stages + 2);
+      }
+      mla_wgmma_ptx::named_barrier(kBarB, kBlock / 2);  // B is done with the slot; the metadata is in
+      issue(j + stages, cur, mstore, kBlock / 2, kBlock / 2);
+      if (j + 2 < nsteps) {
+        cp_async_wait_pending(stages - 2);
+        mla_wgmma_ptx::named_barrier_arrive(kBarFull + b, kBlock);  // step j + 2 (the parity of j)
+      }
+      cur = cur + 1 == stages ? 0 : cur + 1;
+      mstore = mstore + 1 == stages + 1 ? 0 : mstore + 1;
     }
   }
+  if (warp < 8)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float l = l_part[j];
+#pragma unroll
+      for (int x = 16; x >= 1; x >>= 1) l += __shfl_xor_sync(0xffffffffu, l, x);
+      if (lane == 0) {
+        l_s[warp + 8 * j] = l;
+        m_s[warp + 8 * j] = m_run[j];
+      }
+    }
+  cp_async_wait_pending(0);  // no copy may still target shared memory when the block exits
   __syncthreads();
+  if (WS && warp < 8) return;  // B holds O^T
   const int rows_per_unit = qu * p.heads;
 #pragma unroll
   for (int n = 0; n < NT; ++n)
@@ -736,9 +828,9 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
       if (!row_token(r, token, head)) continue;
       const float l = l_s[r];
       const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int dim0 = 64 * pv_warp + 2 * g;
       if (nsplit == 1) {
-        const int64_t base =
-            token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + 64 * warp + 2 * g;
+        const int64_t base = token * p.out_token_stride + static_cast<int64_t>(head) * kLatent + dim0;
         const float f = inv * p.kv_scale;
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) {
@@ -751,11 +843,11 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2)
       } else {
         const int row_id = (r / hb) * p.heads + head;
         const size_t slot = (static_cast<size_t>(u) * max_splits + split) * rows_per_unit + row_id;
-        float* dst = part + slot * kLatent + 64 * warp + 2 * g;
+        float* dst = part + slot * kLatent + dim0;
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt)
           *reinterpret_cast<float2*>(dst + 16 * mt) = make_float2(o[mt][n][hf] * inv, o[mt][n][hf + 2] * inv);
-        if (warp == 0 && g == 0) lse[slot] = l > 0.f ? m_s[r] + log2f(l) : -INFINITY;
+        if (pv_warp == 0 && g == 0) lse[slot] = l > 0.f ? m_s[r] + log2f(l) : -INFINITY;
       }
     }
 }
@@ -816,11 +908,11 @@ void check_params(const mla_sm90::Config& c, const MlaDecodeSm90Params& p) {
 template <int NT>
 void launch_narrow(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, float* part, float* lse,
                    cudaStream_t stream) {
-  auto* k = mla_sm90_narrow<NT>;
+  auto* k = c.narrow_ws ? mla_sm90_narrow<NT, true> : mla_sm90_narrow<NT, false>;
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem)));
   const dim3 grid(c.max_splits, c.head_groups, c.units);
-  launch_kernel("mla_decode_sm90_narrow", k, grid, kThreads, c.smem, stream, p, c.heads_per_block,
-                c.q_per_unit, c.stages, c.max_splits, c.min_tiles_per_split, part, lse);
+  launch_kernel("mla_decode_sm90_narrow", k, grid, c.narrow_ws ? 2 * kThreads : kThreads, c.smem, stream, p,
+                c.heads_per_block, c.q_per_unit, c.stages, c.max_splits, c.min_tiles_per_split, part, lse);
 }
 
 template <int RG, bool FP8>
@@ -853,6 +945,11 @@ void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cu
   float* lse = part ? part + (n * kLatent * 4 + 255) / 256 * 64 : nullptr;
   if (c.narrow_nt > 0) {
     MS_CHECK(p.kv_fp8, "mla_decode_sm90: the narrow configuration reads fp8 pages only");
+    MS_CHECK(!c.narrow_ws || (c.stages >= 3 && c.blocks_per_sm == 1),
+             "mla_decode_sm90: the narrow warp-specialised schedule needs one block a multiprocessor and a "
+             "ring of "
+             "3+ steps (stages {}, blocks {})",
+             c.stages, c.blocks_per_sm);
     MS_CHECK(c.heads_per_block * c.q_per_unit <= 8 * c.narrow_nt,
              "mla_decode_sm90: {} rows a block exceed the narrow configuration's {}",
              c.heads_per_block * c.q_per_unit, 8 * c.narrow_nt);
