@@ -119,17 +119,24 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
   p.heads = s.heads;
   p.softmax_scale = 0.0625f;
   const auto cfg = gpu::mla_decode_sm90_choose(p, gpu::limits_of(caps));
-  void* ws = nullptr;
-  if (cfg.workspace) CUDA_CHECK(cudaMalloc(&ws, cfg.workspace));
-  p.workspace = ws;
   int which = 0;
-  const float t = time_graph_ms(
-      [&](cudaStream_t st) {
-        p.block_table = tables[which];
-        gpu::mla_decode_sm90(cfg, p, st);
-        which = (which + 1) % reps;
-      },
-      20);
+  // Times the sm90 kernel with configuration c on params `base` and a workspace of its own.
+  auto time_cfg = [&](const gpu::mla_sm90::Config& c, const gpu::MlaDecodeSm90Params& base) {
+    void* w = nullptr;
+    if (c.workspace) CUDA_CHECK(cudaMalloc(&w, c.workspace));
+    gpu::MlaDecodeSm90Params pc = base;
+    pc.workspace = w;
+    const float ms = time_graph_ms(
+        [&](cudaStream_t st) {
+          pc.block_table = tables[which];
+          gpu::mla_decode_sm90(c, pc, st);
+          which = (which + 1) % reps;
+        },
+        20);
+    cudaFree(w);
+    return ms;
+  };
+  const float t = time_cfg(cfg, p);
   // Tuning data: 16-row configurations run two blocks per multiprocessor with a two-tile ring; time also one
   // block with the deepest ring that fits (more bytes in flight, no second block to overlap with).
   float t_alt = 0, t_wide = 0;
@@ -139,21 +146,6 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
   float t_narrow[3] = {0, 0, 0};
   int narrow_stages[3] = {0, 0, 0};
   if (cfg.narrow_nt > 0) {
-    auto time_cfg = [&](const gpu::mla_sm90::Config& c) {
-      void* w = nullptr;
-      if (c.workspace) CUDA_CHECK(cudaMalloc(&w, c.workspace));
-      gpu::MlaDecodeSm90Params pc = p;
-      pc.workspace = w;
-      const float ms = time_graph_ms(
-          [&](cudaStream_t st) {
-            pc.block_table = tables[which];
-            gpu::mla_decode_sm90(c, pc, st);
-            which = (which + 1) % reps;
-          },
-          20);
-      cudaFree(w);
-      return ms;
-    };
     for (int blocks : {2, 1}) {
       gpu::mla_sm90::Config alt = cfg;
       alt.narrow_ws = false;
@@ -171,27 +163,16 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
                                                                           alt.q_per_unit * s.heads)
                                          : 0;
       narrow_stages[blocks == 2 ? 0 : 1] = alt.stages;
-      t_narrow[blocks == 2 ? 0 : 1] = time_cfg(alt);
+      t_narrow[blocks == 2 ? 0 : 1] = time_cfg(alt, p);
     }
     const gpu::mla_sm90::Config ws = gpu::mla_sm90::narrow_ws_of(cfg, s.heads, gpu::limits_of(caps));
     if (ws.narrow_nt > 0) {
       narrow_stages[2] = ws.stages;
-      t_narrow[2] = time_cfg(ws);
+      t_narrow[2] = time_cfg(ws, p);
     }
     gpu::MlaDecodeSm90Params pw = p;
     pw.no_narrow = true;
-    const auto wide = gpu::mla_decode_sm90_choose(pw, gpu::limits_of(caps));
-    void* wws = nullptr;
-    if (wide.workspace) CUDA_CHECK(cudaMalloc(&wws, wide.workspace));
-    pw.workspace = wws;
-    t_wide = time_graph_ms(
-        [&](cudaStream_t st) {
-          pw.block_table = tables[which];
-          gpu::mla_decode_sm90(wide, pw, st);
-          which = (which + 1) % reps;
-        },
-        20);
-    cudaFree(wws);
+    t_wide = time_cfg(gpu::mla_decode_sm90_choose(pw, gpu::limits_of(caps)), pw);
   } else if (cfg.blocks_per_sm == 2) {
     gpu::mla_sm90::Config alt = cfg;
     for (int st = gpu::mla_sm90::kMaxStages; st > cfg.stages && alt_stages == 0; --st)
@@ -205,18 +186,7 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
           std::clamp(caps.multiprocessors / (alt.units * alt.head_groups), 1, gpu::mla_sm90::kMaxSplits);
       alt.workspace =
           alt.max_splits > 1 ? gpu::mla_sm90::workspace_bytes(alt.units, alt.max_splits, s.heads) : 0;
-      void* aws = nullptr;
-      if (alt.workspace) CUDA_CHECK(cudaMalloc(&aws, alt.workspace));
-      gpu::MlaDecodeSm90Params pa = p;
-      pa.workspace = aws;
-      t_alt = time_graph_ms(
-          [&](cudaStream_t st) {
-            pa.block_table = tables[which];
-            gpu::mla_decode_sm90(alt, pa, st);
-            which = (which + 1) % reps;
-          },
-          20);
-      cudaFree(aws);
+      t_alt = time_cfg(alt, p);
     }
   }
 
@@ -357,7 +327,6 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
   cudaFree(qb);
   cudaFree(qf);
   cudaFree(out);
-  cudaFree(ws);
   cudaFree(ows);
 }
 
