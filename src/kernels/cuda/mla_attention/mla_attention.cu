@@ -193,9 +193,10 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const De
   const bool sm90_batch = s.m > 0 && ((s.decode_only && s.n_seqs == s.m) || s.has_topk);
   const bool fast_shape = s.kv_lora_rank == kMlaLatentDim && s.rope == kMlaRopeDim &&
                           s.page_size == kMlaPageSize && s.format == KvFormat::FP8E4M3;
-  // Measured on an H200 (docs/PERFORMANCE.md, 2026-12-01): over dense fp8 pages of 64 with 32+ heads the
-  // older split-KV kernel is faster (64 heads, batch 32 x 4k: 104 us against 139 us; batch 1 x 32k: 53 us
-  // against 60 us); with few heads (8: 119 us against 185 us) and over a DSA selection the new one is.
+  // Measured on an H200 (docs/PERFORMANCE.md, 2026-12-01): over dense fp8 pages of 64 with 64-row blocks the
+  // older split-KV kernel is faster than the sm90 kernel (64 heads, batch 32 x 4k: 104 us against 139 us;
+  // batch 1 x 32k: 53 us against 60 us); with few heads and over a DSA selection the sm90 kernel is (8 heads:
+  // 119 us against 185 us then, 54 us with the narrow configuration, 2026-12-02).
   // A preference for a kernel that cannot take this batch falls back to the automatic choice (a DSA
   // selection under MOESERVE_MLA_DECODE_KERNEL=split went to the general kernel: a 5x slower step, measured).
   const bool fp8_applies = fast_shape && s.decode_only && !s.has_topk && s.n_seqs == s.m && s.m > 0 &&
@@ -206,7 +207,7 @@ MlaAttentionConfig mla_attention_choose(const MlaAttentionShape& shape, const De
     s.prefer = fp8_applies ? MlaAttentionPrefer::Fp8Decode : MlaAttentionPrefer::General;
   if (s.prefer == MlaAttentionPrefer::Sm90Decode && !(sm90_shape && sm90_batch && caps.arch() >= 80))
     s.prefer = MlaAttentionPrefer::Auto;
-  // (With 32 heads on sm_89+ the sm90 kernel's narrow configuration is 1.17-1.55x faster than the older one:
+  // (With 32 heads on sm_89+ the sm90 kernel's narrow configuration is 1.1-2.2x faster than the older one:
   // H200, 2026-12-02.)
   const bool older_fp8_faster = s.prefer == MlaAttentionPrefer::Auto && fast_shape && !s.has_topk &&
                                 (s.heads > 32 || (s.heads == 32 && caps.arch() < 89)) &&
