@@ -388,21 +388,23 @@ int main(int argc, char** argv) {
       for (int heads : {8, 16, 64, 128})
         for (int batch : {1, 8, 32, 64}) shapes.push_back({heads, batch, 32768, fp8, 2048});
   }
-  // MLA_BENCH_SHAPES="HxBxC[xK],...": only these shapes (H heads, batch B, context C, DSA top-K; fp8 pages),
-  // e.g. under a kernel profiler.
+  // MLA_BENCH_SHAPES="HxBxC[xK][b],...": only these shapes (H heads, batch B, context C, DSA top-K; fp8
+  // pages, bf16 with the suffix b), e.g. under a kernel profiler.
   if (const char* only = std::getenv("MLA_BENCH_SHAPES"); only && *only) {
     shapes.clear();
     std::string list = only;
     for (size_t at = 0; at < list.size();) {
       const size_t end = std::min(list.find(',', at), list.size());
-      const std::string item = list.substr(at, end - at);
+      std::string item = list.substr(at, end - at);
+      const bool bf16 = !item.empty() && item.back() == 'b';
+      if (bf16) item.pop_back();
       int h = 0, b = 0, c = 0, k = 0;
       const int got = std::sscanf(item.c_str(), "%dx%dx%dx%d", &h, &b, &c, &k);
       if (got < 3 || h <= 0 || b <= 0 || c <= 0 || k < 0) {
-        std::fprintf(stderr, "MLA_BENCH_SHAPES: '%s' is not HEADSxBATCHxCONTEXT[xTOPK]\n", item.c_str());
+        std::fprintf(stderr, "MLA_BENCH_SHAPES: '%s' is not HEADSxBATCHxCONTEXT[xTOPK][b]\n", item.c_str());
         return 2;
       }
-      shapes.push_back({h, b, c, true, k});
+      shapes.push_back({h, b, c, !bf16, k});
       at = end + 1;
     }
   }
