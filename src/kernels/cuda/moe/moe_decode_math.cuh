@@ -129,19 +129,62 @@ __host__ __device__ constexpr int b_order(int i) {
 }
 
 // Stages `rows` x rows of one expert chunk (grouped positions pos0 ..) as f16 (saturated) in shared memory,
-// rows xld elements apart, in B order (b_order) with the 16-byte pieces of every 64-byte group g in the order
-// q ^ ((g >> 1) & 1) (moe_decode_config.h: xs_ld); threads tid = 0 .. nthreads - 1 take 4 k each a pass.
+// rows xld elements apart; threads tid = 0 .. nthreads - 1 take 4 k each a pass. kBOrder: in B order
+// (b_order) with the 16-byte pieces of every 64-byte group g in the order q ^ ((g >> 1) & 1)
+// (moe_decode_config.h: xs_ld), else in natural k order (moe_decode_fp8_config.h). kBatch > 1 (kernels with
+// registers to spare while their first weight loads are in flight): a row's token is loaded once (the next
+// row's while this one is staged), and a thread's pieces of a row go kBatch at a time, every load of a batch
+// issued before its first store; kBatch 1: a piece at a time, its token and then its x. (With a token load
+// and then an x load for every piece, one piece after another behind those weight loads, a one-token gate/up
+// block of the tile variant spent 7.5 us before its k loop, H200.)
+template <bool kBOrder, int kBatch>
+__device__ __forceinline__ void stage_x_chunk(const MoeExpertsParams& p, int pos0, int rows, __half* xs,
+                                              int64_t xld, int tid, int nthreads) {
+  const int row_quads = p.hidden / 4;
+  auto put = [&](__half* xsr, int k, const float4& v) {
+    if constexpr (kBOrder) {
+      const int grp = k >> 5, qq = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
+      *reinterpret_cast<uint2*>(xsr + grp * 32 + qq * 8 + (k & 7)) =
+          make_uint2(tc::pack_f16_sat(v.x, v.z), tc::pack_f16_sat(v.y, v.w));  // x0 x2 x1 x3
+    } else {
+      *reinterpret_cast<uint2*>(xsr + k) = make_uint2(tc::pack_f16_sat(v.x, v.y), tc::pack_f16_sat(v.z, v.w));
+    }
+  };
+  if constexpr (kBatch == 1) {  // one piece at a time (kernels with no register to spare)
+    for (int i = tid; i < rows * row_quads; i += nthreads) {
+      const int r = i / row_quads, k = (i - r * row_quads) * 4;
+      const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
+      put(xs + r * xld, k, __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k)));
+    }
+    return;
+  }
+  int tok = rows > 0 ? p.sorted_slots[pos0] / p.top_k : 0;
+  for (int r = 0; r < rows; ++r) {
+    const int tok_next = r + 1 < rows ? p.sorted_slots[pos0 + r + 1] / p.top_k : 0;
+    const float* xr = p.x + static_cast<int64_t>(tok) * p.ldx;
+    __half* xsr = xs + r * xld;
+    for (int q0 = tid; q0 < row_quads; q0 += kBatch * nthreads) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int q = q0 + j * nthreads;
+        if (q < row_quads) v[j] = __ldg(reinterpret_cast<const float4*>(xr + 4 * q));
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int q = q0 + j * nthreads;
+        if (q < row_quads) put(xsr, 4 * q, v[j]);
+      }
+    }
+    tok = tok_next;
+  }
+}
+
+// The register kernels' x rows in B order (see stage_x_chunk).
+template <int kBatch = 1>
 __device__ __forceinline__ void stage_x_rows(const MoeExpertsParams& p, int pos0, int rows, __half* xs,
                                              int64_t xld, int tid, int nthreads) {
-  const int row_quads = p.hidden / 4;
-  for (int i = tid; i < rows * row_quads; i += nthreads) {
-    const int r = i / row_quads, k = (i - r * row_quads) * 4;
-    const int grp = k >> 5, q = ((k >> 3) & 3) ^ ((grp >> 1) & 1);
-    const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
-    const uint2 pr = make_uint2(tc::pack_f16_sat(v.x, v.z), tc::pack_f16_sat(v.y, v.w));  // x0 x2 x1 x3
-    *reinterpret_cast<uint2*>(xs + r * xld + grp * 32 + q * 8 + (k & 7)) = pr;
-  }
+  stage_x_chunk<true, kBatch>(p, pos0, rows, xs, xld, tid, nthreads);
 }
 
 }  // namespace ms::cuda::moe_decode_dev

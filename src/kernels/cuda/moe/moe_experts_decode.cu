@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
       // Every warp of the block is on the same unit, so none waits here behind another entry's items.
       en = moe_dev::ec_entry(p, ec[eci], x_rows);
       __syncthreads();  // every warp is done with the previous entry's x rows
-      moe_decode_dev::stage_x_rows(p, en.pos0, en.rows, xs, xld, tid, kThreads);
+      moe_decode_dev::stage_x_rows<4>(p, en.pos0, en.rows, xs, xld, tid, kThreads);
       __syncthreads();
       staged = eci;
     }
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks)
   };
 #pragma unroll
   for (int u = 0; u < kTileDepth; ++u) load(u, u);
-  moe_decode_dev::stage_x_rows(p, en.pos0, en.rows, xs, xld, tid, kTileThreads);
+  moe_decode_dev::stage_x_rows<4>(p, en.pos0, en.rows, xs, xld, tid, kTileThreads);
   __syncthreads();
   // The lane's B row (x row g) at its 64-byte group t + 4 s: the pieces' swizzle bit is t >> 1 every step.
   const __half* xs_lane = xs + g * xld + 32 * t;

@@ -37,6 +37,7 @@
 #include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/ldg.cuh"
 #include "kernels/cuda/common/mma_sm80.cuh"
+#include "kernels/cuda/moe/moe_decode_math.cuh"
 #include "kernels/cuda/moe/moe_device_common.cuh"
 #include "kernels/cuda/moe/moe_experts_decode_fp8.h"
 
@@ -68,17 +69,10 @@ __device__ __forceinline__ void fp8_tile_step(float (&acc)[4], const uint4 (&w0)
 }
 
 // Stages `rows` x rows of one expert chunk (grouped positions pos0 ..) as f16 (saturated) in shared memory,
-// rows xld elements apart, in natural k order (moe_decode_fp8_config.h: xs_ld); threads take 4 k each a pass.
+// rows xld elements apart, in natural k order (moe_decode_fp8_config.h: xs_ld).
 __device__ __forceinline__ void stage_x_rows_f16(const MoeExpertsParams& p, int pos0, int rows, __half* xs,
                                                  int64_t xld, int tid) {
-  const int row_quads = p.hidden / 4;
-  for (int i = tid; i < rows * row_quads; i += kThreads) {
-    const int r = i / row_quads, k = (i - r * row_quads) * 4;
-    const int64_t token = p.sorted_slots[pos0 + r] / p.top_k;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p.x + token * p.ldx + k));
-    const uint2 pr = make_uint2(tc::pack_f16_sat(v.x, v.y), tc::pack_f16_sat(v.z, v.w));
-    *reinterpret_cast<uint2*>(xs + r * xld + k) = pr;
-  }
+  moe_decode_dev::stage_x_chunk<false, 1>(p, pos0, rows, xs, xld, tid, kThreads);
 }
 
 // ---- gate_up --------------------------------------------------------------------------------------------
