@@ -495,10 +495,15 @@ __global__ void __launch_bounds__(WS ? 2 * kThreads : kThreads, NT == 4 || WS ? 
   int* rowpos_s = reinterpret_cast<int*>(m_s + kNarrowMaxRows);
   sp += size_t{4} * 3 * kNarrowMaxRows;
   int2* meta_s = reinterpret_cast<int2*>(sp);  // [stages + 1][64] (row slot, key position)
+  sp += size_t{8} * (stages + 1) * kStep;
+  int* red = reinterpret_cast<int*>(sp);  // [16]
 
-  // The unit's own plan (no maximum over the batch: one load and no barrier before the first copies).
+  // The two-block schedule plans each unit by itself (one load and no barrier before the first copies); the
+  // warp-specialised one as the whole-tile kernel does (the batch's longest unit; with each unit's own plan
+  // it measured 2.6% slower at 32 heads, batch 64 x 32k, on an H200, for reasons not found).
   const int keys = unit_keys(p, u);
-  const int tps = narrow_tps(keys, max_splits, min_tiles);
+  const int tps =
+      WS ? tiles_per_split(p, max_splits, min_tiles, red) : narrow_tps(keys, max_splits, min_tiles);
   const int nsplit = unit_splits(keys, tps);
   if (split >= nsplit) return;
   const int key_begin = split * tps * kTileKeys;
@@ -548,9 +553,8 @@ __global__ void __launch_bounds__(WS ? 2 * kThreads : kThreads, NT == 4 || WS ? 
       *reinterpret_cast<uint4*>(q_s + r * kNarrowQStride + c * 64 + tt * 16) = v;
     }
   };
-  // The warp-specialised schedule stages q first and loads the first steps' metadata one step after another,
-  // as before the two-block schedule's shorter prologue below (with that prologue it measured 2.3% slower at
-  // 32 heads, batch 64 x 32k, on an H200).
+  // The warp-specialised schedule stages q first and loads the first steps' metadata one step after another
+  // (the two-block schedule's shorter prologue below did not make it faster at 32 heads on an H200).
   if constexpr (WS) stage_q();
   // Key metadata, warps meta_w0 and meta_w0 + 1, key 32 (warp - meta_w0) + lane of the step, loaded one step
   // before it is stored (the DSA entry one step before that), as in the kernel above.
@@ -882,14 +886,14 @@ __global__ void __launch_bounds__(WS ? 2 * kThreads : kThreads, NT == 4 || WS ? 
 }
 
 // One block per (unit, row of the unit): weights 2^(lse_s - max) over the unit's splits, in split order.
-// narrow: the narrow kernel's plan (each unit its own), else the whole-tile kernel's (the batch's longest).
-__global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, int min_tiles, bool narrow,
+// own_plan: each unit's own plan (the narrow kernel's two-block schedule), else the batch's longest unit's.
+__global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, int min_tiles, bool own_plan,
                                  const float* __restrict__ lse, const float* __restrict__ part) {
   dev::grid_dep_enter();
   __shared__ int red[32];
   const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
-  const int tps = narrow ? narrow_tps(unit_keys(p, u), max_splits, min_tiles)
-                         : tiles_per_split(p, max_splits, min_tiles, red);
+  const int tps = own_plan ? narrow_tps(unit_keys(p, u), max_splits, min_tiles)
+                           : tiles_per_split(p, max_splits, min_tiles, red);
   const int nsplit = unit_splits(unit_keys(p, u), tps);
   if (nsplit <= 1) return;  // the split pass wrote this unit's output
   const int j = row_id / p.heads, head = row_id % p.heads;
@@ -1018,7 +1022,8 @@ void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cu
   }
   if (c.max_splits > 1) {
     launch_kernel("mla_sm90_combine", mla_sm90_combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0,
-                  stream, p, c.q_per_unit, c.max_splits, c.min_tiles_per_split, c.narrow_nt > 0, lse, part);
+                  stream, p, c.q_per_unit, c.max_splits, c.min_tiles_per_split,
+                  c.narrow_nt > 0 && !c.narrow_ws, lse, part);
   }
 }
 
