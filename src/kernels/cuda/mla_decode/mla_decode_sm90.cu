@@ -83,6 +83,13 @@ __device__ __forceinline__ int unit_keys(const MlaDecodeSm90Params& p, int u) {
   return min(max(p.seq_lens[u], 0), p.block_table_stride * p.page_size);
 }
 
+// Tiles per split for `keys` keys over max_splits splits, at least min_tiles: a unit's own plan (the narrow
+// kernel's two-block schedule) or, with the batch's longest unit's keys, the plan every block shares.
+__device__ __forceinline__ int split_tiles(int keys, int max_splits, int min_tiles) {
+  const int tiles = (keys + kTileKeys - 1) / kTileKeys;
+  return max(min_tiles, (tiles + max_splits - 1) / max_splits);
+}
+
 // Tiles per split: the same in every block of both passes (the longest unit's tiles over max_splits, at
 // least min_tiles). `red` is 32 ints of shared memory; contains a __syncthreads.
 __device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int min_tiles, int* red) {
@@ -96,18 +103,11 @@ __device__ int tiles_per_split(const MlaDecodeSm90Params& p, int max_splits, int
     __syncthreads();
     for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) mk = max(mk, red[w]);
   }
-  const int tiles = (mk + kTileKeys - 1) / kTileKeys;
-  return max(min_tiles, (tiles + max_splits - 1) / max_splits);
+  return split_tiles(mk, max_splits, min_tiles);
 }
 
 __device__ __forceinline__ int unit_splits(int keys, int tps) {
   return mla_split::unit_splits<kTileKeys>(keys, tps);
-}
-
-// The narrow kernel's plan: its own unit's tiles over max_splits, at least min_tiles a split.
-__device__ __forceinline__ int narrow_tps(int keys, int max_splits, int min_tiles) {
-  const int tiles = (keys + kTileKeys - 1) / kTileKeys;
-  return max(min_tiles, (tiles + max_splits - 1) / max_splits);
 }
 
 template <int RG, bool FP8>
@@ -503,7 +503,7 @@ __global__ void __launch_bounds__(WS ? 2 * kThreads : kThreads, NT == 4 || WS ? 
   // it measured 2.6% slower at 32 heads, batch 64 x 32k, on an H200, for reasons not found).
   const int keys = unit_keys(p, u);
   const int tps =
-      WS ? tiles_per_split(p, max_splits, min_tiles, red) : narrow_tps(keys, max_splits, min_tiles);
+      WS ? tiles_per_split(p, max_splits, min_tiles, red) : split_tiles(keys, max_splits, min_tiles);
   const int nsplit = unit_splits(keys, tps);
   if (split >= nsplit) return;
   const int key_begin = split * tps * kTileKeys;
@@ -892,7 +892,7 @@ __global__ void mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, 
   dev::grid_dep_enter();
   __shared__ int red[32];
   const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
-  const int tps = own_plan ? narrow_tps(unit_keys(p, u), max_splits, min_tiles)
+  const int tps = own_plan ? split_tiles(unit_keys(p, u), max_splits, min_tiles)
                            : tiles_per_split(p, max_splits, min_tiles, red);
   const int nsplit = unit_splits(unit_keys(p, u), tps);
   if (nsplit <= 1) return;  // the split pass wrote this unit's output
