@@ -170,6 +170,28 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
       narrow_stages[2] = ws.stages;
       t_narrow[2] = time_cfg(ws, p);
     }
+    // MLA_BENCH_WAVES="2,3": the default narrow configuration again with that many times its splits (as many
+    // waves of blocks: the hardware hands a finished block's slot to the next, so uneven blocks even out).
+    if (const char* waves = std::getenv("MLA_BENCH_WAVES"); waves && *waves) {
+      std::printf("%-26s   narrow, splits x waves:", "");
+      for (const char* c = waves; *c;) {
+        char* end = nullptr;
+        const long k = std::strtol(c, &end, 10);
+        if (end == c || k < 1 || k > 16) {
+          std::fprintf(stderr, "MLA_BENCH_WAVES: expected a comma-separated list of 1..16, got '%s'\n", waves);
+          std::exit(2);
+        }
+        gpu::mla_sm90::Config alt = cfg;
+        alt.max_splits = std::clamp(cfg.max_splits * static_cast<int>(k), 1, gpu::mla_sm90::kMaxSplits);
+        alt.workspace = alt.max_splits > 1 ? gpu::mla_sm90::workspace_bytes(alt.units, alt.max_splits,
+                                                                            alt.q_per_unit * s.heads)
+                                           : 0;
+        const float tk = time_cfg(alt, p);
+        std::printf("  x%ld (%d splits) %.2f us", k, alt.max_splits, tk * 1e3);
+        c = *end == ',' ? end + 1 : end;
+      }
+      std::printf("\n");
+    }
     gpu::MlaDecodeSm90Params pw = p;
     pw.no_narrow = true;
     t_wide = time_cfg(gpu::mla_decode_sm90_choose(pw, gpu::limits_of(caps)), pw);
