@@ -1281,13 +1281,12 @@ int moe_decode_variant(const MoeExpertsParams& p) {
   }
   static const int from_env = moe_decode_variant_from_env(std::getenv("MOESERVE_MOE_DECODE_VARIANT"));
   // Default on an H200, GLM-5 experts (docs/PERFORMANCE.md, 2026-12-02): tile up to 8 tokens (one token
-  // 69.4 us against sc8's 80.4; 8 tokens 468.7 us against whole's 526.2 with uniform routing and 247.4
-  // against 255.4 skewed; not measured between), whole from 9 to 32 tokens (at 32 tile is 4% faster with
-  // uniform routing but 29% slower skewed: its x rows a pass re-read a busy expert's weights; whole was 7-15%
-  // faster than halfsc8 at 8-32), halfsc8 past 32 (6.5-9% faster than sc8 at 64 tokens).
+  // 66 us against sc8's 79; 8 tokens 441-446 us against whole's 504-523 with uniform routing and 236-237
+  // against 247-255 skewed), whole from 9 (at 32 tile is 4-5% faster with uniform routing but 26% slower
+  // skewed: its x rows a pass re-read a busy expert's weights; at 48-128 tokens whole was 13-17% faster than
+  // halfsc8, the former default past 32, with either routing, and tile fell behind it).
   if (from_env >= 0) return from_env;
-  if (p.m <= 8) return kMoeDecodeTile;
-  return p.m <= 32 ? kMoeDecodeWhole : kMoeDecodeHalfSc8;
+  return p.m <= 8 ? kMoeDecodeTile : kMoeDecodeWhole;
 }
 
 namespace {

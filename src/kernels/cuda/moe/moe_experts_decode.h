@@ -108,7 +108,7 @@ const char* moe_decode_variant_name(int variant);
 int moe_decode_variant_from_env(const char* value);
 
 // The variant moe_experts_decode(p) runs with the register kernels: p.decode_variant, else the environment's
-// (read once), else tile up to 8 tokens, whole from 9 to 32, halfsc8 past 32.
+// (read once), else tile up to 8 tokens, whole from 9.
 int moe_decode_variant(const MoeExpertsParams& p);
 
 // Both launches; throws ms::Error naming the reason when the path does not apply.
