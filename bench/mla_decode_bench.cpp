@@ -178,7 +178,8 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
         char* end = nullptr;
         const long k = std::strtol(c, &end, 10);
         if (end == c || k < 1 || k > 16) {
-          std::fprintf(stderr, "MLA_BENCH_WAVES: expected a comma-separated list of 1..16, got '%s'\n", waves);
+          std::fprintf(stderr, "MLA_BENCH_WAVES: expected a comma-separated list of 1..16, got '%s'\n",
+                       waves);
           std::exit(2);
         }
         gpu::mla_sm90::Config alt = cfg;
