@@ -284,32 +284,6 @@ int main() {
               skewed ? "skewed" : "uniform", ms::cuda::moe_decode_variant_name(v), t_v * 1e3,
               100.0 * floor_us / (t_v * 1e3), ms::cuda::moe_decode_variant_name(v), diff);
         }
-        // The tile variant's gate_up at both depths of steps in flight (moe_decode_config.h: the chooser takes
-        // the deeper one where the grid leaves at most 4 blocks a multiprocessor), each against tile's default
-        // output bit for bit (the depth changes when bytes are loaded, not the math).
-        {
-          std::vector<float> o_tile(xh.size()), o_d(xh.size());
-          CUDA_CHECK(cudaMemset(out, 0, xh.size() * 4));
-          which = 0;
-          run(nullptr, false, false, 0, ms::cuda::kMoeDecodeTile);
-          CUDA_CHECK(cudaDeviceSynchronize());
-          CUDA_CHECK(cudaMemcpy(o_tile.data(), out, xh.size() * 4, cudaMemcpyDeviceToHost));
-          for (int depth : {ms::cuda::moe_decode_config::kTileDepth, ms::cuda::moe_decode_config::kTileDeepDepth}) {
-            p.tile_depth = depth;
-            const float t_d =
-                time_graph_ms([&](cudaStream_t s) { run(s, false, false, 0, ms::cuda::kMoeDecodeTile); }, iters);
-            CUDA_CHECK(cudaMemset(out, 0, xh.size() * 4));
-            which = 0;
-            run(nullptr, false, false, 0, ms::cuda::kMoeDecodeTile);
-            CUDA_CHECK(cudaDeviceSynchronize());
-            CUDA_CHECK(cudaMemcpy(o_d.data(), out, xh.size() * 4, cudaMemcpyDeviceToHost));
-            p.tile_depth = 0;
-            const bool same = std::memcmp(o_d.data(), o_tile.data(), xh.size() * 4) == 0;
-            std::printf("%-8d %-8s decode registers, tile gate_up depth %d: %.2f us, %.0f%% of floor, %s\n", m,
-                        skewed ? "skewed" : "uniform", depth, t_d * 1e3, 100.0 * floor_us / (t_d * 1e3),
-                        same ? "bit-identical to tile's default" : "DIFFERS from tile's default");
-          }
-        }
         // A 64-bit FNV-1a hash of base's output bytes: two builds of the kernels (a change to their math
         // meant to keep every bit) compare by this line.
         uint64_t hash = 1469598103934665603ull;

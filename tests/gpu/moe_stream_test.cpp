@@ -146,10 +146,6 @@ const Nvfp4Experts& glm5_full_width() {
 
 enum class Path { Old, Stream, Decode };
 
-// The tile variant's gate_up steps in flight a lane that run_gpu asks for (MoeExpertsParams::tile_depth; 0:
-// the chooser's).
-int g_tile_depth = 0;
-
 // Runs plan + experts on the device through `path` (checked on the host to be the one moe_experts() takes);
 // decode_variant picks the register kernels' variant explicitly (base unless a test asks for another,
 // whatever the environment says).
@@ -192,7 +188,6 @@ std::vector<float> run_gpu(const Nvfp4Experts& xs, const DeviceExperts& dx, cons
   p.disable_decode = path != Path::Decode;
   p.decode_ring = decode_ring;
   p.decode_variant = decode_variant;
-  p.tile_depth = g_tile_depth;
   EXPECT_EQ(ms::cuda::moe_decode_variant(p), decode_variant);
   EXPECT_EQ(ms::cuda::moe_experts_decode_applies(p), path == Path::Decode);
   // The ring variant is asked for only where the test expects it to fit (else the comparison would be void).
@@ -606,45 +601,6 @@ TEST(CudaMoeDecodeVariant, WholeTakesHiddenMultiplesOf128) {
     run_case(h15, 8, 8, false, 674, false, Path::Decode, Routing::EmptySlots, 0, v);
     run_case(h55, 1, 8, false, 675, false, Path::Decode, Routing::Uniform, 0, v);
     run_case(h55, 24, 6, true, 676, false, Path::Decode, Routing::Skewed, 0, v);
-  }
-}
-
-// tile's gate_up at both depths of steps in flight (the chooser takes 6 only where the grid leaves at most 4
-// blocks a multiprocessor, so each depth is forced here): the CPU reference within tolerance, and the two
-// depths bit for bit (the depth moves loads, not math). 640 hidden: 5 steps, fewer than two groups of 6;
-// 1024: 8 steps; the GLM-5 widths at one and eight tokens.
-TEST(CudaMoeDecodeVariant, TileDepthsAgreeBitForBit) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Nvfp4Experts h06(16, 640, 512, 690), h1(32, 1024, 512, 691);
-  struct Case {
-    const Nvfp4Experts* xs;
-    int m;
-    Routing routing;
-  };
-  const Case cases[] = {{&h06, 1, Routing::Uniform}, {&h06, 5, Routing::Skewed}, {&h1, 1, Routing::Uniform},
-                        {&h1, 8, Routing::EmptySlots}, {&glm5_full_width(), 1, Routing::Uniform},
-                        {&glm5_full_width(), 8, Routing::Skewed}};
-  for (const Case& c : cases) {
-    for (int depth : {ms::cuda::moe_decode_config::kTileDepth, ms::cuda::moe_decode_config::kTileDeepDepth}) {
-      g_tile_depth = depth;
-      run_case(*c.xs, c.m, 8, c.routing == Routing::Skewed, 692u + c.m, false, Path::Decode, c.routing, 0,
-               ms::cuda::kMoeDecodeTile);
-    }
-    std::mt19937 rng(693u + c.m);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    const auto ids = route(c.m, 8, c.xs->E, c.routing, rng);
-    std::vector<float> wts(ids.size(), 0.125f), x(static_cast<size_t>(c.m) * c.xs->H), out0(x.size(), 0.f);
-    for (auto& v : x) v = nd(rng);
-    g_tile_depth = ms::cuda::moe_decode_config::kTileDepth;
-    const auto four = run_gpu(*c.xs, c.xs->device(), x, ids, wts, out0, c.m, 8, Path::Decode, 0, nullptr,
-                              ms::cuda::kMoeDecodeTile);
-    g_tile_depth = ms::cuda::moe_decode_config::kTileDeepDepth;
-    const auto six = run_gpu(*c.xs, c.xs->device(), x, ids, wts, out0, c.m, 8, Path::Decode, 0, nullptr,
-                             ms::cuda::kMoeDecodeTile);
-    g_tile_depth = 0;
-    ASSERT_EQ(four.size(), six.size());
-    EXPECT_EQ(std::memcmp(four.data(), six.data(), four.size() * sizeof(float)), 0)
-        << "tile depths 4 and 6 differ, H=" << c.xs->H << " m=" << c.m;
   }
 }
 

@@ -407,22 +407,13 @@ TEST(KernelFit, MoeDecodeTileShapes) {
         EXPECT_EQ(tile.grid_gate_up, c::tile_max_entries(s, tile.x_rows) * (2048 / 32));
         EXPECT_EQ(tile.grid_down, hidden / 16);
         EXPECT_FALSE(tile.ring);
-        // The deeper slots only where the grid leaves at most kTileDeepMinBlocks blocks a multiprocessor.
-        const bool deep = tile.grid_gate_up <= c::kTileDeepMinBlocks * dev.multiprocessors &&
-                          moe_decode_common::blocks_per_sm(tile.smem_gate_up, dev) >= c::kTileDeepMinBlocks;
-        EXPECT_EQ(tile.tile_depth, deep ? c::kTileDeepDepth : c::kTileDepth) << dev.name << " m " << m;
       }
   EXPECT_GT(used, 0);
-  // One token of GLM-5 on an H200: 8 entries of one position, 64 blocks each (at most 4 a multiprocessor:
-  // the deeper slots); eight tokens: 64 entries, the usual depth.
+  // One token of GLM-5 on an H200: 8 entries of one position, 64 blocks each.
   const c::Config one = c::choose_variant({true, 6144, 2048, 1, 8, 256}, limits_h200(), c::KSplit::kTile);
   ASSERT_TRUE(one.use) << one.why;
   EXPECT_EQ(one.x_rows, 1);
   EXPECT_EQ(one.grid_gate_up, 8 * 64);
-  EXPECT_EQ(one.tile_depth, c::kTileDeepDepth);
-  const c::Config eight = c::choose_variant({true, 6144, 2048, 8, 8, 256}, limits_h200(), c::KSplit::kTile);
-  ASSERT_TRUE(eight.use) << eight.why;
-  EXPECT_EQ(eight.tile_depth, c::kTileDepth);
   // 128 tokens of top-9 in chunks of 2: the 1152 positions bound the entries (576 chunks + 256 experts
   // would allow 832); 4 experts in chunks of 8: 1024 / 8 + 4.
   EXPECT_EQ(c::tile_max_entries({true, 6144, 2048, 128, 9, 256}, 1), 1152);

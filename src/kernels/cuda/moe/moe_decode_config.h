@@ -46,10 +46,6 @@ constexpr int kWholeSlots = 6, kWholeMinBlocks = 1;
 // steps in flight a lane, and the blocks a multiprocessor its registers allow (<= 102 a thread) and its x
 // rows are chosen for; down blocks of 8 warps on 16 output rows (<= 85 registers: 3 blocks).
 constexpr int kTileWarps = 4, kTileThreads = 32 * kTileWarps, kTileDepth = 4, kTileMinBlocks = 5;
-// tile's gate_up where its grid leaves at most kTileDeepMinBlocks blocks a multiprocessor (one token of
-// GLM-5 or DeepSeek-V3: 8 entries x 64 blocks for 132 x 5 slots): kTileDeepDepth steps in flight a lane in
-// the registers a fifth block would have taken (<= 128 a thread).
-constexpr int kTileDeepDepth = 6, kTileDeepMinBlocks = 4;
 constexpr int kDownTileWarps = 8, kDownTileThreads = 32 * kDownTileWarps, kDownTileMinBlocks = 3;
 
 // The cp.async ring variant (decode_ring): each lane copies its own weight and scale bytes of a step into its
@@ -119,7 +115,6 @@ struct Config {
   int ring_depth_gate_up = 0, ring_depth_down = 0;  // steps in flight per lane, kRingMinDepth..kRingMaxDepth
   size_t smem_gate_up_ring = 0, smem_down_ring = 0;
   int grid_gate_up_ring = 0;  // persistent: blocks per multiprocessor x multiprocessors
-  int tile_depth = 0;         // tile: the gate_up kernel's steps in flight a lane (kTileDepth, kTileDeepDepth)
 };
 
 constexpr size_t kStaticSmem = 16;  // the kernels' own __shared__ variables
@@ -215,11 +210,6 @@ inline Config choose_variant(const Shape& s, const DeviceLimits& dev, KSplit ksp
     // One block per (entry, 32 intermediate indices); blocks past the step's entries return at once.
     c.grid_gate_up = tile_max_entries(s, rows) * (s.inter / (2 * kGuIdx));
     c.grid_down = s.hidden / kDownRows;
-    // Deeper slots where the grid leaves a fifth block's registers unused anyway (and its x rows fit).
-    c.tile_depth = c.grid_gate_up <= kTileDeepMinBlocks * std::max(dev.multiprocessors, 1) &&
-                           blocks_per_sm(c.smem_gate_up, dev) >= kTileDeepMinBlocks
-                       ? kTileDeepDepth
-                       : kTileDepth;
     c.ring_why = "the cp.async ring runs the 8-warp kernels' split, not tile's";
     return c;
   }

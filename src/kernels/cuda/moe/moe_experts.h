@@ -86,9 +86,6 @@ struct MoeExpertsParams {
   // the environment's MOESERVE_MOE_DECODE_VARIANT (base | acc2 | sc8 | acc2sc8 | half | halfsc8 | whole),
   // else whole at 8 to 32 tokens, halfsc8 at other counts from 2, sc8 at 1; else that MoeDecodeVariant value.
   int decode_variant = -1;
-  // The tile variant's gate_up steps in flight a lane (moe_decode_config.h): 0 the chooser's, else
-  // kTileDepth (4) or kTileDeepDepth (6) (benchmarks compare both; same outputs bit for bit).
-  int tile_depth = 0;
   // Prefill path's GEMM kernel (benchmarks compare both; tests pin one).
   MoePrefillKernel prefill_kernel = MoePrefillKernel::Auto;
   // Per-expert tensor maps for the wgmma kernel's tensor-copy loads (moe_experts_wgmma.h

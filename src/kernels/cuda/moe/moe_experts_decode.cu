@@ -417,10 +417,7 @@ __global__ void __launch_bounds__(kThreads, kWholeMinBlocks)
 // warps' C fragments meet in red behind one barrier for the act of both index tiles. Lane (g, t) streams k
 // [32 t + 128 s, + 32) of rows g and g + 8 of its tile (the quad reads 64 contiguous bytes of a row) and the
 // rows' 2 scale bytes a step.
-// D: steps in flight a lane (kTileDepth, or kTileDeepDepth where the grid leaves at most kTileDeepMinBlocks
-// blocks a multiprocessor: the registers of a fifth block go to the slots of the fourth).
-template <int D>
-__global__ void __launch_bounds__(kTileThreads, D == kTileDepth ? kTileMinBlocks : kTileDeepMinBlocks)
+__global__ void __launch_bounds__(kTileThreads, kTileMinBlocks)
     moe_decode_gate_up_tile_kernel(const MoeExpertsParams p, int x_rows) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int H = p.hidden;
@@ -444,17 +441,17 @@ __global__ void __launch_bounds__(kTileThreads, D == kTileDepth ? kTileMinBlocks
       static_cast<const uint8_t*>(up ? ew.up_scale : ew.gate_scale) + row * srow_bytes + 2 * t;
   const int64_t row8 = 8 * row_bytes, srow8 = 8 * srow_bytes;
   const int steps = H / 128;
-  uint4 w[D][2];
-  uint32_t sc[D][2];
+  uint4 w[kTileDepth][2];
+  uint32_t sc[kTileDepth][2];
   // Step s of rows g / g + 8 from the cursors wq (weights) and sq (scales), which advance by a group of
-  // D steps at a time: inside a group the offsets are compile-time constants.
+  // kTileDepth steps at a time: inside a group the offsets are compile-time constants.
   const uint8_t* wq = wp;
   const uint8_t* sq = sp;
-  auto load_at = [&](int u, int ahead) {  // step (group + ahead) x D + u into slot u
+  auto load_at = [&](int u, int ahead) {  // step (group + ahead) x kTileDepth + u into slot u
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      w[u][r] = ld_stream16(wq + r * row8 + (ahead * D + u) * 64);
-      sc[u][r] = ld_stream2(sq + r * srow8 + (ahead * D + u) * 8);
+      w[u][r] = ld_stream16(wq + r * row8 + (ahead * kTileDepth + u) * 64);
+      sc[u][r] = ld_stream2(sq + r * srow8 + (ahead * kTileDepth + u) * 8);
     }
   };
   auto load = [&](int s, int u) {
@@ -467,7 +464,7 @@ __global__ void __launch_bounds__(kTileThreads, D == kTileDepth ? kTileMinBlocks
     }
   };
 #pragma unroll
-  for (int u = 0; u < D; ++u) load(u, u);
+  for (int u = 0; u < kTileDepth; ++u) load(u, u);
   moe_decode_dev::stage_x_rows<4>(p, en.pos0, en.rows, xs, xld, tid, kTileThreads);
   __syncthreads();
   // The lane's B row (x row g) at its 64-byte group t + 4 s: the pieces' swizzle bit is t >> 1 every step.
@@ -487,23 +484,23 @@ __global__ void __launch_bounds__(kTileThreads, D == kTileDepth ? kTileMinBlocks
   };
   // Whole groups whose next group exists: no guards, cursors advanced once a group.
   int s0 = 0;
-  for (; s0 + 2 * D <= steps; s0 += D) {
+  for (; s0 + 2 * kTileDepth <= steps; s0 += kTileDepth) {
 #pragma unroll
-    for (int u = 0; u < D; ++u) {
+    for (int u = 0; u < kTileDepth; ++u) {
       step(u, xb + (s0 + u) * 128);
       load_at(u, 1);  // the slot's next step goes in flight behind this one's math
     }
-    wq += D * 64;
-    sq += D * 8;
+    wq += kTileDepth * 64;
+    sq += kTileDepth * 8;
   }
   // The last one or two groups (steps past the end neither loaded nor multiplied).
-  for (; s0 < steps; s0 += D) {
+  for (; s0 < steps; s0 += kTileDepth) {
 #pragma unroll
-    for (int u = 0; u < D; ++u) {
+    for (int u = 0; u < kTileDepth; ++u) {
       const int s = s0 + u;
       if (s >= steps) break;
       step(u, xb + s * 128);
-      load(s + D, u);
+      load(s + kTileDepth, u);
     }
   }
   // red [warp][position][16 rows]: warps 0 / 1 gate / up of index tile 0, warps 2 / 3 of index tile 1.
@@ -1222,13 +1219,11 @@ void launch_registers(const MoeExpertsParams& p, const Config& c, cudaStream_t s
 }
 
 void launch_tile(const MoeExpertsParams& p, const Config& c, cudaStream_t stream) {
-  auto* gate_up = c.tile_depth == kTileDeepDepth ? moe_decode_gate_up_tile_kernel<kTileDeepDepth>
-                                                 : moe_decode_gate_up_tile_kernel<kTileDepth>;
-  CUDA_CHECK(cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(moe_decode_gate_up_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(c.smem_gate_up)));
   CUDA_CHECK(cudaFuncSetAttribute(moe_decode_down_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(c.smem_down)));
-  gate_up<<<c.grid_gate_up, kTileThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
+  moe_decode_gate_up_tile_kernel<<<c.grid_gate_up, kTileThreads, c.smem_gate_up, stream>>>(p, c.x_rows);
   CUDA_CHECK(cudaGetLastError());
   moe_decode_down_tile_kernel<<<c.grid_down, kDownTileThreads, c.smem_down, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
@@ -1335,7 +1330,7 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
   MS_CHECK(aligned(p.act, 16), "moe_experts_decode: act workspace must be 16-byte aligned");
   const DeviceCaps caps = current_device_caps();
   const int register_variant = moe_decode_variant(p);
-  Config c = choose_variant(moe_decode_shape(p), limits_of(caps), moe_decode_split(register_variant));
+  const Config c = choose_variant(moe_decode_shape(p), limits_of(caps), moe_decode_split(register_variant));
   MS_CHECK(c.use, "moe_experts_decode: {}", c.why);
   const int variant = wanted_variant(p);
   if (variant == 1 && c.ring) {
@@ -1355,12 +1350,6 @@ void moe_experts_decode(const MoeExpertsParams& p, cudaStream_t stream) {
     return;
   }
   const bool tile = register_variant == kMoeDecodeTile;
-  if (tile && p.tile_depth != 0) {
-    MS_CHECK(p.tile_depth == kTileDepth || p.tile_depth == kTileDeepDepth,
-             "moe_experts_decode: tile_depth = {} is not 0 (the chooser's), {} or {}", p.tile_depth, kTileDepth,
-             kTileDeepDepth);
-    c.tile_depth = p.tile_depth;
-  }
   check_smem(caps, tile ? "moe_decode_gate_up_tile" : "moe_decode_gate_up", c.smem_gate_up);
   check_smem(caps, tile ? "moe_decode_down_tile" : "moe_decode_down", c.smem_down);
   switch (register_variant) {
