@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -634,6 +635,17 @@ TEST(CudaMoeDecodeVariant, VariantFromEnvironment) {
   p.decode_variant = ms::cuda::kMoeDecodeTile;
   EXPECT_EQ(ms::cuda::moe_decode_variant(p), ms::cuda::kMoeDecodeTile);
   EXPECT_EQ(ms::cuda::moe_decode_variant_from_env("tile"), ms::cuda::kMoeDecodeTile);
+  // The default by token count (where the environment names none): tile up to 8 tokens, whole from 9.
+  const char* env = std::getenv("MOESERVE_MOE_DECODE_VARIANT");
+  if (env == nullptr || *env == '\0') {
+    p.decode_variant = -1;
+    for (int m : {1, 2, 8, 9, 32, 33, 64, 128}) {
+      p.m = m;
+      EXPECT_EQ(ms::cuda::moe_decode_variant(p),
+                m <= 8 ? ms::cuda::kMoeDecodeTile : ms::cuda::kMoeDecodeWhole)
+          << "m = " << m;
+    }
+  }
   // acc2 with half, whole or tile with another flag, and past the flags
   for (int bad : {5, 7, 9, 10, 12, 17, 18, 20, 24, 32}) {
     p.decode_variant = bad;
