@@ -83,8 +83,9 @@ struct MoeExpertsParams {
   // it fits (bit-identical).
   int decode_ring = -1;
   // The register kernels' variant (moe_experts_decode.h: MoeDecodeVariant; the ring kernels ignore it): -1
-  // the environment's MOESERVE_MOE_DECODE_VARIANT (base | acc2 | sc8 | acc2sc8 | half | halfsc8 | whole),
-  // else whole at 8 to 32 tokens, halfsc8 at other counts from 2, sc8 at 1; else that MoeDecodeVariant value.
+  // the environment's MOESERVE_MOE_DECODE_VARIANT (base | acc2 | sc8 | acc2sc8 | half | halfsc8 | whole |
+  // tile), else moe_decode_variant's default by token count (moe_experts_decode.h); else that
+  // MoeDecodeVariant value.
   int decode_variant = -1;
   // Prefill path's GEMM kernel (benchmarks compare both; tests pin one).
   MoePrefillKernel prefill_kernel = MoePrefillKernel::Auto;
