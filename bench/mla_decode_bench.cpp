@@ -193,6 +193,28 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
       }
       std::printf("\n");
     }
+    // MLA_BENCH_HEADS_CAP="8": the configuration chosen with at most that many heads a block (more head
+    // groups, each reading the same keys: the second read mostly from L2).
+    if (const char* caps_env = std::getenv("MLA_BENCH_HEADS_CAP"); caps_env && *caps_env) {
+      std::printf("%-26s   heads a block at most:", "");
+      for (const char* c = caps_env; *c;) {
+        char* end = nullptr;
+        const long hb = std::strtol(c, &end, 10);
+        if (end == c || hb < 1 || hb > 64) {
+          std::fprintf(stderr, "MLA_BENCH_HEADS_CAP: expected a comma-separated list of 1..64, got '%s'\n",
+                       caps_env);
+          std::exit(2);
+        }
+        gpu::MlaDecodeSm90Params pc = p;
+        pc.max_heads_per_block = static_cast<int>(hb);
+        const auto cc = gpu::mla_decode_sm90_choose(pc, gpu::limits_of(caps));
+        const float tk = time_cfg(cc, pc);
+        std::printf("  %ld (%d head groups x %d splits, narrow %d) %.2f us", hb, cc.head_groups, cc.max_splits,
+                    cc.narrow_nt, tk * 1e3);
+        c = *end == ',' ? end + 1 : end;
+      }
+      std::printf("\n");
+    }
     gpu::MlaDecodeSm90Params pw = p;
     pw.no_narrow = true;
     t_wide = time_cfg(gpu::mla_decode_sm90_choose(pw, gpu::limits_of(caps)), pw);

@@ -428,27 +428,33 @@ __global__ void __launch_bounds__(kThreads, 1)
         widen_store(own + kSwOtherOff + (x >> 2) * kBlockBytes, r, (x & 3) * 16, v);
       }
       // 2. The rope (pieces 32-35) and the own half (pieces 16 wg..) into the owner region, over the raw
-      //    bytes, 8 keys at a time from the last: group g's 5,120 widened bytes start at 5,120 g, past the
-      //    raw rows of the groups before it (which end at 4,608 g), so they cover only raw rows already
-      //    consumed and the group's own, all read before the barrier. 160 pieces a group, 2 a thread at most.
+      //    bytes, in two halves of four groups of 8 keys, the last half first: group g's 5,120 widened bytes
+      //    start at 5,120 g, past the raw rows of the groups before it (which end at 4,608 g), so the
+      //    widened groups 4-7 cover only raw rows of groups 4-7, all read before the half's barrier. 160
+      //    pieces a group, 2 a thread at most, 8 a thread in flight a half.
 #pragma unroll 1
-      for (int grp = 7; grp >= 0; --grp) {
-        uint4 v[2];
+      for (int half = 1; half >= 0; --half) {
+        uint4 v[4][2];
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int c = ltid + 128 * k, r = 8 * grp + c / 20, x = c % 20;
-          v[k] = make_uint4(0, 0, 0, 0);
-          if (c < 160 && r < valid)
-            v[k] = *reinterpret_cast<const uint4*>(own + r * kDim + (x < 16 ? 16 * wg + x : 16 + x) * 16);
-        }
+        for (int gi = 0; gi < 4; ++gi)
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const int c = ltid + 128 * k, r = 8 * (4 * half + gi) + c / 20, x = c % 20;
+            v[gi][k] = make_uint4(0, 0, 0, 0);
+            if (c < 160 && r < valid)
+              v[gi][k] =
+                  *reinterpret_cast<const uint4*>(own + r * kDim + (x < 16 ? 16 * wg + x : 16 + x) * 16);
+          }
         named_barrier(kSeesawBarWg + wg, 128);
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int c = ltid + 128 * k, x = c % 20;
-          if (c < 160)
-            widen_store(own + grp * kSwGroupBytes + (x < 16 ? 1 + (x >> 2) : 0) * kAtomBytes, c / 20,
-                        x < 16 ? (x & 3) * 16 : (x - 16) * 16, v[k]);
-        }
+        for (int gi = 0; gi < 4; ++gi)
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const int c = ltid + 128 * k, x = c % 20;
+            if (c < 160)
+              widen_store(own + (4 * half + gi) * kSwGroupBytes + (x < 16 ? 1 + (x >> 2) : 0) * kAtomBytes,
+                          c / 20, x < 16 ? (x & 3) * 16 : (x - 16) * 16, v[gi][k]);
+          }
       }
       fence_proxy_async();
       named_barrier(kSeesawBarWg + wg, 128);
