@@ -209,8 +209,8 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
         pc.max_heads_per_block = static_cast<int>(hb);
         const auto cc = gpu::mla_decode_sm90_choose(pc, gpu::limits_of(caps));
         const float tk = time_cfg(cc, pc);
-        std::printf("  %ld (%d head groups x %d splits, narrow %d) %.2f us", hb, cc.head_groups, cc.max_splits,
-                    cc.narrow_nt, tk * 1e3);
+        std::printf("  %ld (%d head groups x %d splits, narrow %d) %.2f us", hb, cc.head_groups,
+                    cc.max_splits, cc.narrow_nt, tk * 1e3);
         c = *end == ',' ? end + 1 : end;
       }
       std::printf("\n");

@@ -605,18 +605,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // One block per (sequence, row of the sequence): weights 2^(lse_s - max) over its splits, in split order.
-__global__ void mla_wgmma_combine(MlaDecodeSm90Params p, int max_splits, int min_tiles,
-                                  const float* __restrict__ lse, const float* __restrict__ part) {
+template <int kB>
+__global__ void __launch_bounds__(kLatent / 4, kB == 4 ? 12 : 8)
+    mla_wgmma_combine(MlaDecodeSm90Params p, int max_splits, int min_tiles, const float* __restrict__ lse,
+                      const float* __restrict__ part) {
   dev::grid_dep_enter();
   __shared__ int red[32];
   const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
-  const int tps = tiles_per_split(p, max_splits, min_tiles, red);
-  const int nsplit = unit_splits(unit_keys(p, u), tps);
-  if (nsplit <= 1) return;  // the split pass wrote this sequence's output
   const int token = u * p.q_per_seq + row_id / p.heads, head = row_id % p.heads;
   const int rows_per_unit = p.q_per_seq * p.heads;
   const size_t first = static_cast<size_t>(u) * max_splits * rows_per_unit + row_id;
-  mla_split::combine_row<kLatent, true>(p, lse, part, first, rows_per_unit, nsplit, token, head, d);
+  // The sequence's splits (1: the split pass wrote its output), found while the first partial rows load.
+  auto nsplit_of = [&]() {
+    return unit_splits(unit_keys(p, u), tiles_per_split(p, max_splits, min_tiles, red));
+  };
+  mla_split::combine_row<kLatent, true, kB>(p, lse, part, first, rows_per_unit, max_splits, nsplit_of, token,
+                                            head, d);
 }
 
 // The record of a timed-out mbarrier wait (mla_wgmma.cuh): host memory mapped into the device, allocated at
@@ -750,9 +754,11 @@ void mla_decode_wgmma(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p, 
   const int min_tiles = min_tiles_override(c.min_tiles_per_split);
   launch_kernel("mla_decode_wgmma", split_kernel, grid, kThreads, kSmemBytes, stream, p, c.heads_per_block,
                 c.max_splits, min_tiles, part, lse, hang_record());
-  if (c.max_splits > 1)
-    launch_kernel("mla_wgmma_combine", mla_wgmma_combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4,
-                  0, stream, p, c.max_splits, min_tiles, lse, part);
+  if (c.max_splits > 1) {
+    auto* combine = mla_split::combine_batch(c.max_splits) == 4 ? mla_wgmma_combine<4> : mla_wgmma_combine<8>;
+    launch_kernel("mla_wgmma_combine", combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0, stream,
+                  p, c.max_splits, min_tiles, lse, part);
+  }
 }
 
 }  // namespace ms::cuda
