@@ -281,8 +281,8 @@ __device__ __forceinline__ void pv_tile(float (&o)[128], const uint32_t (&a)[4][
 //   other warpgroup's 256). The producer copies the raw fp8 tile (36,864 bytes) into the owner region as
 //   soon as the owner has finished its S and its own half of P V (mbarrier land_free[w]), while the other
 //   warpgroup may still read the other region (released by mbarrier other_free[w]). The owner widens in
-//   place: first the other half's columns into the other region, then the owner region group by group from
-//   the last (see the widening below).
+//   place: first the other half's columns into the other region, then the owner region in two halves of
+//   four 8-key groups, the last half first (see the widening below).
 //   Per round, with m the common running row maximum before it:
 //     WG 0: S0 = Q K0^T (m64n64k16, Q and K0 from shared memory, 36 steps); m_a = max(m, rowmax S0);
 //           P0 = 2^(S0 - m_a); publishes m_a and P0 (f16 fragments, 8 KB) and signals (named barrier 2);
