@@ -887,13 +887,17 @@ __global__ void __launch_bounds__(WS ? 2 * kThreads : kThreads, NT == 4 || WS ? 
 
 // One block per (unit, row of the unit): weights 2^(lse_s - max) over the unit's splits, in split order.
 // own_plan: each unit's own plan (the narrow kernel's two-block schedule), else the batch's longest unit's.
-template <int kB>
-__global__ void __launch_bounds__(kLatent / 4, kB == 4 ? 12 : 8)
+// kB, kG: mla_split::combine_batch and combine_groups of the plan (blocks of kG x kLatent / 4 threads).
+template <int kB, int kG>
+__global__ void __launch_bounds__(kG* kLatent / 4, kG > 1    ? 2
+                                                   : kB == 4 ? 12
+                                                             : 8)
     mla_sm90_combine(MlaDecodeSm90Params p, int qu, int max_splits, int min_tiles, bool own_plan,
                      const float* __restrict__ lse, const float* __restrict__ part) {
   dev::grid_dep_enter();
   __shared__ int red[32];
-  const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
+  __shared__ float scratch[kG > 1 ? kG * kLatent / 4 * 6 : 1];
+  const int u = blockIdx.x, row_id = blockIdx.y;
   const int j = row_id / p.heads, head = row_id % p.heads;
   const int token = p.topk ? u : u * p.q_per_seq + j;
   const int rows_per_unit = qu * p.heads;
@@ -904,8 +908,8 @@ __global__ void __launch_bounds__(kLatent / 4, kB == 4 ? 12 : 8)
                              : tiles_per_split(p, max_splits, min_tiles, red);
     return unit_splits(unit_keys(p, u), tps);
   };
-  mla_split::combine_row<kLatent, false, kB>(p, lse, part, first, rows_per_unit, max_splits, nsplit_of, token,
-                                             head, d);
+  mla_split::combine_row<kLatent, false, kB, kG>(p, lse, part, first, rows_per_unit, max_splits, nsplit_of,
+                                                 token, head, scratch);
 }
 
 void check_params(const mla_sm90::Config& c, const MlaDecodeSm90Params& p) {
@@ -1026,10 +1030,13 @@ void mla_decode_sm90(const mla_sm90::Config& c, const MlaDecodeSm90Params& p, cu
     }
   }
   if (c.max_splits > 1) {
-    auto* combine = mla_split::combine_batch(c.max_splits) == 4 ? mla_sm90_combine<4> : mla_sm90_combine<8>;
-    launch_kernel("mla_sm90_combine", combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0, stream,
-                  p, c.q_per_unit, c.max_splits, c.min_tiles_per_split, c.narrow_nt > 0 && !c.narrow_ws, lse,
-                  part);
+    const int groups = mla_split::combine_groups(c.max_splits);
+    auto* combine = groups > 1                                    ? mla_sm90_combine<8, 4>
+                    : mla_split::combine_batch(c.max_splits) == 4 ? mla_sm90_combine<4, 1>
+                                                                  : mla_sm90_combine<8, 1>;
+    launch_kernel("mla_sm90_combine", combine, dim3(c.units, c.q_per_unit * p.heads), groups * kLatent / 4, 0,
+                  stream, p, c.q_per_unit, c.max_splits, c.min_tiles_per_split,
+                  c.narrow_nt > 0 && !c.narrow_ws, lse, part);
   }
 }
 

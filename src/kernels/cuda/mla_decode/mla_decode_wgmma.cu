@@ -605,13 +605,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // One block per (sequence, row of the sequence): weights 2^(lse_s - max) over its splits, in split order.
-template <int kB>
-__global__ void __launch_bounds__(kLatent / 4, kB == 4 ? 12 : 8)
+// kB, kG: mla_split::combine_batch and combine_groups of the plan (blocks of kG x kLatent / 4 threads).
+template <int kB, int kG>
+__global__ void __launch_bounds__(kG* kLatent / 4, kG > 1    ? 2
+                                                   : kB == 4 ? 12
+                                                             : 8)
     mla_wgmma_combine(MlaDecodeSm90Params p, int max_splits, int min_tiles, const float* __restrict__ lse,
                       const float* __restrict__ part) {
   dev::grid_dep_enter();
   __shared__ int red[32];
-  const int u = blockIdx.x, row_id = blockIdx.y, d = threadIdx.x * 4;
+  __shared__ float scratch[kG > 1 ? kG * kLatent / 4 * 6 : 1];
+  const int u = blockIdx.x, row_id = blockIdx.y;
   const int token = u * p.q_per_seq + row_id / p.heads, head = row_id % p.heads;
   const int rows_per_unit = p.q_per_seq * p.heads;
   const size_t first = static_cast<size_t>(u) * max_splits * rows_per_unit + row_id;
@@ -619,8 +623,8 @@ __global__ void __launch_bounds__(kLatent / 4, kB == 4 ? 12 : 8)
   auto nsplit_of = [&]() {
     return unit_splits(unit_keys(p, u), tiles_per_split(p, max_splits, min_tiles, red));
   };
-  mla_split::combine_row<kLatent, true, kB>(p, lse, part, first, rows_per_unit, max_splits, nsplit_of, token,
-                                            head, d);
+  mla_split::combine_row<kLatent, true, kB, kG>(p, lse, part, first, rows_per_unit, max_splits, nsplit_of,
+                                                token, head, scratch);
 }
 
 // The record of a timed-out mbarrier wait (mla_wgmma.cuh): host memory mapped into the device, allocated at
@@ -755,9 +759,12 @@ void mla_decode_wgmma(const mla_wgmma::Config& c, const MlaDecodeSm90Params& p, 
   launch_kernel("mla_decode_wgmma", split_kernel, grid, kThreads, kSmemBytes, stream, p, c.heads_per_block,
                 c.max_splits, min_tiles, part, lse, hang_record());
   if (c.max_splits > 1) {
-    auto* combine = mla_split::combine_batch(c.max_splits) == 4 ? mla_wgmma_combine<4> : mla_wgmma_combine<8>;
-    launch_kernel("mla_wgmma_combine", combine, dim3(c.units, c.q_per_unit * p.heads), kLatent / 4, 0, stream,
-                  p, c.max_splits, min_tiles, lse, part);
+    const int groups = mla_split::combine_groups(c.max_splits);
+    auto* combine = groups > 1                                    ? mla_wgmma_combine<8, 4>
+                    : mla_split::combine_batch(c.max_splits) == 4 ? mla_wgmma_combine<4, 1>
+                                                                  : mla_wgmma_combine<8, 1>;
+    launch_kernel("mla_wgmma_combine", combine, dim3(c.units, c.q_per_unit * p.heads), groups * kLatent / 4,
+                  0, stream, p, c.max_splits, min_tiles, lse, part);
   }
 }
 
