@@ -44,6 +44,25 @@ struct Shape {
   int topk;  // 0: dense
 };
 
+// The environment variable `name` as a comma-separated list of integers in [lo, hi]; empty when unset or
+// empty; exits with a message naming the variable for anything else.
+std::vector<int> env_int_list(const char* name, int lo, int hi) {
+  std::vector<int> out;
+  const char* env = std::getenv(name);
+  if (env == nullptr) return out;
+  for (const char* c = env; *c;) {
+    char* end = nullptr;
+    const long v = std::strtol(c, &end, 10);
+    if (end == c || v < lo || v > hi || (*end != ',' && *end != '\0')) {
+      std::fprintf(stderr, "%s: expected a comma-separated list of %d..%d, got '%s'\n", name, lo, hi, env);
+      std::exit(2);
+    }
+    out.push_back(static_cast<int>(v));
+    c = *end == ',' ? end + 1 : end;
+  }
+  return out;
+}
+
 void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) {
   const int eb = s.fp8 ? 1 : 2;
   const size_t page_bytes = size_t{kPage} * kDim * eb;
@@ -172,46 +191,28 @@ void run(const Shape& s, const gpu::DeviceCaps& caps, double bw, double tflops) 
     }
     // MLA_BENCH_WAVES="2,3": the default narrow configuration again with that many times its splits (as many
     // waves of blocks: the hardware hands a finished block's slot to the next, so uneven blocks even out).
-    if (const char* waves = std::getenv("MLA_BENCH_WAVES"); waves && *waves) {
+    if (const auto waves = env_int_list("MLA_BENCH_WAVES", 1, 16); !waves.empty()) {
       std::printf("%-26s   narrow, splits x waves:", "");
-      for (const char* c = waves; *c;) {
-        char* end = nullptr;
-        const long k = std::strtol(c, &end, 10);
-        if (end == c || k < 1 || k > 16) {
-          std::fprintf(stderr, "MLA_BENCH_WAVES: expected a comma-separated list of 1..16, got '%s'\n",
-                       waves);
-          std::exit(2);
-        }
+      for (const int k : waves) {
         gpu::mla_sm90::Config alt = cfg;
-        alt.max_splits = std::clamp(cfg.max_splits * static_cast<int>(k), 1, gpu::mla_sm90::kMaxSplits);
+        alt.max_splits = std::clamp(cfg.max_splits * k, 1, gpu::mla_sm90::kMaxSplits);
         alt.workspace = alt.max_splits > 1 ? gpu::mla_sm90::workspace_bytes(alt.units, alt.max_splits,
                                                                             alt.q_per_unit * s.heads)
                                            : 0;
-        const float tk = time_cfg(alt, p);
-        std::printf("  x%ld (%d splits) %.2f us", k, alt.max_splits, tk * 1e3);
-        c = *end == ',' ? end + 1 : end;
+        std::printf("  x%d (%d splits) %.2f us", k, alt.max_splits, time_cfg(alt, p) * 1e3);
       }
       std::printf("\n");
     }
     // MLA_BENCH_HEADS_CAP="8": the configuration chosen with at most that many heads a block (more head
     // groups, each reading the same keys: the second read mostly from L2).
-    if (const char* caps_env = std::getenv("MLA_BENCH_HEADS_CAP"); caps_env && *caps_env) {
+    if (const auto heads_caps = env_int_list("MLA_BENCH_HEADS_CAP", 1, 64); !heads_caps.empty()) {
       std::printf("%-26s   heads a block at most:", "");
-      for (const char* c = caps_env; *c;) {
-        char* end = nullptr;
-        const long hb = std::strtol(c, &end, 10);
-        if (end == c || hb < 1 || hb > 64) {
-          std::fprintf(stderr, "MLA_BENCH_HEADS_CAP: expected a comma-separated list of 1..64, got '%s'\n",
-                       caps_env);
-          std::exit(2);
-        }
+      for (const int hb : heads_caps) {
         gpu::MlaDecodeSm90Params pc = p;
-        pc.max_heads_per_block = static_cast<int>(hb);
+        pc.max_heads_per_block = hb;
         const auto cc = gpu::mla_decode_sm90_choose(pc, gpu::limits_of(caps));
-        const float tk = time_cfg(cc, pc);
-        std::printf("  %ld (%d head groups x %d splits, narrow %d) %.2f us", hb, cc.head_groups,
-                    cc.max_splits, cc.narrow_nt, tk * 1e3);
-        c = *end == ',' ? end + 1 : end;
+        std::printf("  %d (%d head groups x %d splits, narrow %d) %.2f us", hb, cc.head_groups, cc.max_splits,
+                    cc.narrow_nt, time_cfg(cc, pc) * 1e3);
       }
       std::printf("\n");
     }
